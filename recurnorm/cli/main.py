@@ -1,0 +1,73 @@
+"""The `recurnorm` command: one click group, each command in its own module.
+
+Commands are imported lazily so that `recurnorm --help` and argument errors
+stay fast (torch takes seconds to import). Each command module holds only
+argument parsing and printing; the work is done by library functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from .. import errors
+from . import exitcodes
+
+# command name -> "module:attribute" (relative to recurnorm.cli)
+COMMANDS = {
+    "train": "train_cmd:train",
+    "finetune": "train_cmd:finetune",
+    "pack": "pack_cmd:pack",
+    "unpack": "pack_cmd:unpack",
+    "verify": "pack_cmd:verify",
+    "inspect": "pack_cmd:inspect",
+    "roundtrip": "roundtrip_cmd:roundtrip",
+    "demo": "roundtrip_cmd:demo",
+    "shard": "shard_cmd:shard",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported only when used."""
+
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        module = importlib.import_module(f"{__package__}.{module_name}")
+        return getattr(module, attr)
+
+    def invoke(self, ctx):
+        # Library errors become one clear line and the exit code of their kind.
+        try:
+            return super().invoke(ctx)
+        except errors.RecurnormError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exitcodes.for_error(exc))
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="recurnorm")
+def main() -> None:
+    """recurnorm: shared-depth language models under a hard byte budget.
+
+    \b
+    Typical flow:
+      recurnorm train --scheme norm_gate --preset tiny --out runs/ng
+      recurnorm pack runs/ng -q int8 -o ng.rnpk
+      recurnorm verify ng.rnpk --max-bytes 16000000
+      recurnorm roundtrip --schemes shared,norm,unique --quants int8,int4 --out rt
+
+    Exit codes: 0 ok, 1 input error, 2 usage, 3 over the cap,
+    4 corrupt or unsupported artifact, 5 loss regression.
+    """
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

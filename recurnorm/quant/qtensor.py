@@ -1,0 +1,57 @@
+"""QTensor: the one type that crosses from quant/ to budget/."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class QTensor:
+    """A quantized tensor: integer codes plus what is needed to dequantize them.
+
+    Layout contract (budget/ relies on it):
+    - ``codes`` is a 2-D integer ndarray ``[G, L]``; row ``g`` was quantized with
+      ``scales[g]`` (and ``zeros[g]``). Per-row formats have ``G = rows``;
+      group-wise formats have ``G = n_groups``; per-tensor formats ``G = 1``.
+      ``G * L >= numel``; trailing padding (zeros) is allowed and dropped on
+      dequantize.
+    - Passthrough formats (fp32/fp16/bf16/raw) store the raw bits as an
+      unsigned (or the original integer) view with ``G = 1`` and no scales.
+    - ``scales`` / ``zeros``: 1-D float ndarray of length ``G``, or None.
+    - ``params``: JSON-serializable options the format needs to dequantize
+      (bits, group size, ...). ``format`` is the registry name.
+    """
+
+    format: str
+    shape: tuple[int, ...]
+    dtype: str
+    codes: np.ndarray
+    scales: np.ndarray | None = None
+    zeros: np.ndarray | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def equal(self, other: QTensor) -> bool:
+        """Bit-exact equality of everything that is stored."""
+
+        def same(a, b):
+            if a is None or b is None:
+                return a is None and b is None
+            return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+
+        return (
+            self.format == other.format
+            and tuple(self.shape) == tuple(other.shape)
+            and self.dtype == other.dtype
+            and self.params == other.params
+            and same(self.codes, other.codes)
+            and same(self.scales, other.scales)
+            and same(self.zeros, other.zeros)
+        )
