@@ -1,1 +1,5 @@
-"""recurnorm.evaluate"""
+"""recurnorm.evaluate: validation loss and export roundtrips."""
+
+from .loss import LossResult, loss
+
+__all__ = ["LossResult", "loss"]

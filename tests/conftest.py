@@ -1,0 +1,28 @@
+"""Shared fixtures: the default corpus and one small model trained once per session."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def default_corpus():
+    """The default corpus (CPython pydoc topics), byte tokenized."""
+    from recurnorm.train.data import load_corpus
+
+    return load_corpus("default")
+
+
+@pytest.fixture(scope="session")
+def trained_tiny(default_corpus):
+    """(model, corpus): d=64, depth 3, seq 64, scheme "norm", 200 steps on the default corpus."""
+    from recurnorm.model import ModelConfig
+    from recurnorm.train.loop import train
+
+    config = ModelConfig(d_model=64, n_heads=2, depth=3, seq_len=64, scheme="norm")
+    result = train(
+        config, default_corpus, steps=200, batch_size=16, lr=3e-3, warmup=20,
+        seed=0, log_every=50, progress=False,
+    )  # fmt: skip
+    model = result.model.eval()
+    return model, default_corpus
