@@ -1,0 +1,128 @@
+"""Scale-and-round formats: the shared layout (rows, groups, padding) and GPTQ hooks.
+
+A grid format maps a tensor to groups ``x_GxL`` (per row, per group of the
+flattened tensor, or the whole tensor), fits one scale (and zero) per group,
+and encodes each element to an integer code. `GPTQ` reuses `_fit`, `_encode`
+and `_decode` so that its codes lie on the very grid `dequantize` expands.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import QuantError
+from .qtensor import QTensor
+from .registry import Quantizer, dtype_name
+
+FP16_MAX = 65504.0
+
+
+def to_fp16_grid(x: Tensor) -> Tensor:
+    """Round float32 values to the nearest fp16 (clamped), kept as float32."""
+    return x.clamp(-FP16_MAX, FP16_MAX).to(torch.float16).to(torch.float32)
+
+
+def rows_layout(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, row length): dim 0 against the rest; 0-D and 1-D tensors are one row."""
+    if len(shape) >= 2:
+        return shape[0], math.prod(shape[1:])
+    return 1, math.prod(shape)
+
+
+def check_group(name: str, group: Any, allow_none: bool = True) -> None:
+    """QuantError unless group is None (if allowed) or a positive int."""
+    if group is None and allow_none:
+        return
+    if not isinstance(group, int) or isinstance(group, bool) or group <= 0:
+        raise QuantError(f"{name}: option group must be a positive int or None, got {group!r}")
+
+
+class GridQuantizer(Quantizer):
+    """Codes on a per-group grid: subclasses define `_fit`, `_encode`, `_decode`."""
+
+    code_dtype: ClassVar[type] = np.int8
+    scale_dtype: ClassVar[type] = np.float16
+    per_tensor_default: ClassVar[bool] = False  # group=None: whole tensor (else per row)
+
+    # -- layout ------------------------------------------------------------
+
+    def group_size(self) -> int | None:
+        """Elements per group of the flattened tensor, or None (per row / per tensor)."""
+        return self.params.get("group")
+
+    def layout(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """(G, L) of the codes for a tensor of this shape."""
+        numel = math.prod(shape)
+        g = self.group_size()
+        if g is not None:
+            return -(-numel // g), g
+        if self.per_tensor_default:
+            return 1, numel
+        return rows_layout(shape)
+
+    def to_groups(self, t: Tensor) -> Tensor:
+        """The float32 tensor as groups [G, L], zero-padded at the end."""
+        G, L = self.layout(tuple(t.shape))
+        flat = t.reshape(-1).to(torch.float32)
+        pad = G * L - flat.numel()
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros(pad)])
+        return flat.reshape(G, L)
+
+    # -- the grid ------------------------------------------------------------
+
+    def _fit(self, x_GxL: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Per-group scales (and zeros) as float32 values already on the storage grid."""
+        raise NotImplementedError
+
+    def _encode(self, x: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
+        """Integer codes (as float32) of x under broadcastable scales/zeros."""
+        raise NotImplementedError
+
+    def _decode(self, codes: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
+        """float32 values of codes under broadcastable scales/zeros."""
+        raise NotImplementedError
+
+    def fit_tensor(self, t: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Per-group scales (and zeros) of a whole tensor, in `layout` order."""
+        return self._fit(self.to_groups(t))
+
+    def _quantize_groups(self, x_GxL: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(codes, scales, zeros) of the groups; formats with a two-pass rule override it."""
+        s, z = self._fit(x_GxL)
+        return self._encode(x_GxL, s[:, None], None if z is None else z[:, None]), s, z
+
+    # -- QTensor plumbing ---------------------------------------------------
+
+    def pack(self, codes_GxL: Tensor, scales: Tensor, zeros: Tensor | None,
+             shape: tuple[int, ...], dtype: torch.dtype) -> QTensor:
+        """A QTensor from codes [G, L] and per-group scales; padding codes are set to 0."""
+        numel = math.prod(shape)
+        codes = codes_GxL.to(torch.int64).reshape(-1).clone()
+        codes[numel:] = 0  # trailing padding is zeros by contract
+        return QTensor(
+            format=self.name,
+            shape=tuple(int(s) for s in shape),
+            dtype=dtype_name(dtype),
+            codes=codes.numpy().astype(self.code_dtype).reshape(codes_GxL.shape),
+            scales=scales.numpy().astype(self.scale_dtype),
+            zeros=None if zeros is None else zeros.numpy().astype(self.scale_dtype),
+            params=dict(self.params),
+        )
+
+    def _quantize(self, t: Tensor, name: str) -> QTensor:
+        x_GxL = self.to_groups(t)
+        codes, s, z = self._quantize_groups(x_GxL)
+        return self.pack(codes, s, z, tuple(t.shape), t.dtype)
+
+    def _dequantize(self, qt: QTensor) -> Tensor:
+        codes = torch.from_numpy(qt.codes.astype(np.float32))
+        s = torch.from_numpy(qt.scales.astype(np.float32))[:, None]
+        z = None if qt.zeros is None else torch.from_numpy(qt.zeros.astype(np.float32))[:, None]
+        values = self._decode(codes, s, z).reshape(-1)[: qt.numel]
+        return values.reshape(qt.shape)

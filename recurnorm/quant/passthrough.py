@@ -1,0 +1,75 @@
+"""Passthrough formats: float bits stored as unsigned integers, and raw integer tensors."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import QuantError
+from .qtensor import QTensor
+from .registry import Quantizer, dtype_name, torch_dtype
+
+
+class _FloatBits(Quantizer):
+    """Store the tensor cast to `store` as raw bits: codes [1, N] of an unsigned view."""
+
+    defaults: ClassVar[dict[str, Any]] = {}
+    store: ClassVar[torch.dtype] = torch.float32
+    # numpy has no bfloat16: go through the same-width signed int view, then unsigned
+    view_int: ClassVar[torch.dtype] = torch.int32
+    view_uint: ClassVar[type] = np.uint32
+
+    def code_bits(self) -> float:
+        return float(torch.finfo(self.store).bits)
+
+    def _quantize(self, t: Tensor, name: str) -> QTensor:
+        bits = t.to(self.store).reshape(1, -1).view(self.view_int).numpy().view(self.view_uint)
+        return QTensor(self.name, tuple(t.shape), dtype_name(t.dtype), bits.copy(), params={})
+
+    def _dequantize(self, qt: QTensor) -> Tensor:
+        signed = np.ascontiguousarray(qt.codes).view(np.dtype(f"int{self.view_uint().itemsize * 8}"))
+        values = torch.from_numpy(signed.copy()).view(self.store).to(torch.float32)
+        return values.reshape(-1)[: qt.numel].reshape(qt.shape)
+
+
+class FP32(_FloatBits, name="fp32"):
+    """Lossless float32."""
+
+
+class FP16(_FloatBits, name="fp16"):
+    store, view_int, view_uint = torch.float16, torch.int16, np.uint16
+
+
+class BF16(_FloatBits, name="bf16"):
+    store, view_int, view_uint = torch.bfloat16, torch.int16, np.uint16
+
+
+class Raw(Quantizer, name="raw"):
+    """Integer and bool tensors, exactly: codes are the values themselves ([1, N]; bool as uint8).
+
+    Its `dequantize` returns the original integer dtype, not float32.
+    """
+
+    defaults: ClassVar[dict[str, Any]] = {}
+    float_only = False
+
+    def code_bits(self) -> float:
+        return 8.0  # nominal: the packer sees the actual integer width
+
+    def _quantize(self, t: Tensor, name: str) -> QTensor:
+        if t.is_floating_point() or t.is_complex():
+            raise QuantError(
+                f"tensor {name} has dtype {dtype_name(t.dtype)}; 'raw' takes integer and bool "
+                "tensors (use fp32/fp16/bf16 for floats)"
+            )
+        dt = dtype_name(t.dtype)
+        torch_dtype(dt)  # QuantError for dtypes the artifact cannot name
+        src = t.to(torch.uint8) if t.dtype == torch.bool else t
+        return QTensor(self.name, tuple(t.shape), dt, src.reshape(1, -1).numpy().copy(), params={})
+
+    def _dequantize(self, qt: QTensor) -> Tensor:
+        values = torch.from_numpy(np.ascontiguousarray(qt.codes).copy()).reshape(-1)[: qt.numel]
+        return values.to(torch_dtype(qt.dtype)).reshape(qt.shape)

@@ -1,0 +1,162 @@
+"""Quantizer registry: one class per format, registered by subclassing.
+
+A format is a `Quantizer` subclass declared as ``class Int4(IntN, name="int4")``.
+Its options are constructor keyword arguments listed in ``defaults``; every
+option (defaults included) is written to ``qt.params`` so that
+``dequantize(qt)`` can rebuild the very quantizer from ``qt.format`` and
+``qt.params`` even if a default changes later.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import QuantError
+from .qtensor import QTensor
+
+_REGISTRY: dict[str, type[Quantizer]] = {}
+
+# torch dtype <-> the name stored in QTensor.dtype ("float32", "bfloat16", "int64", ...)
+_DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float32, torch.float16, torch.bfloat16, torch.float64,
+        torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+    )
+}  # fmt: skip
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name QTensor.dtype stores for a torch dtype ("float32", "int64", ...)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a QTensor.dtype name; QuantError if unknown."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise QuantError(f"unknown dtype {name!r}; known: {', '.join(sorted(_DTYPES))}") from None
+
+
+def restore_dtype(t: Tensor, qt: QTensor) -> Tensor:
+    """Cast a dequantized tensor back to the dtype the original tensor had."""
+    return t.to(torch_dtype(qt.dtype))
+
+
+def check_finite(t: Tensor, name: str) -> None:
+    """QuantError naming the tensor and the first index holding NaN or Inf."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return
+    bad = ~torch.isfinite(t)
+    if bool(bad.any()):
+        flat = int(torch.nonzero(bad.reshape(-1))[0])
+        index = tuple(int(i) for i in np.unravel_index(flat, tuple(t.shape))) if t.dim() else ()
+        value = t.reshape(-1)[flat].item()
+        what = "NaN" if math.isnan(value) else "Inf"
+        raise QuantError(f"tensor {name} has {what} at index {index}")
+
+
+class Quantizer:
+    """Base class: `quantize(tensor) -> QTensor`, `dequantize(qt) -> float32 Tensor`."""
+
+    name: ClassVar[str] = ""
+    defaults: ClassVar[dict[str, Any]] = {}
+    float_only: ClassVar[bool] = True  # raw is the one format that takes integers
+
+    def __init_subclass__(cls, name: str | None = None, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if name is not None:
+            if name in _REGISTRY:
+                raise QuantError(f"quantizer {name!r} registered twice")
+            cls.name = name
+            _REGISTRY[name] = cls
+
+    def __init__(self, **options: Any) -> None:
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            known = ", ".join(sorted(self.defaults)) or "none"
+            raise QuantError(
+                f"quantizer {self.name!r} has no option {', '.join(map(repr, unknown))}; "
+                f"its options: {known}"
+            )
+        self.params: dict[str, Any] = {**self.defaults, **options}
+        self._validate()
+
+    def _validate(self) -> None:
+        """Check option values; QuantError naming the bad one."""
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"{type(self).__name__}({opts})"
+
+    # -- public API -------------------------------------------------------
+
+    def quantize(self, tensor: Tensor | np.ndarray, name: str = "tensor") -> QTensor:
+        """Quantize one tensor; QuantError naming `name` on NaN/Inf or a bad dtype."""
+        t = torch.as_tensor(tensor).detach().cpu()
+        if self.float_only and not t.is_floating_point():
+            raise QuantError(
+                f"tensor {name} has dtype {dtype_name(t.dtype)}; {self.name!r} takes float "
+                "tensors (use 'raw' for integer and bool tensors)"
+            )
+        check_finite(t, name)
+        return self._quantize(t.contiguous(), name)
+
+    def dequantize(self, qt: QTensor) -> Tensor:
+        """The float32 tensor (original shape) a QTensor stands for."""
+        if qt.format != self.name:
+            raise QuantError(f"QTensor has format {qt.format!r}, not {self.name!r}")
+        return self._dequantize(qt)
+
+    def code_bits(self) -> float:
+        """Bits one code needs before entropy coding (for bits-per-weight reports)."""
+        raise NotImplementedError
+
+    # -- what a format implements ------------------------------------------
+
+    def _quantize(self, t: Tensor, name: str) -> QTensor:
+        raise NotImplementedError
+
+    def _dequantize(self, qt: QTensor) -> Tensor:
+        raise NotImplementedError
+
+
+def available() -> list[str]:
+    """Names of every registered format."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str, **options: Any) -> Quantizer:
+    """The quantizer `name` with options; QuantError listing the formats if unknown."""
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise QuantError(f"unknown quantizer {name!r}; available: {', '.join(available())}")
+    return cls(**options)
+
+
+def dequantize(qt: QTensor, *, original_dtype: bool = False) -> Tensor:
+    """Dequantize any QTensor by rebuilding its quantizer from format and params."""
+    t = get(qt.format, **qt.params).dequantize(qt)
+    return restore_dtype(t, qt) if original_dtype else t
+
+
+def dequantize_all(qtensors: dict[str, QTensor]) -> dict[str, Tensor]:
+    """Dequantize a whole exported state dict, restoring each tensor's original dtype."""
+    return {name: dequantize(qt, original_dtype=True) for name, qt in qtensors.items()}
+
+
+def bits_per_weight(qt: QTensor) -> float:
+    """Stored bits per weight before entropy coding: codes plus scales and zeros."""
+    if qt.numel == 0:
+        return 0.0
+    bits = get(qt.format, **qt.params).code_bits() * qt.numel
+    for side in (qt.scales, qt.zeros):
+        if side is not None:
+            bits += side.size * side.dtype.itemsize * 8
+    return bits / qt.numel
