@@ -1,0 +1,368 @@
+"""Pack QTensors (or a whole state dict) into an artifact and read it back."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArtifactError, CheckpointError, QuantError
+from ..quant.qtensor import QTensor
+from . import codecs as codecs_mod
+from . import format as fmt
+from .codecs import DTYPES, StreamContext
+from .rans import order0_bits
+
+
+@dataclass
+class Artifact:
+    """A decoded artifact: its manifest, user metadata and QTensors (aliases share objects)."""
+
+    manifest: dict
+    metadata: dict
+    qtensors: dict[str, QTensor]
+    aliases: dict[str, str] = field(default_factory=dict)
+
+
+def _stream_dtype(arr: np.ndarray, what: str) -> str:
+    name = np.asarray(arr).dtype.name
+    if name not in DTYPES:
+        raise QuantError(f"{what}: dtype {name} cannot be stored (use one of {', '.join(DTYPES)})")
+    return name
+
+
+def _sha(arr: np.ndarray, dtype: str) -> str:
+    return hashlib.sha256(codecs_mod.to_le_bytes(arr, dtype)).hexdigest()
+
+
+def _check_qtensor(name: str, qt: QTensor) -> None:
+    if not isinstance(qt, QTensor):
+        raise QuantError(f"tensor {name}: expected a QTensor, got {type(qt).__name__}")
+    codes = np.asarray(qt.codes)
+    if codes.ndim != 2 or codes.size < qt.numel:
+        raise QuantError(f"tensor {name}: codes {codes.shape} must be 2-D and hold {qt.numel} values")
+    for kind in ("scales", "zeros"):
+        arr = getattr(qt, kind)
+        if arr is not None and np.asarray(arr).shape != (codes.shape[0],):
+            raise QuantError(f"tensor {name}: {kind} must have one value per code row")
+    try:
+        fmt.dumps(qt.params)
+    except (TypeError, ValueError) as exc:
+        raise QuantError(f"tensor {name}: params are not JSON-serializable: {exc}") from None
+
+
+def pack_qtensors(
+    qtensors: dict[str, QTensor], metadata: dict | None = None, codecs=None
+) -> bytes:
+    """Entropy-pack QTensors into artifact bytes; one QTensor under two names is stored once."""
+    metadata = dict(metadata or {})
+    try:
+        fmt.dumps(metadata)
+    except (TypeError, ValueError) as exc:
+        raise QuantError(f"metadata is not JSON-serializable: {exc}") from None
+    first_name: dict[int, str] = {}
+    entries, aliases = [], []
+    chunks: list[bytes] = []
+    offset = 0
+    # Sorted names: the artifact must not depend on the dict's insertion order.
+    for name in sorted(qtensors):
+        qt = qtensors[name]
+        if not isinstance(name, str):
+            raise QuantError(f"tensor name {name!r} is not a string")
+        if id(qt) in first_name:
+            aliases.append({"name": name, "alias_of": first_name[id(qt)]})
+            continue
+        first_name[id(qt)] = name
+        _check_qtensor(name, qt)
+        streams = {}
+        for kind in ("scales", "zeros", "codes"):
+            arr = getattr(qt, kind)
+            if arr is None:
+                continue
+            arr = np.ascontiguousarray(arr)
+            dtype = _stream_dtype(arr, f"tensor {name} {kind}")
+            ctx = StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape),
+                                qt.scales if kind == "codes" and qt.scales is not None else None)
+            if ctx.scales is not None:
+                ctx.scales = np.asarray(ctx.scales)
+            codec, params, data = codecs_mod.encode_best(arr, ctx, codecs)
+            streams[kind] = {
+                "codec": codec, "params": params, "offset": offset, "length": len(data),
+                "dtype": dtype, "shape": list(arr.shape), "sha256": _sha(arr, dtype),
+            }
+            chunks.append(data)
+            offset += len(data)
+        entries.append({
+            "name": name, "shape": [int(d) for d in qt.shape], "dtype": str(qt.dtype),
+            "format": qt.format, "params": qt.params, "streams": streams,
+        })
+    manifest = {"format": "rnpk", "version": fmt.VERSION, "metadata": metadata,
+                "tensors": entries + aliases}
+    return fmt.write_container(manifest, b"".join(chunks))
+
+
+def _decode_stream(payload: memoryview, s: dict, kind: str, tensor: dict,
+                   scales: np.ndarray | None) -> np.ndarray:
+    ctx = StreamContext(kind, s["dtype"], tuple(s["shape"]), tuple(tensor["shape"]), scales)
+    data = bytes(payload[s["offset"] : s["offset"] + s["length"]])
+    arr = codecs_mod.get(s["codec"]).decode(data, s["params"], ctx)
+    if _sha(arr, s["dtype"]) != s["sha256"]:
+        raise ArtifactError(f"tensor {tensor['name']!r} {kind}: decoded checksum mismatch")
+    return arr
+
+
+def read_artifact(data: bytes) -> Artifact:
+    """Validate and decode artifact bytes (ArtifactError on anything wrong)."""
+    manifest, payload = fmt.read_container(data)
+    qtensors: dict[str, QTensor] = {}
+    aliases: dict[str, str] = {}
+    for t in manifest["tensors"]:
+        if "alias_of" in t:
+            aliases[t["name"]] = t["alias_of"]
+            qtensors[t["name"]] = qtensors[t["alias_of"]]
+            continue
+        st = t["streams"]
+        dec = {}
+        for kind in ("scales", "zeros", "codes"):
+            if kind in st:
+                dec[kind] = _decode_stream(payload, st[kind], kind, t, dec.get("scales"))
+        qtensors[t["name"]] = QTensor(
+            format=t["format"], shape=tuple(t["shape"]), dtype=t["dtype"], codes=dec["codes"],
+            scales=dec.get("scales"), zeros=dec.get("zeros"), params=t["params"],
+        )
+    return Artifact(manifest, manifest.get("metadata", {}), qtensors, aliases)
+
+
+# ----------------------------------------------------------------- statistics
+
+
+def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> list[dict]:
+    """Per stored tensor: name, shape, format, codecs, packed bytes, bits/weight, order-0 bound."""
+    rows = []
+    for t in manifest["tensors"]:
+        if "alias_of" in t:
+            rows.append({"name": t["name"], "alias_of": t["alias_of"], "bytes": 0})
+            continue
+        numel = math.prod(t["shape"])
+        packed = sum(s["length"] for s in t["streams"].values())
+        row = {
+            "name": t["name"], "shape": t["shape"], "dtype": t["dtype"], "format": t["format"],
+            "codec": "/".join(f"{k}:{_codec_label(s)}" for k, s in sorted(t["streams"].items())),
+            "bytes": packed, "numel": numel,
+            "bits_per_weight": packed * 8 / numel if numel else 0.0,
+        }
+        if qtensors is not None and t["name"] in qtensors:
+            qt = qtensors[t["name"]]
+            side = sum(s["length"] for k, s in t["streams"].items() if k != "codes")
+            bound = order0_bits(qt.codes) / 8
+            row["codes_bytes"] = t["streams"]["codes"]["length"]
+            row["side_bytes"] = side
+            row["order0_bytes"] = bound
+            row["overhead"] = (row["codes_bytes"] / bound - 1.0) if bound > 0 else None
+        rows.append(row)
+    return rows
+
+
+def _codec_label(s: dict) -> str:
+    p = s["params"]
+    if s["codec"] == "rans":
+        return f"rans[{p.get('context')}{'x' + str(p.get('k')) if p.get('k', 1) > 1 else ''}]"
+    if s["codec"] == "zstd":
+        return f"zstd[{p.get('layout')}]"
+    return s["codec"]
+
+
+# ----------------------------------------------------------------- state dicts
+
+
+def _fallback_passthrough(tensor) -> QTensor:
+    """Raw-bits QTensor for when recurnorm.quant has no export policy yet."""
+    import torch
+
+    t = tensor.detach().cpu().contiguous()
+    dtype = str(t.dtype).removeprefix("torch.")
+    if t.dtype == torch.bool:
+        codes = t.to(torch.uint8).numpy()
+    elif t.dtype.is_floating_point:
+        size = t.element_size()
+        bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
+        codes = t.view(bits).numpy().view(f"<u{size}")
+    else:
+        codes = t.numpy()
+    codes = codes.reshape(1, -1)
+    return QTensor(format="raw", shape=tuple(t.shape), dtype=dtype, codes=codes.copy())
+
+
+def _fallback_dequantize(qt: QTensor):
+    import torch
+
+    if qt.format != "raw":
+        raise QuantError(f"format {qt.format!r} needs recurnorm.quant, which is not available")
+    dt = getattr(torch, qt.dtype)
+    flat = qt.codes.reshape(-1)[: qt.numel]
+    if dt == torch.bool:
+        return torch.from_numpy(flat.astype(np.bool_)).reshape(qt.shape)
+    if dt.is_floating_point:
+        t = torch.from_numpy(flat.view(flat.dtype.str.replace("u", "i")).copy())
+        return t.view(dt).reshape(qt.shape)
+    return torch.from_numpy(flat.copy()).to(dt).reshape(qt.shape)
+
+
+def _quant():
+    from .. import quant
+
+    return quant if hasattr(quant, "ExportPolicy") else None
+
+
+def _dedupe(state_dict: dict) -> tuple[dict, dict[str, str]]:
+    """Drop tensors that share storage, shape and strides with an earlier one (tied weights)."""
+    seen: dict[tuple, str] = {}
+    unique, aliases = {}, {}
+    for name in sorted(state_dict):
+        t = state_dict[name]
+        try:
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+                   tuple(t.stride()), t.dtype)
+        except (AttributeError, RuntimeError):
+            key = None
+        if key is not None and t.numel() > 0 and key in seen:
+            aliases[name] = seen[key]
+            continue
+        if key is not None:
+            seen[key] = name
+        unique[name] = t
+    return unique, aliases
+
+
+def export_qtensors(state_dict: dict, quant: str = "int8", policy=None, **quant_options) -> dict[str, QTensor]:
+    """QTensors for a state dict via the export policy; tied tensors map to one QTensor."""
+    unique, aliases = _dedupe(state_dict)
+    q = _quant()
+    if q is not None:
+        if policy is None:
+            policy = q.ExportPolicy(quant=quant, **quant_options)
+        qts = dict(policy.export(unique))
+    else:
+        qts = {name: _fallback_passthrough(t) for name, t in unique.items()}
+    for name, target in aliases.items():
+        qts[name] = qts[target]
+    return qts
+
+
+def pack(state_dict: dict, quant: str = "int8", policy=None, metadata: dict | None = None,
+         codecs=None, **quant_options) -> bytes:
+    """Quantize a state dict with the export policy and pack it."""
+    return pack_qtensors(export_qtensors(state_dict, quant, policy, **quant_options), metadata, codecs)
+
+
+def dequantize_all(qtensors: dict[str, QTensor]) -> dict[str, Any]:
+    """Float (original dtype) tensors for QTensors; shared QTensors give one shared tensor."""
+    q = _quant()
+    done: dict[int, Any] = {}
+    out = {}
+    for name, qt in qtensors.items():
+        if id(qt) not in done:
+            done[id(qt)] = q.dequantize(qt) if q is not None else _fallback_dequantize(qt)
+        out[name] = done[id(qt)]
+    return out
+
+
+def unpack(data: bytes) -> dict[str, Any]:
+    """Artifact bytes to a dequantized state dict in the original dtypes."""
+    return dequantize_all(read_artifact(data).qtensors)
+
+
+def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
+    """(state_dict, config or None) from a .safetensors file, a checkpoint dir, or a .pt/.pth/.bin."""
+    import torch
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.safetensors"
+        if not path.exists():
+            raise CheckpointError(f"{path.parent} has no model.safetensors")
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    config = None
+    cfg_path = path.parent / "config.json"
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            state = load_file(str(path))
+        except Exception as exc:
+            raise CheckpointError(f"{path}: cannot read safetensors: {exc}") from None
+        if cfg_path.exists():
+            try:
+                config = json.loads(cfg_path.read_text(encoding="utf-8"))
+            except ValueError as exc:
+                raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from None
+    elif path.suffix in (".pt", ".pth", ".bin"):
+        try:
+            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise CheckpointError(f"{path}: cannot load as a weights-only state dict: {exc}") from None
+        for key in ("state_dict", "model"):
+            if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+                obj = obj[key]
+        if not isinstance(obj, dict):
+            raise CheckpointError(f"{path}: not a state dict")
+        state = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    else:
+        raise CheckpointError(f"{path}: expected a directory, .safetensors, .pt, .pth or .bin")
+    if not state:
+        raise CheckpointError(f"{path}: holds no tensors")
+    return state, config
+
+
+# ----------------------------------------------------------------- verify
+
+
+@dataclass
+class VerifyReport:
+    """Outcome of verifying an artifact; `to_dict()` is what --json prints."""
+
+    path: str
+    ok: bool
+    exit_code: int
+    reason: str = ""
+    cap: dict | None = None
+    tensors: list[dict] = field(default_factory=list)
+    metadata: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """JSON-able form."""
+        return {"path": self.path, "ok": self.ok, "exit_code": self.exit_code, "reason": self.reason,
+                "cap": self.cap, "tensors": self.tensors, "metadata": self.metadata}
+
+
+def verify_bytes(data: bytes, budget=None, path: str = "<bytes>") -> VerifyReport:
+    """Decode everything, check every checksum, then the cap; never raises for a bad artifact."""
+    from ..errors import OverCapError
+    from .cap import Budget
+
+    budget = budget or Budget()
+    try:
+        art = read_artifact(data)
+    except ArtifactError as exc:
+        return VerifyReport(path, False, 4, str(exc))
+    rows = tensor_stats(art.manifest, art.qtensors)
+    try:
+        cap = budget.check(len(data), rows)
+    except OverCapError as exc:
+        return VerifyReport(path, False, 3, str(exc), exc.report, rows, art.metadata)
+    return VerifyReport(path, True, 0, "valid and under the cap", cap, rows, art.metadata)
+
+
+def verify_artifact(path: str | Path, budget=None) -> VerifyReport:
+    """verify_bytes on a file (a missing/unreadable file is reported as corrupt)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return VerifyReport(str(path), False, 4, f"cannot read {path}: {exc.strerror}")
+    return verify_bytes(data, budget, str(path))

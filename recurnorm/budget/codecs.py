@@ -1,0 +1,420 @@
+"""Stream codecs: one small registered class each; the packer keeps the smallest.
+
+A codec turns one ndarray (a QTensor's codes, scales or zeros) into bytes plus
+JSON params, and back. `StreamContext` carries what both sides know for free:
+the stream's dtype and shape, the tensor's shape, and (for codes) the decoded
+scales, which the rans scale-bucket context uses as side information.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import zstandard
+
+from ..errors import ArtifactError
+from . import rans
+
+# numpy dtypes a stream may hold; all are stored little-endian.
+DTYPES: dict[str, np.dtype] = {
+    name: np.dtype(name).newbyteorder("<")
+    for name in (
+        "bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+        "float16", "float32", "float64",
+    )
+}
+ZSTD_LEVEL = 19
+ZSTD_PREFILTER = 1.0  # big streams: run the slow zstd level only if zstd-3 already wins
+
+
+@dataclass
+class StreamContext:
+    """What encoder and decoder both know about a stream before its bytes."""
+
+    kind: str  # "codes" | "scales" | "zeros"
+    dtype: str
+    shape: tuple[int, ...]
+    tensor_shape: tuple[int, ...] = ()
+    scales: np.ndarray | None = None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPES[self.dtype].itemsize
+
+
+class Codec:
+    """Base class: subclasses register themselves by name."""
+
+    name: ClassVar[str]
+    registry: ClassVar[dict[str, type[Codec]]] = {}
+
+    def __init_subclass__(cls, name: str, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        cls.name = name
+        Codec.registry[name] = cls
+
+    def candidates(self, arr: np.ndarray, ctx: StreamContext, best: int) -> list[tuple[bytes, dict]]:
+        """Encodings worth trying (best = smallest size found so far)."""
+        return [self.encode(arr, ctx)]
+
+    def encode(self, arr: np.ndarray, ctx: StreamContext) -> tuple[bytes, dict]:
+        """Bytes and params of arr."""
+        raise NotImplementedError
+
+    def decode(self, data: bytes, params: dict, ctx: StreamContext) -> np.ndarray:
+        """The array of ctx.dtype and ctx.shape stored in data."""
+        raise NotImplementedError
+
+
+def available() -> list[str]:
+    """Registered codec names."""
+    return sorted(Codec.registry)
+
+
+def get(name: str) -> Codec:
+    """A codec instance by name."""
+    if name not in Codec.registry:
+        raise ArtifactError(f"unknown codec {name!r} (known: {', '.join(available())})")
+    return Codec.registry[name]()
+
+
+def to_le_bytes(arr: np.ndarray, dtype: str) -> bytes:
+    """C-order little-endian bytes of arr in the named dtype."""
+    return np.ascontiguousarray(arr, dtype=DTYPES[dtype]).tobytes()
+
+
+def from_le_bytes(data: bytes, ctx: StreamContext) -> np.ndarray:
+    """Array of ctx's dtype/shape from exactly ctx.nbytes bytes."""
+    if len(data) != ctx.nbytes:
+        raise ArtifactError(f"{ctx.kind} stream holds {len(data)} bytes, expected {ctx.nbytes}")
+    arr = np.frombuffer(data, dtype=DTYPES[ctx.dtype]).reshape(ctx.shape)
+    return arr.astype(np.dtype(ctx.dtype), copy=True)
+
+
+def _int_range(arr: np.ndarray) -> tuple[int, int] | None:
+    """(min, max) of an integer/bool array, or None for floats or empty arrays."""
+    if arr.size == 0 or not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_):
+        return None
+    return int(arr.min()), int(arr.max())
+
+
+# ----------------------------------------------------------------- raw
+
+
+class Raw(Codec, name="raw"):
+    """Little-endian bytes as they are."""
+
+    def encode(self, arr, ctx):
+        return to_le_bytes(arr, ctx.dtype), {}
+
+    def decode(self, data, params, ctx):
+        return from_le_bytes(data, ctx)
+
+
+# ----------------------------------------------------------------- zstd layouts
+
+
+def _pack_bits(sym: np.ndarray, per: int, bits: int) -> bytes:
+    """`per` symbols of `bits` bits each into one little-endian word of per*bits bits."""
+    n = len(sym)
+    padded = np.zeros(-(-n // per) * per, dtype=np.uint32)
+    padded[:n] = sym
+    words = np.zeros(len(padded) // per, dtype=np.uint32)
+    for j in range(per):
+        words |= padded[j::per] << np.uint32(bits * j)
+    nbyte = per * bits // 8
+    return words.astype("<u4").view(np.uint8).reshape(-1, 4)[:, :nbyte].tobytes()
+
+
+def _unpack_bits(data: bytes, n: int, per: int, bits: int) -> np.ndarray:
+    nbyte = per * bits // 8
+    b = np.frombuffer(data, dtype=np.uint8).reshape(-1, nbyte)
+    w = np.zeros((len(b), 4), dtype=np.uint8)
+    w[:, :nbyte] = b
+    words = w.view("<u4").ravel().astype(np.uint32)
+    out = np.empty((len(words), per), dtype=np.int64)
+    for j in range(per):
+        out[:, j] = (words >> np.uint32(bits * j)) & np.uint32((1 << bits) - 1)
+    return out.ravel()[:n]
+
+
+def _pack_trits(sym: np.ndarray) -> bytes:
+    n = len(sym)
+    padded = np.zeros(-(-n // 5) * 5, dtype=np.uint8)
+    padded[:n] = sym
+    p = padded.reshape(-1, 5).astype(np.uint16)
+    return (p @ np.array([1, 3, 9, 27, 81], dtype=np.uint16)).astype(np.uint8).tobytes()
+
+
+def _unpack_trits(data: bytes, n: int) -> np.ndarray:
+    b = np.frombuffer(data, dtype=np.uint8).astype(np.int64)
+    if b.size and b.max() >= 243:
+        raise ArtifactError("trit byte out of range")
+    out = np.stack([(b // d) % 3 for d in (1, 3, 9, 27, 81)], axis=1)
+    return out.ravel()[:n]
+
+
+# name -> (alphabet size it holds, packed byte count for n symbols)
+PACKED_LAYOUTS = {
+    "trit5": (3, lambda n: -(-n // 5)),
+    "bits2": (4, lambda n: -(-n // 4)),
+    "nib4": (16, lambda n: -(-n // 2)),
+    "pack6": (64, lambda n: -(-n // 4) * 3),
+    "byte": (256, lambda n: n),
+}
+
+
+def layout_bytes(arr: np.ndarray, dtype: str, layout: str, offset: int = 0) -> bytes:
+    """The bytes of one layout: plain, shuffle (byte-grouped) or a packed code layout."""
+    if layout == "plain":
+        return to_le_bytes(arr, dtype)
+    if layout == "shuffle":
+        size = DTYPES[dtype].itemsize
+        b = np.frombuffer(to_le_bytes(arr, dtype), dtype=np.uint8).reshape(-1, size)
+        # High bytes first: exponent/sign bytes are the compressible part.
+        return b[:, ::-1].T.tobytes()
+    sym = (np.asarray(arr).ravel().astype(np.int64) - offset)
+    if layout == "trit5":
+        return _pack_trits(sym)
+    if layout == "bits2":
+        return _pack_bits(sym, 4, 2)
+    if layout == "nib4":
+        return _pack_bits(sym, 2, 4)
+    if layout == "pack6":
+        return _pack_bits(sym, 4, 6)
+    if layout == "byte":
+        return sym.astype(np.uint8).tobytes()
+    raise ArtifactError(f"unknown zstd layout {layout!r}")
+
+
+def layouts_for(arr: np.ndarray, dtype: str) -> list[tuple[str, int]]:
+    """(layout, offset) pairs that can hold arr: plain, shuffle, and the tightest packing."""
+    out = [("plain", 0)]
+    if DTYPES[dtype].itemsize > 1:
+        out.append(("shuffle", 0))
+    rng = _int_range(arr)
+    if rng is not None:
+        span = rng[1] - rng[0] + 1
+        for name, (cap, _) in PACKED_LAYOUTS.items():
+            if name == "byte" and DTYPES[dtype].itemsize == 1:
+                break  # same bytes as plain up to a relabelling
+            if span <= cap:
+                out.append((name, rng[0]))
+                break
+    return out
+
+
+class Zstd(Codec, name="zstd"):
+    """zstd over the best of a few byte layouts (plain, byte-grouped, bit-packed)."""
+
+    level: int = ZSTD_LEVEL
+
+    def candidates(self, arr, ctx, best):
+        out = []
+        for layout, offset in layouts_for(arr, ctx.dtype):
+            raw = layout_bytes(arr, ctx.dtype, layout, offset)
+            # zstd-19 is slow; skip it when the fast level shows no chance of winning.
+            quick = zstandard.ZstdCompressor(level=3).compress(raw)
+            if len(quick) > best * ZSTD_PREFILTER and len(raw) > 65536:
+                continue
+            out.append((quick, {"layout": layout, "offset": offset}))
+            data = zstandard.ZstdCompressor(level=self.level).compress(raw)
+            out.append((data, {"layout": layout, "offset": offset}))
+        return out
+
+    def encode(self, arr, ctx):
+        return min(self.candidates(arr, ctx, best=1 << 62), key=lambda c: len(c[0]))
+
+    def decode(self, data, params, ctx):
+        layout = params.get("layout")
+        offset = params.get("offset", 0)
+        if not isinstance(offset, int) or isinstance(offset, bool) or abs(offset) > 1 << 64:
+            raise ArtifactError("zstd offset must be an integer")
+        n = ctx.numel
+        if layout in ("plain", "shuffle"):
+            expect = ctx.nbytes
+        elif layout in PACKED_LAYOUTS:
+            expect = PACKED_LAYOUTS[layout][1](n)
+        else:
+            raise ArtifactError(f"unknown zstd layout {layout!r}")
+        try:
+            raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=max(expect, 1))
+        except zstandard.ZstdError as exc:
+            raise ArtifactError(f"{ctx.kind} stream: zstd: {exc}") from None
+        if len(raw) != expect:
+            raise ArtifactError(f"{ctx.kind} stream: zstd gave {len(raw)} bytes, expected {expect}")
+        if layout == "plain":
+            return from_le_bytes(raw, ctx)
+        if layout == "shuffle":
+            size = DTYPES[ctx.dtype].itemsize
+            b = np.frombuffer(raw, dtype=np.uint8).reshape(size, -1).T[:, ::-1]
+            return from_le_bytes(np.ascontiguousarray(b).tobytes(), ctx)
+        if layout == "trit5":
+            sym = _unpack_trits(raw, n)
+        elif layout == "byte":
+            sym = np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+        else:
+            bits = {"bits2": (4, 2), "nib4": (2, 4), "pack6": (4, 6)}[layout]
+            sym = _unpack_bits(raw, n, *bits)
+        return _symbols_to_array(sym, offset, ctx)
+
+
+def _symbols_to_array(sym: np.ndarray, offset: int, ctx: StreamContext) -> np.ndarray:
+    """Codes = symbols + offset, checked to fit the stream dtype."""
+    dt = np.dtype(ctx.dtype)
+    if sym.size:
+        lo, hi = int(sym.min()) + offset, int(sym.max()) + offset
+        info = np.iinfo(dt) if dt != np.bool_ else None
+        if (info and (lo < info.min or hi > info.max)) or (info is None and (lo < 0 or hi > 1)):
+            raise ArtifactError(f"{ctx.kind} stream: decoded codes do not fit {ctx.dtype}")
+    if dt.kind == "u" and dt.itemsize == 8:
+        out = (sym.astype(np.uint64) + np.uint64(offset)) if offset >= 0 else None
+        if out is None:
+            raise ArtifactError("negative offset for an unsigned stream")
+        return out.astype(dt).reshape(ctx.shape)
+    return (sym.astype(np.int64) + offset).astype(dt).reshape(ctx.shape)
+
+
+# ----------------------------------------------------------------- rans
+
+
+def _view_2d(tensor_shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, cols) of a tensor seen as a matrix: dim 0 by the rest."""
+    if len(tensor_shape) < 2:
+        return 1, math.prod(tensor_shape)
+    return tensor_shape[0], math.prod(tensor_shape[1:])
+
+
+class Rans(Codec, name="rans"):
+    """Order-0 rANS with optional contexts: scale buckets or row/column classes."""
+
+    KS = (2, 4, 8, 16)
+
+    def _symbols(self, arr: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+        rng = _int_range(arr)
+        if rng is None or rng[1] - rng[0] + 1 > rans.MAX_ALPHABET:
+            return None
+        flat = np.asarray(arr).ravel()
+        if flat.dtype == np.uint64:
+            sym = (flat - np.uint64(rng[0])).astype(np.int64)
+        else:
+            sym = flat.astype(np.int64) - rng[0]
+        return sym, rng[0], rng[1] - rng[0] + 1
+
+    def variants(self, sym: np.ndarray, nsym: int, ctx: StreamContext):
+        """(variant, k, ids, class counts [k, nsym]) for each context worth trying."""
+        total = np.bincount(sym, minlength=nsym)[None, :]
+        out: list[tuple[str, int, np.ndarray | None, np.ndarray]] = [("none", 1, None, total)]
+        if sym.size < 4096 or nsym < 2:
+            return out
+        G = ctx.shape[0] if len(ctx.shape) == 2 else 1
+        if ctx.scales is not None and G >= 4 and len(ctx.scales) == G and G * nsym <= rans.CLUSTER_MAX_CELLS:
+            L = sym.size // G
+            ghist = rans.item_histograms(sym, np.arange(sym.size) // L, G, nsym)
+            for k in self.KS:
+                if k < G:
+                    b = rans.scale_buckets(ctx.scales, k)
+                    out.append(("scale", k, None, np.einsum("gk,gs->ks", np.eye(k)[b], ghist)))
+        rows, cols = _view_2d(ctx.tensor_shape)
+        numel = rows * cols
+        if numel == 0 or numel > sym.size or len(ctx.tensor_shape) < 2:
+            return out
+        head = sym[:numel]
+        pos = np.arange(numel, dtype=np.int64)
+        for variant, n_items in (("row", rows), ("col", cols)):
+            if n_items < 4 or n_items * nsym > rans.CLUSTER_MAX_CELLS or n_items > 255 * 4096:
+                continue
+            item = pos // cols if variant == "row" else pos % cols
+            hist = rans.item_histograms(head, item, n_items, nsym)
+            for k in self.KS:
+                if k < n_items:
+                    ids = rans.cluster_items(hist, k)
+                    counts = np.einsum("ik,is->ks", np.eye(k)[ids], hist)
+                    counts[0] += total[0] - counts.sum(axis=0)  # padding codes sit in context 0
+                    out.append((variant, k, ids, counts))
+        return out
+
+    def _estimate(self, counts: np.ndarray, ids) -> float:
+        tables = np.stack([rans.quantize_counts(c) for c in counts.astype(np.int64)])
+        payload = rans._cross_bits(counts, tables) / 8
+        table_bytes = len(rans._pack_blob(rans.varint_encode(tables.ravel())))
+        id_bytes = len(rans._pack_blob(ids.astype(np.uint8).tobytes())) if ids is not None else 0
+        return payload + table_bytes + id_bytes + 16
+
+    def _ctx_vector(self, variant, k, ids, ctx: StreamContext, n: int) -> np.ndarray:
+        rows, cols = _view_2d(ctx.tensor_shape)
+        L = ctx.shape[1] if len(ctx.shape) == 2 else n
+        return rans.context_vector(variant, k, n, rows, cols, L, ctx.scales, ids)
+
+    def candidates(self, arr, ctx, best):
+        got = self._symbols(arr)
+        if got is None:
+            return []
+        sym, offset, nsym = got
+        scored = [(self._estimate(counts, ids), i, variant, k, ids)
+                  for i, (variant, k, ids, counts) in enumerate(self.variants(sym, nsym, ctx))]
+        _, _, variant, k, ids = min(scored)
+        cvec = self._ctx_vector(variant, k, ids, ctx, sym.size)
+        body = rans.encode(sym, cvec, k, nsym, ids)
+        return [(body, {"offset": offset, "nsym": nsym, "context": variant, "k": k})]
+
+    def encode(self, arr, ctx):
+        cands = self.candidates(arr, ctx, 1 << 62)
+        if not cands:
+            raise ValueError("rans needs integer codes with at most 4096 distinct values")
+        return cands[0]
+
+    def decode(self, data, params, ctx):
+        offset, nsym = params.get("offset"), params.get("nsym")
+        variant, k = params.get("context"), params.get("k")
+        for key, v, lo, hi in (("offset", offset, -(1 << 64), 1 << 64),
+                               ("nsym", nsym, 1, rans.MAX_ALPHABET),
+                               ("k", k, 1, rans.MAX_CONTEXTS)):
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise ArtifactError(f"rans param {key}={v!r} out of range")
+        if variant not in ("none", "scale", "row", "col"):
+            raise ArtifactError(f"unknown rans context {variant!r}")
+        rows, cols = _view_2d(ctx.tensor_shape)
+        n = ctx.numel
+        n_ids = {"row": rows, "col": cols}.get(variant, 0)
+        if variant in ("row", "col") and (rows * cols > n or len(ctx.tensor_shape) < 2):
+            raise ArtifactError("rans class context does not fit the tensor shape")
+        if variant == "scale" and (len(ctx.shape) != 2 or ctx.scales is None):
+            raise ArtifactError("rans scale context needs scales")
+        tables, ids, words = rans.split_body(data, k, nsym, n_ids)
+        cvec = self._ctx_vector(variant, k, ids, ctx, n)
+        try:
+            sym = rans.decode(tables, cvec, words, nsym)
+        except ArtifactError:
+            raise
+        except Exception as exc:  # constriction reports bad input as ValueError/RuntimeError
+            raise ArtifactError(f"{ctx.kind} stream: rans: {exc}") from None
+        return _symbols_to_array(sym, offset, ctx)
+
+
+# ----------------------------------------------------------------- selection
+
+DEFAULT_CODECS = ("rans", "zstd", "raw")
+
+
+def encode_best(arr: np.ndarray, ctx: StreamContext, names=None) -> tuple[str, dict, bytes]:
+    """Try each codec and keep the smallest encoding: (codec name, params, bytes)."""
+    names = list(names or DEFAULT_CODECS)
+    best: tuple[str, dict, bytes] | None = None
+    # raw is the fallback that always works; the others are compared against it.
+    for name in sorted(names, key=lambda n: n != "raw"):
+        codec = get(name)
+        limit = len(best[2]) if best else ctx.nbytes
+        for data, params in codec.candidates(arr, ctx, limit):
+            if best is None or len(data) < len(best[2]):
+                best = (name, params, data)
+    if best is None:
+        best = ("raw", {}, Raw().encode(arr, ctx)[0])
+    return best

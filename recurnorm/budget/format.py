@@ -1,0 +1,176 @@
+"""The .rnpk container: header, checksummed JSON manifest, then stream bytes.
+
+Byte layout (docs/FORMAT.md is the normative description):
+
+    offset 0   4 bytes  magic b"RNPK"
+    offset 4   u16 LE   format version (1)
+    offset 6   u16 LE   flags (0; any other value is unsupported)
+    offset 8   u64 LE   manifest length M
+    offset 16  32 bytes SHA-256 of the manifest bytes
+    offset 48  M bytes  manifest: UTF-8 JSON, sorted keys, no whitespace
+    offset 48+M         payload: the streams, at the offsets the manifest gives
+
+The manifest records `payload_length` and `payload_sha256`, so the header
+checksum covers the whole file. Reading parses JSON and numbers only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from typing import Any
+
+from ..errors import ArtifactError
+from .codecs import DTYPES, Codec
+
+MAGIC = b"RNPK"
+VERSION = 1
+HEADER = struct.Struct("<4sHHQ32s")
+HEADER_SIZE = HEADER.size  # 48
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_JSON_DEPTH = 32
+MAX_NDIM = 16
+MAX_TOTAL_ELEMENTS = 1 << 30  # far above what 16 MB can hold; bounds decode memory
+MAX_TENSORS = 1 << 20
+STREAM_KINDS = ("codes", "scales", "zeros")
+
+
+def dumps(obj: Any) -> bytes:
+    """Canonical JSON bytes: sorted keys, no spaces, UTF-8, so packing is deterministic."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def write_container(manifest: dict, payload: bytes) -> bytes:
+    """Header + manifest (with payload length and hash filled in) + payload."""
+    manifest = dict(manifest)
+    manifest["payload_length"] = len(payload)
+    manifest["payload_sha256"] = hashlib.sha256(payload).hexdigest()
+    m = dumps(manifest)
+    header = HEADER.pack(MAGIC, VERSION, 0, len(m), hashlib.sha256(m).digest())
+    return header + m + payload
+
+
+def _depth(obj: Any, limit: int) -> int:
+    """Nesting depth of parsed JSON, stopping once past limit."""
+    stack = [(obj, 1)]
+    deepest = 0
+    while stack:
+        o, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        if isinstance(o, dict):
+            stack.extend((v, d + 1) for v in o.values())
+        elif isinstance(o, list):
+            stack.extend((v, d + 1) for v in o)
+    return deepest
+
+
+def read_container(data: bytes) -> tuple[dict, memoryview]:
+    """Check header, checksums and the manifest's structure; return (manifest, payload)."""
+    data = memoryview(data)
+    if len(data) < HEADER_SIZE:
+        raise ArtifactError(f"truncated artifact: {len(data)} bytes, header needs {HEADER_SIZE}")
+    magic, version, flags, mlen, msha = HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise ArtifactError(f"not a recurnorm artifact (magic {bytes(magic)!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise ArtifactError(f"unsupported artifact version {version} (this reader knows {VERSION})")
+    if flags != 0:
+        raise ArtifactError(f"unsupported artifact flags {flags:#x}")
+    if mlen > MAX_MANIFEST_BYTES or HEADER_SIZE + mlen > len(data):
+        raise ArtifactError(f"truncated artifact: manifest of {mlen} bytes does not fit")
+    mbytes = bytes(data[HEADER_SIZE : HEADER_SIZE + mlen])
+    if hashlib.sha256(mbytes).digest() != msha:
+        raise ArtifactError("manifest checksum mismatch (corrupt artifact)")
+    try:
+        manifest = json.loads(mbytes.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ArtifactError(f"manifest is not valid JSON: {exc}") from None
+    if _depth(manifest, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise ArtifactError("manifest nests too deeply")
+    if not isinstance(manifest, dict):
+        raise ArtifactError("manifest is not a JSON object")
+    payload = data[HEADER_SIZE + mlen :]
+    plen = manifest.get("payload_length")
+    if not _is_int(plen) or plen != len(payload):
+        raise ArtifactError(
+            f"truncated or padded artifact: payload is {len(payload)} bytes, manifest says {plen}"
+        )
+    if hashlib.sha256(payload).hexdigest() != manifest.get("payload_sha256"):
+        raise ArtifactError("payload checksum mismatch (corrupt artifact)")
+    validate_manifest(manifest)
+    return manifest, payload
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _shape(v: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(v, list) or len(v) > MAX_NDIM or not all(_is_int(d) and 0 <= d < 1 << 40 for d in v):
+        raise ArtifactError(f"{where}: bad shape {v!r}")
+    return tuple(v)
+
+
+def validate_manifest(manifest: dict) -> None:
+    """Check every field against the file before anything is decoded or allocated."""
+    if manifest.get("format") != "rnpk" or manifest.get("version") != VERSION:
+        raise ArtifactError("manifest format/version fields are wrong")
+    if not isinstance(manifest.get("metadata", {}), dict):
+        raise ArtifactError("manifest metadata is not an object")
+    tensors = manifest.get("tensors")
+    if not isinstance(tensors, list) or len(tensors) > MAX_TENSORS:
+        raise ArtifactError("manifest tensors is not a list")
+    plen = manifest["payload_length"]
+    names: set[str] = set()
+    total = 0
+    for t in tensors:
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise ArtifactError("manifest tensor entry without a name")
+        name = t["name"]
+        if name in names:
+            raise ArtifactError(f"tensor {name!r} appears twice")
+        names.add(name)
+        if "alias_of" in t:
+            if set(t) != {"name", "alias_of"} or t["alias_of"] not in names:
+                raise ArtifactError(f"tensor {name!r}: alias must name an earlier tensor")
+            continue
+        shape = _shape(t.get("shape"), name)
+        numel = math.prod(shape)
+        for key in ("dtype", "format"):
+            if not isinstance(t.get(key), str) or len(t[key]) > 64:
+                raise ArtifactError(f"tensor {name!r}: bad {key}")
+        if not isinstance(t.get("params"), dict):
+            raise ArtifactError(f"tensor {name!r}: params is not an object")
+        streams = t.get("streams")
+        if not isinstance(streams, dict) or "codes" not in streams or set(streams) - set(STREAM_KINDS):
+            raise ArtifactError(f"tensor {name!r}: streams must hold codes (and scales/zeros)")
+        for kind in [k for k in STREAM_KINDS if k in streams]:
+            s = streams[kind]
+            where = f"tensor {name!r} {kind}"
+            if not isinstance(s, dict):
+                raise ArtifactError(f"{where}: not an object")
+            if s.get("codec") not in Codec.registry:
+                raise ArtifactError(f"{where}: unknown codec {s.get('codec')!r}")
+            if s.get("dtype") not in DTYPES:
+                raise ArtifactError(f"{where}: unsupported dtype {s.get('dtype')!r}")
+            if not isinstance(s.get("params"), dict) or not isinstance(s.get("sha256"), str):
+                raise ArtifactError(f"{where}: params/sha256 missing")
+            off, length = s.get("offset"), s.get("length")
+            if not (_is_int(off) and _is_int(length) and 0 <= off and 0 <= length and off + length <= plen):
+                raise ArtifactError(f"{where}: bytes [{off}, {off}+{length}) outside the payload")
+            sshape = _shape(s.get("shape"), where)
+            total += math.prod(sshape)
+            if total > MAX_TOTAL_ELEMENTS:
+                raise ArtifactError(f"{where}: declared sizes exceed {MAX_TOTAL_ELEMENTS} elements")
+            if kind == "codes":
+                if len(sshape) != 2 or math.prod(sshape) < numel:
+                    raise ArtifactError(f"{where}: codes {sshape} cannot hold {numel} values")
+            elif len(sshape) != 1 or sshape[0] != streams["codes"]["shape"][0]:
+                raise ArtifactError(f"{where}: expected one value per code row")
+            if s["codec"] == "raw" and length != math.prod(sshape) * DTYPES[s["dtype"]].itemsize:
+                raise ArtifactError(f"{where}: raw stream length does not match its shape")
