@@ -214,9 +214,13 @@ def _fallback_dequantize(qt: QTensor):
 
 
 def _quant():
-    from .. import quant
-
-    return quant if hasattr(quant, "ExportPolicy") else None
+    """recurnorm.quant's (ExportPolicy, dequantize), or None while it is not installed."""
+    try:
+        from ..quant import dequantize
+        from ..quant.policy import ExportPolicy
+    except ImportError:
+        return None
+    return ExportPolicy, dequantize
 
 
 def _dedupe(state_dict: dict) -> tuple[dict, dict[str, str]]:
@@ -245,7 +249,7 @@ def export_qtensors(state_dict: dict, quant: str = "int8", policy=None, **quant_
     q = _quant()
     if q is not None:
         if policy is None:
-            policy = q.ExportPolicy(quant=quant, **quant_options)
+            policy = q[0](quantizer=quant, options=dict(quant_options))
         qts = dict(policy.export(unique))
     else:
         qts = {name: _fallback_passthrough(t) for name, t in unique.items()}
@@ -267,7 +271,7 @@ def dequantize_all(qtensors: dict[str, QTensor]) -> dict[str, Any]:
     out = {}
     for name, qt in qtensors.items():
         if id(qt) not in done:
-            done[id(qt)] = q.dequantize(qt) if q is not None else _fallback_dequantize(qt)
+            done[id(qt)] = q[1](qt, original_dtype=True) if q is not None else _fallback_dequantize(qt)
         out[name] = done[id(qt)]
     return out
 

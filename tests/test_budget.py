@@ -1,0 +1,132 @@
+"""Container round trips, aliases, determinism, validation of hostile manifests."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from recurnorm.budget import Budget, pack_qtensors, read_artifact, verify_bytes
+from recurnorm.budget import format as fmt
+from recurnorm.errors import ArtifactError, OverCapError
+from recurnorm.quant.qtensor import QTensor
+
+
+def _qts(seed: int = 0) -> dict[str, QTensor]:
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(64, 96))
+    s = np.abs(w).max(1) / 127
+    g = rng.normal(size=(48, 64))
+    gs = np.abs(g).max(1) / 7
+    return {
+        "int8 per-row": QTensor("int8", (64, 96), "float32", np.round(w / s[:, None]).astype(np.int8),
+                                s.astype(np.float16), None, {"bits": 8}),
+        "int4.group": QTensor("int4", (3072,), "bfloat16", np.clip(np.round(g / gs[:, None]), -8, 7).astype(np.int8),
+                              gs.astype(np.float32), rng.normal(size=48).astype(np.float32), {"group": 64}),
+        "ternary ∆": QTensor("ternary", (50, 41), "float16",
+                             rng.choice([-1, 0, 1], size=(1, 2050)).astype(np.int8), np.array([0.1], np.float32)),
+        "buf.int64": QTensor("raw", (7,), "int64", np.array([[0, -5, 2**40, 3, 3, 3, 1]], np.int64)),
+        "mask": QTensor("raw", (2, 3), "bool", np.array([[1, 0, 1, 1, 1, 0]], np.bool_)),
+        "fp16": QTensor("fp16", (5,), "float16", rng.normal(size=(1, 5)).astype(np.float16).view(np.uint16)),
+        "bf16": QTensor("bf16", (3,), "bfloat16", np.array([[0x3F80, 0x4000, 0xBF80]], np.uint16)),
+        "u64": QTensor("raw", (2,), "uint64", np.array([[2**64 - 1, 0]], np.uint64)),
+        "empty": QTensor("fp32", (0, 4), "float32", np.zeros((1, 0), np.uint32)),
+    }
+
+
+@pytest.mark.parametrize("codecs", [None, ["raw"], ["zstd"], ["rans", "raw"]])
+def test_round_trip_bit_exact(codecs):
+    qts = _qts()
+    art = read_artifact(pack_qtensors(qts, {"config": {"d_model": 8}}, codecs=codecs))
+    assert set(art.qtensors) == set(qts)
+    for name, qt in qts.items():
+        assert art.qtensors[name].equal(qt), name
+    assert art.metadata == {"config": {"d_model": 8}}
+
+
+def test_alias_stored_once():
+    qts = _qts()
+    one = pack_qtensors(qts)
+    qts["tied"] = qts["int8 per-row"]
+    two = read_artifact(pack_qtensors(qts))
+    assert two.aliases == {"tied": "int8 per-row"}
+    assert two.qtensors["tied"] is two.qtensors["int8 per-row"]
+    assert len(pack_qtensors(qts)) - len(one) < 100
+
+
+def test_insertion_order_does_not_matter():
+    qts = _qts()
+    assert pack_qtensors(qts) == pack_qtensors(dict(reversed(list(qts.items()))))
+
+
+def test_deterministic_across_processes():
+    code = (
+        "import sys, hashlib; sys.path.insert(0, 'tests'); from test_budget import _qts;"
+        "from recurnorm.budget import pack_qtensors;"
+        "print(hashlib.sha256(pack_qtensors(_qts(3))).hexdigest())"
+    )
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout for seed in (1, 2)}
+    assert len(outs) == 1
+
+
+def _resign(data: bytes, edit) -> bytes:
+    """Apply edit to the parsed manifest and write valid checksums: a forged artifact."""
+    _, _, _, mlen, _ = fmt.HEADER.unpack_from(data, 0)
+    manifest = json.loads(data[fmt.HEADER_SIZE : fmt.HEADER_SIZE + mlen])
+    payload = data[fmt.HEADER_SIZE + mlen :]
+    edit(manifest)
+    m = fmt.dumps(manifest)
+    return fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, 0, len(m), hashlib.sha256(m).digest()) + m + payload
+
+
+def _codes(m):
+    return next(t for t in m["tensors"] if t["name"] == "int8 per-row")["streams"]["codes"]
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m: _codes(m).update(shape=[1 << 39, 1 << 39]),
+    lambda m: _codes(m).update(shape=[1 << 20, 1 << 9]),
+    lambda m: _codes(m).update(offset=-1),
+    lambda m: _codes(m).update(length=1 << 40),
+    lambda m: _codes(m).update(codec="pickle"),
+    lambda m: _codes(m).update(dtype="object"),
+    lambda m: _codes(m).update(codec="rans", params={"offset": 0, "nsym": 1 << 30, "context": "none", "k": 1}),
+    lambda m: _codes(m).update(codec="rans", params={"offset": 0, "nsym": 3, "context": "none", "k": 0}),
+    lambda m: _codes(m).update(codec="rans", params={"offset": 0, "nsym": 3, "context": "col", "k": 3}),
+    lambda m: _codes(m).update(sha256="0" * 64),
+    lambda m: m["tensors"].append({"name": "x", "alias_of": "nope"}),
+    lambda m: m["tensors"].append(m["tensors"][0]),
+    lambda m: m.update(tensors={"a": 1}),
+    lambda m: m.update(metadata=[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]),
+])
+def test_forged_manifests_are_rejected(edit):
+    data = _resign(pack_qtensors(_qts()), edit)
+    with pytest.raises(ArtifactError):
+        read_artifact(data)
+
+
+def test_header_errors():
+    data = pack_qtensors(_qts())
+    for bad in (b"XXXX" + data[4:], data[:4] + struct.pack("<H", 9) + data[6:], data[:-1],
+                data + b"\0", data[:20], data[:-5] + bytes([data[-5] ^ 1]) + data[-4:]):
+        with pytest.raises(ArtifactError):
+            read_artifact(bad)
+
+
+def test_budget_counts_code_files(tmp_path):
+    data = pack_qtensors(_qts())
+    code = tmp_path / "train_gpt.py"
+    code.write_text("x = 'é'\n" * 100, encoding="utf-8")
+    n_code = len(code.read_text(encoding="utf-8").encode("utf-8"))
+    assert Budget(len(data) + n_code, [code]).check(len(data))["headroom_bytes"] == 0
+    with pytest.raises(OverCapError, match="1 bytes missing"):
+        Budget(len(data) + n_code - 1, [code]).check(len(data))
+    assert verify_bytes(data, Budget(len(data) - 1)).exit_code == 3
+    assert verify_bytes(data).exit_code == 0
+    assert verify_bytes(data[:-3]).exit_code == 4
