@@ -32,7 +32,7 @@ HEADER_SIZE = HEADER.size  # 48
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_JSON_DEPTH = 32
 MAX_NDIM = 16
-MAX_TOTAL_ELEMENTS = 1 << 30  # far above what 16 MB can hold; bounds decode memory
+MAX_TOTAL_ELEMENTS = 1 << 28  # 268M weights: far above what 16 MB can hold; bounds decode memory
 MAX_TENSORS = 1 << 20
 STREAM_KINDS = ("codes", "scales", "zeros")
 
