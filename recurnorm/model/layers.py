@@ -44,9 +44,9 @@ class Linear(nn.Linear):
 
     `weight_transform` (a plain callable attribute, e.g. fake quantization) is
     applied to the weight on every forward; `input_norm` is the extra RMSNorm
-    on the projection's input. A scheme may pass a per-step input `gate` and an
-    additive weight `delta` (LoRA), added after the transform so only the
-    shared weight is quantized.
+    on the projection's input. A scheme may pass a per-step `gate` on the input
+    (after input_norm) and an additive weight `delta` (LoRA); both act after
+    the transform, so only the shared weight is quantized.
     """
 
     def __init__(self, d_in: int, d_out: int, extra_norm: bool = False):
@@ -59,11 +59,13 @@ class Linear(nn.Linear):
     ) -> Tensor:
         if self.input_norm is not None:
             x = self.input_norm(x)
-        if gate is not None:
-            x = x * gate
         w = self.weight if self.weight_transform is None else self.weight_transform(self.weight)
         if delta is not None:
             w = w + delta
+        if gate is not None:
+            # (x ⊙ g) Wᵀ = x (W diag g)ᵀ: scaling the weight's columns costs
+            # d_out·d_in, far less than B·T·d_in for the activations.
+            w = w * gate
         return F.linear(x, w)
 
 
