@@ -1,0 +1,123 @@
+"""Loss gate: an artifact's post-export bpb may not exceed its reference's by more than a delta."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..errors import ArtifactError, CheckpointError, ConfigError, DataError, LossRegressionError
+
+
+@dataclass
+class GateReport:
+    """Reference and artifact bpb on the same validation split, and the verdict."""
+
+    bpb_reference: float
+    bpb_artifact: float
+    delta: float  # artifact − reference
+    max_loss_delta: float
+    passed: bool
+    data: str
+    val_bytes: int
+
+    def to_dict(self) -> dict:
+        """Plain dict for JSON output."""
+        return asdict(self)
+
+
+def read_artifact_bytes(artifact: str | os.PathLike | bytes | bytearray) -> bytes:
+    """The bytes of an artifact given as bytes or a path; ArtifactError when unreadable."""
+    if isinstance(artifact, (bytes, bytearray, memoryview)):
+        return bytes(artifact)
+    path = Path(artifact)
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ArtifactError(f"cannot read artifact {path}: {exc.strerror or exc}") from None
+
+
+def model_from_decoded(art, source: str = "artifact"):
+    """A fresh RecurrentLM from a decoded budget Artifact (config in metadata, strict load)."""
+    from ..budget.api import dequantize_all
+    from ..model import model_from_state_dict
+
+    config = art.metadata.get("config")
+    if not isinstance(config, dict):
+        raise ArtifactError(f"{source} has no model config in its metadata; cannot rebuild the model")
+    try:
+        return model_from_state_dict(config, dequantize_all(art.qtensors), source=source)
+    except (CheckpointError, ConfigError) as exc:
+        # Tensors that disagree with the artifact's own config: the artifact is at fault.
+        raise ArtifactError(f"{source}: {exc}") from None
+
+
+def model_from_artifact(artifact: str | os.PathLike | bytes, source: str | None = None):
+    """A fresh RecurrentLM rebuilt from an artifact (bytes or path) alone."""
+    from ..budget.api import read_artifact
+
+    if source is None:
+        source = "artifact" if isinstance(artifact, (bytes, bytearray)) else str(artifact)
+    return model_from_decoded(read_artifact(read_artifact_bytes(artifact)), source)
+
+
+def _load_reference(reference):
+    """A reference model from a checkpoint path, or the model itself."""
+    from ..model import load_checkpoint
+
+    if isinstance(reference, (str, os.PathLike)):
+        return load_checkpoint(reference)
+    return reference
+
+
+def _load_data(data, tokenizer: str | None):
+    """A Corpus from a spec ("default", a path, "shards:GLOB") or the Corpus itself."""
+    from ..train.data import load_corpus
+
+    if isinstance(data, (str, os.PathLike)):
+        return load_corpus(str(data), tokenizer=tokenizer)
+    return data
+
+
+def loss_gate(
+    artifact_path_or_bytes: str | os.PathLike | bytes,
+    reference_ckpt,
+    data="default",
+    max_loss_delta: float = 0.01,
+    tokenizer: str | None = None,
+    *,
+    raise_on_fail: bool = True,
+) -> GateReport:
+    """Compare artifact and reference bpb; LossRegressionError (exit 5) when delta > max_loss_delta.
+
+    ``reference_ckpt`` is a checkpoint directory (or a model); ``data`` a corpus
+    spec or a Corpus. The raised error carries the report as ``exc.report``.
+    """
+    from .loss import loss
+
+    if not max_loss_delta >= 0:
+        raise ConfigError(f"max_loss_delta must be >= 0, got {max_loss_delta!r}")
+    artifact_model = model_from_artifact(artifact_path_or_bytes)
+    reference = _load_reference(reference_ckpt)
+    corpus = _load_data(data, tokenizer)
+    for name, model in (("artifact", artifact_model), ("reference", reference)):
+        if corpus.vocab_size > model.config.vocab_size:
+            raise DataError(f"the {name} model has vocab_size {model.config.vocab_size}, the data "
+                            f"{corpus.source} needs {corpus.vocab_size}; pass the tokenizer it "
+                            "was trained with")
+    ref = loss(reference, corpus)
+    got = loss(artifact_model, corpus)
+    delta = got.bits_per_byte - ref.bits_per_byte
+    report = GateReport(
+        bpb_reference=ref.bits_per_byte, bpb_artifact=got.bits_per_byte, delta=delta,
+        max_loss_delta=float(max_loss_delta), passed=delta <= max_loss_delta,
+        data=str(corpus.source), val_bytes=ref.bytes,
+    )
+    if not report.passed and raise_on_fail:
+        exc = LossRegressionError(
+            f"post-export loss regressed: {got.bits_per_byte:.4f} bpb vs reference "
+            f"{ref.bits_per_byte:.4f} (+{delta:.4f} > allowed {max_loss_delta:.4f})"
+        )
+        exc.report = report
+        raise exc
+    return report

@@ -1,0 +1,101 @@
+"""Byte matching: pick each scheme's width so its artifact lands near a byte target.
+
+Comparing schemes at equal width favours the ones that spend more bytes
+(unique stores S blocks). With ``--match-bytes N`` each scheme gets the width
+d (a multiple of 2·n_heads, so heads stay even for rotary positions) whose
+artifact under the first quantizer is closest to N. The estimate packs a
+freshly initialized model through the real packer — cheap, and it counts
+scales, codec side data and the manifest — and the roundtrip then checks the
+trained model's artifact against the same ±3% band.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..errors import ConfigError
+
+TOLERANCE = 0.03
+MAX_D_MODEL = 8192
+
+
+@dataclass
+class WidthMatch:
+    """The width chosen for one scheme and how close its fresh artifact lands."""
+
+    scheme: str
+    d_model: int
+    estimated_bytes: int
+    target_bytes: int
+    within_tolerance: bool
+    actual_bytes: int | None = None  # the trained model's artifact, filled in by the roundtrip
+
+    @property
+    def deviation(self) -> float:
+        """(bytes − target) / target, from the actual artifact when known."""
+        got = self.actual_bytes if self.actual_bytes is not None else self.estimated_bytes
+        return (got - self.target_bytes) / self.target_bytes
+
+    def to_dict(self) -> dict:
+        """Plain dict for JSON output."""
+        return {**asdict(self), "deviation": self.deviation}
+
+
+def fresh_artifact_bytes(config: dict, quant: str, seed: int = 0,
+                         quant_options: dict | None = None) -> int:
+    """Artifact bytes of a freshly initialized model with this config (real pack)."""
+    import torch
+
+    from ..model import ModelConfig, RecurrentLM
+    from .roundtrip import pack_model
+
+    torch.manual_seed(seed)
+    model = RecurrentLM(ModelConfig.from_dict(config))
+    return len(pack_model(model, quant, quant_options=quant_options))
+
+
+def match_width(config: dict, quant: str, target_bytes: int, tolerance: float = TOLERANCE,
+                quant_options: dict | None = None) -> WidthMatch:
+    """The width (multiple of 2·n_heads) whose fresh artifact is closest to target_bytes."""
+    if not isinstance(target_bytes, int) or target_bytes < 1:
+        raise ConfigError(f"match_bytes must be a positive int, got {target_bytes!r}")
+    step = 2 * int(config.get("n_heads", 4))
+    cache: dict[int, int] = {}
+
+    def size(d: int) -> int:
+        if d not in cache:
+            cache[d] = fresh_artifact_bytes({**config, "d_model": d}, quant,
+                                            quant_options=quant_options)
+        return cache[d]
+
+    # Exponential search for an upper bound, then bisection: bytes grow with d.
+    lo, hi = step, step
+    while size(hi) < target_bytes:
+        lo, hi = hi, hi * 2
+        if hi > MAX_D_MODEL:
+            hi = MAX_D_MODEL - MAX_D_MODEL % step
+            if size(hi) < target_bytes:
+                raise ConfigError(f"scheme {config.get('scheme')!r} needs d_model > {hi} to reach "
+                                  f"{target_bytes:,} bytes under {quant}")
+            break
+    while hi - lo > step:
+        mid = (lo + hi) // 2
+        mid -= mid % step
+        if size(mid) < target_bytes:
+            lo = mid
+        else:
+            hi = mid
+    best = min((lo, hi), key=lambda d: abs(size(d) - target_bytes))
+    est = size(best)
+    return WidthMatch(
+        scheme=str(config.get("scheme")), d_model=best, estimated_bytes=est,
+        target_bytes=target_bytes,
+        within_tolerance=abs(est - target_bytes) <= tolerance * target_bytes,
+    )
+
+
+def match_widths(configs: dict[str, dict], quant: str, target_bytes: int,
+                 quant_options: dict | None = None) -> dict[str, WidthMatch]:
+    """match_width for every scheme's base config."""
+    return {s: match_width(c, quant, target_bytes, quant_options=quant_options)
+            for s, c in configs.items()}

@@ -1,0 +1,319 @@
+"""The roundtrip matrix: train (or load) each scheme, export it through real artifact bytes
+under each quantizer, rebuild a fresh model from the bytes, and measure the loss it costs.
+
+Comparisons are paired (reference §5): within one seed every scheme trains on
+the same batches in the same order, and the parameters it shares with
+``shared`` start from the same values (``train.loop.train(seed=..., pair_init=True)``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError, ConfigError
+from . import report as rep
+from .gate import model_from_decoded
+from .probes import check_probes, fragility_probe, shuffle_probe
+
+# Shared and unique first: they anchor the gap-recovered ratio and the paired differences.
+ANCHORS = ("shared", "unique")
+
+
+@dataclass
+class Export:
+    """One export roundtrip of a model: its artifact bytes and the fresh model rebuilt from them."""
+
+    data: bytes
+    model: Any  # RecurrentLM built from the artifact's metadata config, on CPU
+    artifact_bytes: int
+    tensor_bytes: dict[str, int]  # packed bytes per stored tensor (aliases 0)
+    step_specific_bytes: int
+
+
+@dataclass
+class RoundtripResult:
+    """Every row, the aggregates, the four answers, the run's config and the files written."""
+
+    rows: list[rep.Row]
+    aggregates: list[dict]
+    falsification: list[dict]
+    config: dict
+    paths: dict[str, Path] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """What results.json holds, plus where the files are."""
+        d = rep.results_dict(self.rows, self.aggregates, self.falsification, self.config)
+        d["paths"] = {k: str(v) for k, v in self.paths.items()}
+        return d
+
+    def markdown(self) -> str:
+        """The results.md text."""
+        return rep.to_markdown(self.rows, self.aggregates, self.falsification, self.config)
+
+
+# Why not the Parameter Golf default (keep float tensors <= 65,536 elements in fp16):
+# at the tiny scale every matrix is that small, so nothing would be quantized and
+# the roundtrip would measure fp16, not the quantizer. Here every weight matrix is.
+KEEP_FLOAT_MAX_NUMEL = 0
+# Passthrough formats export every tensor in that format: fp32 is the lossless reference.
+PASSTHROUGH = ("fp32", "fp16", "bf16")
+
+
+def export_policy(model, quant: str, *, quantize_controls: bool = False,
+                  quant_options: dict | None = None,
+                  keep_float_max_numel: int = KEEP_FLOAT_MAX_NUMEL):
+    """The ExportPolicy the roundtrip uses for one model and quantizer.
+
+    Control tensors are the model's own ``control_names()`` (gains, gates,
+    scalars) plus the policy's name patterns except ``spec.*``: a LoRA adapter
+    or any other step-specific *matrix* is a weight and is quantized like one.
+    """
+    from ..quant.policy import CONTROL_PATTERNS, ExportPolicy
+
+    if quant in PASSTHROUGH:
+        return ExportPolicy(quantizer=quant, overrides={"*": (quant, dict(quant_options or {}))})
+    return ExportPolicy(
+        quantizer=quant, options=dict(quant_options or {}), quantize_controls=quantize_controls,
+        keep_float_max_numel=keep_float_max_numel,
+        control_patterns=tuple(p for p in CONTROL_PATTERNS if p != "spec.*"),
+        control_names=frozenset(model.control_names()),
+    )
+
+
+def pack_model(model, quant: str, *, quantize_controls: bool = False,
+               quant_options: dict | None = None, policy=None) -> bytes:
+    """Artifact bytes of a model under a quantizer (the real export path); config in metadata."""
+    from ..budget.api import pack
+    from ..model import state_dict_for_export
+
+    if policy is None:
+        policy = export_policy(model, quant, quantize_controls=quantize_controls,
+                               quant_options=quant_options)
+    return pack(state_dict_for_export(model), quant=quant, policy=policy,
+                metadata={"config": model.config.to_dict(), "quant": quant})
+
+
+def export_model(model, quant: str, *, quantize_controls: bool = False,
+                 quant_options: dict | None = None, policy=None) -> Export:
+    """Pack a model to bytes, read them back, and rebuild a fresh model from them (strict)."""
+    from ..budget.api import read_artifact, tensor_stats
+
+    data = pack_model(model, quant, quantize_controls=quantize_controls,
+                      quant_options=quant_options, policy=policy)
+    art = read_artifact(data)
+    tensor_bytes = {r["name"]: int(r["bytes"]) for r in tensor_stats(art.manifest)}
+    fresh = model_from_decoded(art, source=f"{model.config.scheme} artifact ({quant})")
+    step_names = model.step_specific_names()
+    return Export(
+        data=data, model=fresh, artifact_bytes=len(data), tensor_bytes=tensor_bytes,
+        step_specific_bytes=sum(b for n, b in tensor_bytes.items() if n in step_names),
+    )
+
+
+def resolve_schemes(schemes: str | list[str] | tuple[str, ...]) -> list[str]:
+    """A scheme list from names or 'all' / 'a,b,c'; anchors first, unknown names raise ConfigError."""
+    from ..model import schemes as registry
+
+    if isinstance(schemes, str):
+        schemes = registry.available() if schemes == "all" else [s for s in schemes.split(",") if s]
+    schemes = list(dict.fromkeys(s.strip() for s in schemes))
+    if not schemes:
+        raise ConfigError("no schemes given")
+    for s in schemes:
+        registry.get(s)
+    return [s for s in ANCHORS if s in schemes] + [s for s in schemes if s not in ANCHORS]
+
+
+def resolve_quants(quants: str | list[str] | tuple[str, ...]) -> list[str]:
+    """A quantizer list from names or 'a,b'; unknown names raise (QuantError lists the formats)."""
+    from .. import quant as qmod
+
+    if isinstance(quants, str):
+        quants = [q for q in quants.split(",") if q]
+    quants = list(dict.fromkeys(q.strip() for q in quants))
+    if not quants:
+        raise ConfigError("no quantizers given")
+    for q in quants:
+        qmod.get(q)
+    return quants
+
+
+def checkpoint_path(checkpoints_dir: str | os.PathLike, scheme: str, seed: int,
+                    seeds: int) -> Path | None:
+    """DIR/<scheme>/seed<k>, or DIR/<scheme> for a one-seed run; None when neither holds weights."""
+    base = Path(checkpoints_dir) / scheme
+    for cand in (base / f"seed{seed}", base if seeds == 1 or seed == 0 else None):
+        if cand is not None and (cand / "model.safetensors").is_file():
+            return cand
+    return None
+
+
+def base_model_config(preset, corpus, model_overrides: dict | None) -> dict:
+    """The preset's model fields, widened to the corpus vocabulary, with overrides applied."""
+    cfg = dict(preset.model)
+    cfg["vocab_size"] = max(int(cfg.get("vocab_size", 256)), int(corpus.vocab_size))
+    cfg.update(model_overrides or {})
+    return cfg
+
+
+def roundtrip(
+    schemes: str | list[str] = ("shared", "unique", "norm_gate"),
+    quants: str | list[str] = ("int8", "int4"),
+    *,
+    data: Any = "default",
+    seeds: int = 1,
+    preset: str = "tiny",
+    steps: int | None = None,
+    out_dir: str | os.PathLike | None = None,
+    checkpoints_dir: str | os.PathLike | None = None,
+    probes: tuple[str, ...] | list[str] = (),
+    match_bytes: int | None = None,
+    progress: bool = True,
+    force: bool = False,
+    tokenizer: str | None = None,
+    model_overrides: dict | None = None,
+    train_overrides: dict | None = None,
+    scheme_options: dict[str, dict] | None = None,
+    quant_options: dict[str, dict] | None = None,
+    device: str = "auto",
+    write: bool = True,
+) -> RoundtripResult:
+    """Train or load every scheme per seed, export under every quantizer, measure, and report.
+
+    ``data`` is a corpus spec or a loaded Corpus. ``model_overrides`` and
+    ``train_overrides`` replace fields of the preset (tests use tiny shapes).
+    Trained models are saved to ``checkpoints_dir/<scheme>/seed<k>`` when that
+    path is given and holds none yet, so a later run can reuse them.
+    """
+    import torch
+    from tqdm import tqdm
+
+    from ..model import ModelConfig, load_checkpoint, save_checkpoint
+    from ..train.data import load_corpus
+    from ..train.loop import train
+    from ..train.presets import get_preset
+    from .loss import loss
+
+    t0 = time.perf_counter()
+    schemes = resolve_schemes(schemes)
+    quants = resolve_quants(quants)
+    probes = check_probes(probes)
+    quant_options = quant_options or {}
+    scheme_options = scheme_options or {}
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ConfigError(f"seeds must be a positive int, got {seeds!r}")
+    if write:
+        if out_dir is None:
+            raise ConfigError("out_dir is required to write the results")
+        rep.check_outputs(out_dir, force)  # fail before any training, not after
+    p = get_preset(preset)
+    train_kw = p.with_overrides(steps=steps, **(train_overrides or {})).train_kwargs()
+    train_kw.pop("eval_every", None)
+    corpus = load_corpus(data, tokenizer=tokenizer) if isinstance(data, (str, os.PathLike)) else data
+    base = base_model_config(p, corpus, model_overrides)
+    configs = {s: {**base, "scheme": s, "scheme_options": dict(scheme_options.get(s, {}))}
+               for s in schemes}
+    for c in configs.values():
+        ModelConfig.from_dict(c)  # ConfigError now, not after the first training
+
+    matches = {}
+    if match_bytes is not None:
+        from .matching import match_widths
+
+        matches = match_widths(configs, quants[0], int(match_bytes), quant_options.get(quants[0]))
+        for s, m in matches.items():
+            configs[s]["d_model"] = m.d_model
+
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto"
+                       else device)
+    per_job = 1 + len(quants) + ("shuffle" in probes) + ("fragility" in probes) * len(quants)
+    bar = tqdm(total=seeds * len(schemes) * per_job, unit="job", desc="roundtrip",
+               disable=not progress, dynamic_ncols=True)
+    rows: list[rep.Row] = []
+    sources: dict[str, str] = {}
+    try:
+        for seed in range(seeds):
+            for scheme in schemes:
+                key = f"{scheme}/seed{seed}"
+                ckpt = (checkpoint_path(checkpoints_dir, scheme, seed, seeds)
+                        if checkpoints_dir is not None else None)
+                if ckpt is not None:
+                    bar.set_description(f"load {key}")
+                    model = load_checkpoint(ckpt)
+                    if model.config.scheme != scheme:
+                        raise CheckpointError(f"{ckpt} holds scheme {model.config.scheme!r}, "
+                                              f"not {scheme!r}")
+                    sources[key] = f"loaded from {ckpt}"
+                else:
+                    bar.set_description(f"train {key}")
+                    cfg = ModelConfig.from_dict(configs[scheme])
+                    result = train(cfg, corpus, seed=seed, pair_init=True, progress=progress,
+                                   device=str(dev), **train_kw)
+                    model = result.model
+                    sources[key] = f"trained {train_kw['steps']} steps in {result.elapsed_s:.1f} s"
+                    if checkpoints_dir is not None:
+                        save_checkpoint(model, Path(checkpoints_dir) / scheme / f"seed{seed}")
+                model = model.to(dev).eval()
+                bar.update(1)
+                bar.set_description(f"eval {key}")
+                bpb_pre = loss(model, corpus).bits_per_byte
+                shuffle = None
+                if "shuffle" in probes:
+                    shuffle = shuffle_probe(model, corpus, bpb_before=bpb_pre)
+                    bar.update(1)
+                params = model.param_counts()
+                for q in quants:
+                    bar.set_description(f"export {key} {q}")
+                    exp = export_model(model, q, quant_options=quant_options.get(q))
+                    bpb_post = loss(exp.model.to(dev), corpus).bits_per_byte
+                    bar.update(1)
+                    row_probes: dict[str, dict] = {}
+                    if shuffle is not None:
+                        row_probes["shuffle"] = dict(shuffle)
+                    if "fragility" in probes:
+                        bar.set_description(f"fragility {key} {q}")
+                        row_probes["fragility"] = fragility_probe(
+                            model, corpus, q, quant_options=quant_options.get(q),
+                            bpb_controls_float=bpb_post)  # the default export keeps them float
+                        bar.update(1)
+                    rows.append(rep.Row(
+                        scheme=scheme, quant=q, seed=seed, bpb_pre=bpb_pre, bpb_post=bpb_post,
+                        artifact_bytes=exp.artifact_bytes,
+                        step_specific_bytes=exp.step_specific_bytes, params=params,
+                        d_model=model.config.d_model, probes=row_probes,
+                    ))
+                    bar.set_postfix(bpb=f"{bpb_pre:.3f}→{bpb_post:.3f}")
+                    del exp
+    finally:
+        bar.close()
+
+    for s, m in matches.items():
+        got = [r.artifact_bytes for r in rows if r.scheme == s and r.quant == quants[0]]
+        m.actual_bytes = round(sum(got) / len(got)) if got else None
+        m.within_tolerance = abs(m.deviation) <= 0.03
+    rows = rep.fill_gap_recovered(rows)
+    aggs = rep.aggregate(rows)
+    answers = rep.falsification(rows, aggs)
+    config = {
+        "schemes": schemes, "quants": quants, "seeds": seeds, "preset": preset,
+        "data": str(getattr(corpus, "source", data)), "tokenizer": getattr(corpus, "tokenizer", None),
+        "steps": train_kw["steps"], "train": train_kw, "model": base,
+        "scheme_options": scheme_options, "quant_options": quant_options,
+        "probes": list(probes), "match_bytes": match_bytes,
+        "export_policy": (f"every weight matrix quantized (keep_float_max_numel="
+                          f"{KEEP_FLOAT_MAX_NUMEL}); controls (model.control_names() and norm/gate/"
+                          "scale name patterns) kept fp32; embeddings int8; fp32/fp16/bf16 export "
+                          "every tensor in that format"),
+        "matched_widths": {s: m.to_dict() for s, m in matches.items()},
+        "sources": sources, "paired": "same seed: same batches and same shared initial values",
+        "device": str(dev), "elapsed_s": round(time.perf_counter() - t0, 1),
+    }
+    result = RoundtripResult(rows, aggs, answers, config)
+    if write:
+        result.paths = rep.write_outputs(rows, config, out_dir, force=force, aggs=aggs,
+                                         answers=answers)
+    return result
