@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
+
+# The test models are tiny: one thread is as fast as two on them, and it avoids
+# the heavy slowdown of OpenMP threads spinning when other processes share the cores.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,131 @@
+"""`recurnorm train`: train one shared-depth model from a preset, print its summary."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+def _parse_scheme_options(ctx, param, values: tuple[str, ...]) -> dict:
+    """key=value pairs; values are read as JSON (numbers, true/false) or else kept as text."""
+    options = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected key=value, got {item!r}", ctx=ctx, param=param)
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
+
+
+@click.command()
+@click.option(
+    "--scheme",
+    default="shared",
+    show_default=True,
+    help="Specialization scheme (shared, norm, norm_gate, unique, lora, ...).",
+)
+@click.option(
+    "--preset", default="tiny", show_default=True, help="Preset: tiny (CPU) or small (GPU)."
+)
+@click.option("--steps", type=click.IntRange(min=1), help="Training steps (optimizer updates).")
+@click.option("--depth", type=click.IntRange(min=1), help="Block applications per forward pass.")
+@click.option("--d-model", type=click.IntRange(min=1), help="Model width.")
+@click.option("--heads", type=click.IntRange(min=1), help="Attention heads.")
+@click.option("--seq-len", type=click.IntRange(min=1), help="Training window length in tokens.")
+@click.option("--norm", type=click.Choice(["pre", "peri"]), help="Normalization placement.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Peak learning rate.")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Windows per step.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Initialization seed.")
+@click.option("--batch-seed", type=int, help="Batch-order seed (default: --seed).")
+@click.option(
+    "--data",
+    default="default",
+    show_default=True,
+    help="Corpus: default (pydoc topics), a text file, a directory of .txt, or shards:GLOB.",
+)
+@click.option("--tokenizer", metavar="MODEL", help="SentencePiece model (default: bytes).")
+@click.option(
+    "--scheme-option",
+    "scheme_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=_parse_scheme_options,
+    help="Scheme option, repeatable (e.g. rank=4).",
+)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--resume", is_flag=True, help="Continue the run saved in --out (same options).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --out.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def train(
+    scheme: str, preset: str, steps: int | None, depth: int | None, d_model: int | None,
+    heads: int | None, seq_len: int | None, norm: str | None, lr: float | None,
+    batch_size: int | None, seed: int, batch_seed: int | None, data: str, tokenizer: str | None,
+    scheme_options: dict, out: str, resume: bool, force: bool, device: str, as_json: bool,
+    no_progress: bool,
+) -> None:  # fmt: skip
+    """Train a model and write model.safetensors, config.json and train_log.jsonl to --out."""
+    from pathlib import Path
+
+    from ..errors import OutputExistsError
+    from ..evaluate import loss
+    from ..model import ModelConfig
+    from ..train.data import load_corpus
+    from ..train.loop import train as run_training
+    from ..train.presets import get_preset
+
+    out_dir = Path(out)
+    if out_dir.exists() and not (force or resume):
+        raise OutputExistsError(f"{out_dir} exists; pass --force to overwrite it or --resume")
+    p = get_preset(preset).with_overrides(steps=steps, lr=lr, batch_size=batch_size)
+    corpus = load_corpus(data, tokenizer=tokenizer)
+    overrides = {"depth": depth, "d_model": d_model, "n_heads": heads, "seq_len": seq_len,
+                 "norm": norm}  # fmt: skip
+    config = ModelConfig.from_dict({
+        **p.model, "vocab_size": corpus.vocab_size, "scheme": scheme,
+        "scheme_options": scheme_options, **{k: v for k, v in overrides.items() if v is not None},
+    })  # fmt: skip
+
+    last = {}
+
+    def evaluate(model):
+        last["loss"] = loss(model, corpus)
+        return last["loss"]
+
+    result = run_training(
+        config, corpus, seed=seed, batch_seed=batch_seed, out_dir=out_dir, resume=resume,
+        force=force, eval_fn=evaluate, progress=not no_progress, device=device,
+        **p.train_kwargs(),
+    )  # fmt: skip
+    final = last.get("loss") or loss(result.model, corpus)  # resumed a finished run
+    summary = {
+        "scheme": scheme,
+        "preset": preset,
+        "steps": result.steps,
+        "val_bpb": final.bits_per_byte,
+        "val_nats_per_token": final.nats_per_token,
+        "val_tokens": final.tokens,
+        "final_train_loss": result.final_loss,
+        "params": result.model.param_counts(),
+        "train_s": result.elapsed_s,
+        "tokens_per_s": result.tokens_per_s,
+        "data": corpus.source,
+        "out": str(out_dir),
+        "config": config.to_dict(),
+    }
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+        return
+    pc = summary["params"]
+    click.echo(f"trained {scheme} ({preset}) for {result.steps} steps in {result.elapsed_s:.1f} s "
+               f"({result.tokens_per_s:,.0f} tokens/s)")  # fmt: skip
+    click.echo(f"val bpb {final.bits_per_byte:.4f} ({final.nats_per_token:.4f} nats/token "
+               f"over {final.tokens:,} tokens of {corpus.source})")  # fmt: skip
+    click.echo(f"params: shared {pc['shared']:,} | step-specific {pc['step_specific']:,} | "
+               f"embedding {pc['embedding']:,} | total {pc['total']:,}")  # fmt: skip
+    click.echo(f"wrote {out_dir}/model.safetensors, config.json, train_log.jsonl")

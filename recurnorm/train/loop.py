@@ -1,0 +1,438 @@
+"""The training loop: AdamW, warm-up + cosine, gradient clipping, resumable and reproducible.
+
+Reproducibility: ``seed`` fixes the initial weights and ``batch_seed`` (default:
+``seed``) the batch order, drawn from its own numpy Generator. With
+``pair_init`` the parameters a scheme shares with strict sharing start from
+the very values the ``shared`` scheme would get, so schemes trained with one
+seed differ only in what they add (reference §5: compare schemes paired).
+
+Output directory::
+
+    model.safetensors, config.json   final (or latest saved) weights, via save_checkpoint
+    train_log.jsonl                  one JSON object per line: train and eval records
+    resume.safetensors               weights, AdamW state and RNG states; the
+                                     step counter and hyper-parameters sit in
+                                     its JSON metadata. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file as st_load_file
+from safetensors.torch import save as st_save
+from torch import nn
+from tqdm import tqdm
+
+from ..errors import CheckpointError, ConfigError, DataError
+from ..io import atomic_write_bytes, atomic_write_text, check_writable
+from ..model import ModelConfig, RecurrentLM, save_checkpoint
+from .corpus import Corpus
+from .schedule import lr_at
+
+LOG_NAME = "train_log.jsonl"
+RESUME_NAME = "resume.safetensors"
+RESUME_FORMAT = 1
+BETAS = (0.9, 0.95)
+
+# Hyper-parameters a resumed run must share with the run it continues.
+RESUME_KEYS = (
+    "steps", "batch_size", "lr", "warmup", "min_lr_frac", "weight_decay", "grad_clip",
+    "control_lr_mult", "seed", "batch_seed",
+)  # fmt: skip
+
+
+@dataclass
+class TrainResult:
+    """What a training run produced."""
+
+    model: nn.Module
+    steps: int  # steps completed in total (including those before a resume)
+    final_loss: float | None  # mean training loss over the last log interval
+    val_bpb: float | None  # last evaluation, if an eval_fn was given
+    elapsed_s: float  # wall time over all runs of this training (resumes add up)
+    tokens_per_s: float  # training throughput of this run
+    out_dir: Path | None = None
+    log: list[dict] = field(default_factory=list)  # records written by this run
+
+
+def parameter_groups(
+    model: nn.Module, *, weight_decay: float, control_lr_mult: float = 1.0
+) -> list[dict]:
+    """AdamW groups: decayed matrices; undecayed vectors; control tensors (own lr scale, no decay)."""
+    control = set(model.control_names()) if hasattr(model, "control_names") else set()
+    no_decay = set(model.no_decay_names()) if hasattr(model, "no_decay_names") else set()
+    groups: dict[str, list] = {"decay": [], "no_decay": [], "control": []}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name in control:
+            groups["control"].append(p)
+        elif p.ndim < 2 or name in no_decay:
+            groups["no_decay"].append(p)
+        else:
+            groups["decay"].append(p)
+    settings = {
+        "decay": (weight_decay, 1.0),
+        "no_decay": (0.0, 1.0),
+        "control": (0.0, control_lr_mult),
+    }
+    return [
+        {"params": ps, "weight_decay": settings[k][0], "lr_scale": settings[k][1], "name": k}
+        for k, ps in groups.items()
+        if ps
+    ]
+
+
+def build_model(config: ModelConfig, seed: int, *, pair_init: bool = True) -> RecurrentLM:
+    """A freshly initialized model; with pair_init its shared tensors equal the shared scheme's."""
+    torch.manual_seed(seed)
+    model = RecurrentLM(config)
+    if pair_init and config.scheme != "shared":
+        torch.manual_seed(seed)
+        reference = RecurrentLM(
+            ModelConfig.from_dict({**config.to_dict(), "scheme": "shared", "scheme_options": {}})
+        )
+        copy_matching(model, reference.state_dict())
+    return model
+
+
+def copy_matching(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
+    """Copy every tensor of state whose name and shape match one of model's; return the names."""
+    own = model.state_dict()
+    copied = []
+    with torch.no_grad():
+        for name, value in state.items():
+            if name in own and own[name].shape == value.shape:
+                own[name].copy_(value)
+                copied.append(name)
+    return copied
+
+
+def train(
+    config: ModelConfig,
+    corpus: Corpus,
+    *,
+    steps: int,
+    batch_size: int = 16,
+    lr: float = 2e-3,
+    warmup: int = 50,
+    min_lr_frac: float = 0.1,
+    weight_decay: float = 0.1,
+    grad_clip: float = 1.0,
+    control_lr_mult: float = 1.0,
+    seed: int = 0,
+    batch_seed: int | None = None,
+    out_dir: str | Path | None = None,
+    resume: bool = False,
+    force: bool = False,
+    log_every: int = 20,
+    eval_every: int = 0,
+    save_every: int | None = None,
+    eval_fn: Callable[[nn.Module], Any] | None = None,
+    progress: bool = True,
+    model: nn.Module | None = None,
+    init_state: dict[str, torch.Tensor] | None = None,
+    pair_init: bool = True,
+    device: str = "auto",
+    on_step: Callable[[int, dict], None] | None = None,
+) -> TrainResult:
+    """Train config's model on corpus.train_tokens; see the module docstring for outputs.
+
+    ``eval_fn(model)`` returns the validation bits per byte (a float or anything
+    with ``bits_per_byte``); it runs every ``eval_every`` steps and at the end.
+    ``model`` trains an existing module (fine-tuning); ``init_state`` overwrites
+    the matching tensors of a fresh one.
+    """
+    batch_seed = seed if batch_seed is None else batch_seed
+    hparams = dict(
+        steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, min_lr_frac=min_lr_frac,
+        weight_decay=weight_decay, grad_clip=grad_clip, control_lr_mult=control_lr_mult,
+        seed=seed, batch_seed=batch_seed,
+    )  # fmt: skip
+    _check_args(config, corpus, hparams)
+    dev = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    )
+
+    out = Path(out_dir) if out_dir is not None else None
+    saved = None
+    if out is not None:
+        if resume:
+            saved = read_resume_state(out)
+            _check_resume_matches(saved, config, hparams, _corpus_id(corpus))
+        elif out.exists():
+            check_writable(out, force=force)
+
+    if model is None:
+        model = build_model(config, seed, pair_init=pair_init)
+        if init_state is not None:
+            copy_matching(model, init_state)
+    model.to(dev)
+    optimizer = torch.optim.AdamW(
+        parameter_groups(model, weight_decay=weight_decay, control_lr_mult=control_lr_mult),
+        lr=lr, betas=BETAS, eps=1e-8,
+    )  # fmt: skip
+    rng = np.random.Generator(np.random.PCG64(batch_seed))
+    # Training-time randomness (e.g. noise injection) gets its own stream, apart from init.
+    torch.manual_seed(batch_seed + 1)
+
+    start, elapsed_before, loss_sum, loss_count = 0, 0.0, 0.0, 0
+    if saved is not None:
+        start, elapsed_before, loss_sum, loss_count = _restore(saved, model, optimizer, rng)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        _prepare_log(out / LOG_NAME, keep_until=start if saved is not None else None)
+        if saved is None:
+            (out / RESUME_NAME).unlink(missing_ok=True)
+
+    data_N = torch.from_numpy(np.ascontiguousarray(corpus.train_tokens, dtype=np.int64))
+    seq_len = config.seq_len
+    offsets = torch.arange(seq_len + 1)
+    save_every = save_every or eval_every or steps
+    use_bf16 = dev.type == "cuda"
+
+    run_log: list[dict] = []
+    last_loss, val_bpb = None, None
+    t_run = time.perf_counter()
+    # Throughput counts only the training steps, not evaluation or checkpoint writes.
+    train_s_since_log, tokens_since_log, train_s_total = 0.0, 0, 0.0
+    bar = tqdm(
+        total=steps, initial=start, unit="step", dynamic_ncols=True,
+        disable=not progress or not sys.stderr.isatty(),
+    )  # fmt: skip
+    model.train()
+    try:
+        for step in range(start, steps):
+            t_step = time.perf_counter()
+            lr_now = lr_at(step, lr=lr, warmup=warmup, steps=steps, min_lr_frac=min_lr_frac)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_now * group["lr_scale"]
+            starts = torch.from_numpy(rng.integers(0, len(data_N) - seq_len, size=batch_size))
+            batch_BxT1 = data_N[starts[:, None] + offsets].to(dev, non_blocking=True)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
+                logits_BxTxV = model(batch_BxT1[:, :-1])
+            loss = nn.functional.cross_entropy(
+                logits_BxTxV.float().reshape(-1, logits_BxTxV.shape[-1]),
+                batch_BxT1[:, 1:].reshape(-1),
+            )
+            if not torch.isfinite(loss):
+                raise DataError(f"training loss became {loss.item()} at step {step + 1}; "
+                                "lower the learning rate")  # fmt: skip
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            optimizer.step()
+
+            done = step + 1
+            loss_sum += loss.item()
+            loss_count += 1
+            tokens_since_log += batch_size * seq_len
+            step_s = time.perf_counter() - t_step
+            train_s_since_log += step_s
+            train_s_total += step_s
+            bar.update(1)
+            records = []
+            if done % log_every == 0 or done == steps:
+                last_loss = loss_sum / loss_count
+                records.append({
+                    "step": done, "loss": last_loss, "lr": lr_now, "grad_norm": float(grad_norm),
+                    "tokens_per_s": tokens_since_log / max(train_s_since_log, 1e-9),
+                })  # fmt: skip
+                loss_sum, loss_count, train_s_since_log, tokens_since_log = 0.0, 0, 0.0, 0
+                bar.set_postfix(loss=f"{last_loss:.3f}")
+            if eval_fn is not None and ((eval_every and done % eval_every == 0) or done == steps):
+                result = eval_fn(model)
+                model.train()
+                val_bpb = float(getattr(result, "bits_per_byte", result))
+                records.append({"step": done, "val_bpb": val_bpb})
+                bar.set_postfix(
+                    loss=f"{last_loss:.3f}" if last_loss else "", val_bpb=f"{val_bpb:.3f}"
+                )
+            if out is not None:
+                _append_log(out / LOG_NAME, records)
+                if done % save_every == 0 or done == steps:
+                    elapsed = elapsed_before + time.perf_counter() - t_run
+                    save_checkpoint(model, out, force=True)
+                    _write_resume(out / RESUME_NAME, model, optimizer, rng, config, hparams,
+                                  _corpus_id(corpus), step=done, elapsed=elapsed,
+                                  loss_acc=(loss_sum, loss_count))  # fmt: skip
+            run_log.extend(records)
+            if on_step is not None:
+                on_step(done, records[0] if records else {"step": done, "loss": loss.item()})
+    finally:
+        bar.close()
+
+    run_s = time.perf_counter() - t_run
+    trained = max(0, steps - start)
+    return TrainResult(
+        model=model,
+        steps=steps,
+        final_loss=last_loss,
+        val_bpb=val_bpb,
+        elapsed_s=elapsed_before + run_s,
+        tokens_per_s=trained * batch_size * seq_len / max(train_s_total, 1e-9),
+        out_dir=out,
+        log=run_log,
+    )
+
+
+def _check_args(config: ModelConfig, corpus: Corpus, hp: dict) -> None:
+    """ConfigError / DataError for arguments the loop cannot run with."""
+    for name in ("steps", "batch_size"):
+        if not isinstance(hp[name], int) or hp[name] < 1:
+            raise ConfigError(f"{name} must be a positive int, got {hp[name]!r}")
+    for name in ("lr", "grad_clip"):
+        if not hp[name] > 0:
+            raise ConfigError(f"{name} must be > 0, got {hp[name]!r}")
+    if hp["warmup"] < 0 or hp["weight_decay"] < 0:
+        raise ConfigError("warmup and weight_decay must be >= 0")
+    if corpus.vocab_size > config.vocab_size:
+        raise ConfigError(
+            f"vocab_size {config.vocab_size} is smaller than the corpus's {corpus.vocab_size}"
+        )
+    if len(corpus.train_tokens) <= config.seq_len + 1:
+        raise DataError(
+            f"corpus {corpus.source}: {len(corpus.train_tokens)} training tokens, "
+            f"need more than seq_len + 1 = {config.seq_len + 1}"
+        )
+
+
+# --- logging -----------------------------------------------------------------
+
+
+def _prepare_log(path: Path, keep_until: int | None) -> None:
+    """Start a fresh log, or keep only the records up to the resumed step."""
+    lines = []
+    if keep_until is not None and path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip() and json.loads(line).get("step", 0) <= keep_until:
+                lines.append(line + "\n")
+    atomic_write_text(path, "".join(lines))
+
+
+def _append_log(path: Path, records: list[dict]) -> None:
+    if records:
+        with open(path, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def read_log(out_dir: str | Path) -> list[dict]:
+    """The records of DIR/train_log.jsonl."""
+    path = Path(out_dir) / LOG_NAME
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+# --- resume state ------------------------------------------------------------
+
+
+def _write_resume(
+    path, model, optimizer, rng, config, hparams, corpus_id, *, step, elapsed, loss_acc
+) -> None:
+    """Weights, optimizer and RNG states in one safetensors file, written atomically."""
+    tensors = {f"model/{k}": v.detach().cpu().clone().contiguous()
+               for k, v in model.state_dict().items()}  # fmt: skip
+    opt_state = optimizer.state_dict()
+    scalars: dict[str, dict] = {}
+    for idx, state in opt_state["state"].items():
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                tensors[f"opt/{idx}/{key}"] = value.detach().cpu().clone().contiguous()
+            else:
+                scalars.setdefault(str(idx), {})[key] = value
+    tensors["rng/torch"] = torch.get_rng_state()
+    if torch.cuda.is_available():
+        tensors["rng/cuda"] = torch.cuda.get_rng_state()
+    groups = [{k: v for k, v in g.items()} for g in opt_state["param_groups"]]
+    meta = {
+        "format": RESUME_FORMAT,
+        "step": step,
+        "elapsed_s": elapsed,
+        "loss_acc": list(loss_acc),
+        "config": config.to_dict(),
+        "hparams": hparams,
+        "corpus": corpus_id,
+        "numpy_rng": rng.bit_generator.state,
+        "param_groups": groups,
+        "opt_scalars": scalars,
+    }
+    data = st_save(tensors, metadata={"recurnorm_resume": json.dumps(meta)})
+    atomic_write_bytes(path, data)
+
+
+def read_resume_state(out_dir: str | Path) -> dict:
+    """The resume state of DIR: {"meta": {...}, "tensors": {...}}; CheckpointError if absent."""
+    path = Path(out_dir) / RESUME_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{out_dir} has no resume state ({RESUME_NAME}); cannot --resume")
+    try:
+        tensors = st_load_file(str(path))
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {})["recurnorm_resume"])
+    except Exception as exc:  # any parse failure means the file is unusable
+        raise CheckpointError(f"{path} is not a valid resume state: {exc}") from exc
+    if meta.get("format") != RESUME_FORMAT:
+        raise CheckpointError(f"{path}: unsupported resume format {meta.get('format')!r}")
+    return {"meta": meta, "tensors": tensors}
+
+
+def _corpus_id(corpus: Corpus) -> dict:
+    """What identifies the training data in a resume state."""
+    return {
+        "source": corpus.source,
+        "tokenizer": corpus.tokenizer,
+        "train_tokens": len(corpus.train_tokens),
+    }
+
+
+def _check_resume_matches(saved: dict, config: ModelConfig, hparams: dict, corpus_id: dict) -> None:
+    """A resumed run must use the saved config, hyper-parameters and data, or it would not match."""
+    meta = saved["meta"]
+    if meta["corpus"] != corpus_id:
+        raise DataError(
+            f"--resume: the corpus is {corpus_id}, the saved run trained on {meta['corpus']}"
+        )
+    for key, value in config.to_dict().items():
+        if meta["config"].get(key) != value:
+            raise ConfigError(
+                f"--resume: model config field {key} is {value!r}, the saved run used "
+                f"{meta['config'].get(key)!r}"
+            )
+    for key in RESUME_KEYS:
+        if meta["hparams"].get(key) != hparams[key]:
+            raise ConfigError(
+                f"--resume: {key} is {hparams[key]!r}, the saved run used {meta['hparams'].get(key)!r}"
+            )
+
+
+def _restore(saved: dict, model, optimizer, rng) -> tuple[int, float, float, int]:
+    """Load weights, optimizer and RNG states; return (step, elapsed, loss_sum, loss_count)."""
+    meta, tensors = saved["meta"], saved["tensors"]
+    model_state = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
+    try:
+        model.load_state_dict(model_state, strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"resume state does not fit the model: {exc}") from exc
+    state: dict[int, dict] = {}
+    for key, value in tensors.items():
+        if key.startswith("opt/"):
+            _, idx, name = key.split("/", 2)
+            state.setdefault(int(idx), {})[name] = value
+    for idx, extra in meta["opt_scalars"].items():
+        state.setdefault(int(idx), {}).update(extra)
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    torch.set_rng_state(tensors["rng/torch"])
+    if "rng/cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng/cuda"])
+    rng.bit_generator.state = meta["numpy_rng"]
+    loss_sum, loss_count = meta["loss_acc"]
+    return int(meta["step"]), float(meta["elapsed_s"]), float(loss_sum), int(loss_count)

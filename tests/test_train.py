@@ -1,0 +1,160 @@
+"""Training loop: learning, reproducibility, resume, weight-decay groups; the train CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from recurnorm.cli.main import main
+from recurnorm.errors import CheckpointError, ConfigError, OutputExistsError
+from recurnorm.evaluate import loss
+from recurnorm.model import ModelConfig, RecurrentLM, load_checkpoint
+from recurnorm.train.loop import build_model, parameter_groups, read_log, train
+from recurnorm.train.presets import PRESETS, get_preset
+from recurnorm.train.schedule import lr_at
+
+# A model small enough that each run below takes a second or two.
+SMALL = dict(d_model=32, n_heads=2, depth=2, seq_len=32)
+FAST = dict(batch_size=8, lr=3e-3, warmup=5, log_every=5, progress=False)
+
+
+def small_config(scheme: str = "norm") -> ModelConfig:
+    return ModelConfig(**SMALL, scheme=scheme)
+
+
+def test_trained_tiny_learns(trained_tiny):
+    model, corpus = trained_tiny
+    trained = loss(model, corpus).bits_per_byte
+    untrained = loss(build_model(model.config, seed=0), corpus).bits_per_byte
+    assert trained < untrained - 1.0
+    assert trained < 4.5
+
+
+def test_same_seed_same_weights(default_corpus):
+    runs = [train(small_config(), default_corpus, steps=10, seed=3, **FAST) for _ in range(2)]
+    a, b = (r.model.state_dict() for r in runs)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    other = train(small_config(), default_corpus, steps=10, seed=4, **FAST).model.state_dict()
+    assert not all(torch.equal(a[k], other[k]) for k in a)
+
+
+def test_batch_seed_separate_from_init(default_corpus):
+    # Same init, different batches: the initial weights agree, the trained ones do not.
+    a = train(small_config(), default_corpus, steps=1, seed=0, batch_seed=1, **FAST)
+    b = train(small_config(), default_corpus, steps=1, seed=0, batch_seed=2, **FAST)
+    assert a.log[0]["loss"] != b.log[0]["loss"]
+    assert torch.equal(build_model(small_config(), 0).embed.weight,
+                       build_model(small_config(), 0).embed.weight)  # fmt: skip
+
+
+def test_pair_init_shares_the_shared_block():
+    shared = build_model(small_config("shared"), seed=5).state_dict()
+    for scheme in ("norm", "unique", "lora"):
+        other = build_model(small_config(scheme), seed=5).state_dict()
+        for name in ("embed.weight", "blocks.0.attn.q.weight", "blocks.0.mlp.down.weight"):
+            assert torch.equal(shared[name], other[name]), (scheme, name)
+
+
+def test_resume_matches_uninterrupted(default_corpus, tmp_path):
+    kw = dict(steps=20, seed=1, save_every=10, **FAST)
+    full = train(small_config(), default_corpus, out_dir=tmp_path / "full", **kw)
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_at_12(step, record):
+        if step == 12:  # after the save at step 10: steps 11-12 are lost and redone
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(small_config(), default_corpus, out_dir=tmp_path / "cut", on_step=stop_at_12, **kw)
+    resumed = train(small_config(), default_corpus, out_dir=tmp_path / "cut", resume=True, **kw)
+
+    losses = [(r["step"], r["loss"]) for r in read_log(tmp_path / "full") if "loss" in r]
+    assert [(r["step"], r["loss"]) for r in read_log(tmp_path / "cut") if "loss" in r] == losses
+    assert [r["step"] for r in resumed.log] == [15, 20]
+    a, b = full.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    saved = load_checkpoint(tmp_path / "cut").state_dict()
+    assert all(torch.equal(a[k], saved[k]) for k in a)
+
+
+def test_resume_refuses_other_hparams_and_missing_state(default_corpus, tmp_path):
+    train(small_config(), default_corpus, steps=5, out_dir=tmp_path / "r", **FAST)
+    with pytest.raises(ConfigError, match="lr"):
+        train(small_config(), default_corpus, steps=5, out_dir=tmp_path / "r", resume=True,
+              **{**FAST, "lr": 1e-3})  # fmt: skip
+    with pytest.raises(CheckpointError, match="resume"):
+        train(small_config(), default_corpus, steps=5, out_dir=tmp_path / "x", resume=True, **FAST)
+    with pytest.raises(OutputExistsError, match="--force"):
+        train(small_config(), default_corpus, steps=5, out_dir=tmp_path / "r", **FAST)
+
+
+def test_no_weight_decay_on_gains():
+    model = RecurrentLM(ModelConfig(**SMALL, scheme="norm_gate"))
+    groups = parameter_groups(model, weight_decay=0.1, control_lr_mult=2.0)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    assert decayed, "matrices must be decayed"
+    assert not decayed & model.control_names()
+    assert all(model.state_dict()[n].ndim >= 2 for n in decayed)
+    control = next(g for g in groups if g["name"] == "control")
+    assert control["lr_scale"] == 2.0 and control["weight_decay"] == 0.0
+    assert {names[id(p)] for p in control["params"]} == model.control_names()
+    # every parameter is in exactly one group
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+
+
+def test_schedule():
+    kw = dict(lr=1.0, warmup=10, steps=110, min_lr_frac=0.1)
+    assert lr_at(0, **kw) == pytest.approx(0.1)
+    assert lr_at(9, **kw) == pytest.approx(1.0)
+    assert lr_at(60, **kw) == pytest.approx(0.55)
+    assert lr_at(110, **kw) == pytest.approx(0.1)
+
+
+def test_presets():
+    tiny = get_preset("tiny")
+    assert tiny.model["d_model"] == 128 and tiny.model["depth"] == 6
+    assert tiny.model["seq_len"] == 128 and tiny.batch_size == 16
+    for p in PRESETS.values():
+        ModelConfig(**p.model).validate()
+    with pytest.raises(ConfigError, match="tiny"):
+        get_preset("huge")
+
+
+# ------------------------------------------------------------------------ CLI
+
+CLI_ARGS = ["train", "--scheme", "shared", "--steps", "20", "--d-model", "32", "--heads", "2",
+            "--depth", "2", "--seq-len", "32", "--batch-size", "8", "--no-progress"]  # fmt: skip
+
+
+def test_cli_train_writes_outputs_and_refuses_clobber(tmp_path):
+    out = tmp_path / "run"
+    runner = CliRunner()
+    result = runner.invoke(main, [*CLI_ARGS, "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["steps"] == 20 and summary["val_bpb"] > 0
+    assert set(summary["params"]) >= {"shared", "step_specific", "embedding", "total"}
+    for name in ("model.safetensors", "config.json", "train_log.jsonl"):
+        assert (out / name).is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert config["scheme"] == "shared" and config["depth"] == 2
+    assert any("val_bpb" in r for r in read_log(out))
+
+    again = runner.invoke(main, [*CLI_ARGS, "--out", str(out)])
+    assert again.exit_code == 2
+    assert "--force" in again.stderr
+    forced = runner.invoke(main, [*CLI_ARGS, "--out", str(out), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert "val bpb" in forced.stdout
+
+
+def test_cli_bad_scheme_option(tmp_path):
+    result = CliRunner().invoke(main, [*CLI_ARGS, "--scheme", "lora", "--scheme-option", "nokey",
+                                       "--out", str(tmp_path / "o")])  # fmt: skip
+    assert result.exit_code == 2
