@@ -105,3 +105,15 @@ def test_byte_tokenizer_roundtrip():
 def test_missing_tokenizer_model(tmp_path):
     with pytest.raises(DataError, match="missing.model"):
         get_tokenizer(str(tmp_path / "missing.model"))
+
+
+SP_MODEL = "/work/shared/data/fineweb_8192_bpe.model"
+
+
+@pytest.mark.skipif(not __import__("os").path.exists(SP_MODEL), reason="no SentencePiece model")
+def test_sentencepiece_corpus():
+    c = load_corpus("default", tokenizer=SP_MODEL)
+    assert c.vocab_size == 8192 and c.tokenizer == SP_MODEL
+    assert len(c.val_bytes) == len(c.val_tokens)
+    # Several bytes per token on average, and never a negative count.
+    assert c.val_bytes.min() >= 0 and c.val_bytes.sum() > 2 * len(c.val_tokens)

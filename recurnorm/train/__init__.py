@@ -1,1 +1,5 @@
-"""recurnorm.train"""
+"""recurnorm.train: corpora, tokenizers, presets and the training loop.
+
+Modules are imported on use (``recurnorm.train.data``, ``.tokenizer``,
+``.presets``, ``.loop``) so that loading a corpus does not import torch.
+"""

@@ -68,3 +68,13 @@ def token_bytes(tokenizer: Tokenizer, tokens) -> np.ndarray:
     """Per-token byte counts from a tokenizer offering token_bytes or byte_counts."""
     fn = getattr(tokenizer, "token_bytes", None) or tokenizer.byte_counts
     return np.asarray(fn(tokens), dtype=np.int64)
+
+
+def __getattr__(name: str):
+    # DESIGN.md promises tokenizer.SentencePieceTokenizer; it lives in .sentencepiece
+    # and is imported only when asked for, since sentencepiece is optional here.
+    if name == "SentencePieceTokenizer":
+        from .sentencepiece import SentencePieceTokenizer
+
+        return SentencePieceTokenizer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
