@@ -233,6 +233,15 @@ def _present(rows: list[Row]) -> set[str]:
     return {r.scheme for r in rows}
 
 
+def _byte_cost(aggs: list[dict], scheme: str, quant: str) -> tuple[float | None, str]:
+    """What specialization costs in bytes: artifact bytes over shared's when shared ran
+    (counts manifest entries and codec tables too), else the step-specific stream bytes."""
+    a, sh = _agg_of(aggs, scheme, quant), _agg_of(aggs, "shared", quant)
+    if sh is not None and a["artifact_bytes"]["mean"] is not None:
+        return a["artifact_bytes"]["mean"] - sh["artifact_bytes"]["mean"], "artifact bytes over shared"
+    return a["step_specific_bytes"]["mean"], "step-specific bytes"
+
+
 def _q1(rows: list[Row], aggs: list[dict], quants: list[str]) -> dict[str, Any]:
     present = _present(rows)
     cands = [s for s in NORM_SCHEMES if s in present]
@@ -241,26 +250,25 @@ def _q1(rows: list[Row], aggs: list[dict], quants: list[str]) -> dict[str, Any]:
     evidence, behind, close = [], [], []
     for q in quants:
         lo = _agg_of(aggs, "lora", q)
+        lo_cost, what = _byte_cost(aggs, "lora", q)
         for s in cands:
             a = _agg_of(aggs, s, q)
+            cost, _ = _byte_cost(aggs, s, q)
             p = paired_stats(paired_diffs(rows, s, "lora", q, "bpb_post"))
-            ratio = None
-            if a["step_specific_bytes"]["mean"]:
-                ratio = lo["step_specific_bytes"]["mean"] / a["step_specific_bytes"]["mean"]
+            ratio = lo_cost / cost if cost and cost > 0 and lo_cost is not None else None
             evidence.append(
-                f"{q}: {s} post-export bpb {fmt_ms(a['bpb_post'])} with "
-                f"{fmt_bytes(a['step_specific_bytes']['mean'])} step-specific bytes vs lora "
-                f"{fmt_ms(lo['bpb_post'])} with {fmt_bytes(lo['step_specific_bytes']['mean'])} "
-                f"(lora/{s} bytes ×{fmt(ratio, 1)}); paired {s} − lora {fmt_paired(p)} → {_noise_note(p)}")
+                f"{q}: {s} post-export bpb {fmt_ms(a['bpb_post'])} at {fmt_bytes(cost)} {what} vs "
+                f"lora {fmt_ms(lo['bpb_post'])} at {fmt_bytes(lo_cost)} (lora costs "
+                f"×{fmt(ratio, 1)}); paired {s} − lora {fmt_paired(p)} → {_noise_note(p)}")
             if p["verdict"] == "higher":
                 (behind if ratio is not None and ratio <= 4 else close).append((q, s))
     if behind:
         answer = ("yes for " + ", ".join(f"{s} at {q}" for q, s in behind)
-                  + ": behind lora beyond the seed spread at ≤ 4× its step-specific bytes — "
+                  + ": behind lora beyond the seed spread at a byte cost within 4× of lora's — "
                   "evidence against the hypothesis")
     elif close:
-        answer = ("behind lora beyond the seed spread, but lora spends more than 4× the "
-                  "step-specific bytes, so not at similar byte cost")
+        answer = ("behind lora beyond the seed spread, but lora spends more than 4× the bytes, "
+                  "so not at similar byte cost")
     else:
         answer = ("no demonstrated gap to lora (every paired difference is lower, within noise, "
                   "or rests on too few seeds)")
