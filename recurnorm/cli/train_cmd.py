@@ -62,12 +62,19 @@ def _parse_scheme_options(ctx, param, values: tuple[str, ...]) -> dict:
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--qat", "qat_format", metavar="FORMAT",
+              help="Quantization-aware training from scratch (ternary, int4, int6, ...).")
+@click.option("--qat-noise", is_flag=True, help="QAT with ±½-step weight noise instead of rounding.")
+@click.option("--qat-ramp", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Fraction of the steps over which the QAT λ ramps 0 -> 1.")
+@click.option("--act-quant", is_flag=True, help="QAT: 8-bit absmax fake quant of projection inputs.")
 def train(
     scheme: str, preset: str, steps: int | None, depth: int | None, d_model: int | None,
     heads: int | None, seq_len: int | None, norm: str | None, lr: float | None,
     batch_size: int | None, seed: int, batch_seed: int | None, data: str, tokenizer: str | None,
     scheme_options: dict, out: str, resume: bool, force: bool, device: str, as_json: bool,
-    no_progress: bool,
+    no_progress: bool, qat_format: str | None = None, qat_noise: bool = False,
+    qat_ramp: float = 0.5, act_quant: bool = False,
 ) -> None:  # fmt: skip
     """Train a model and write model.safetensors, config.json and train_log.jsonl to --out."""
     from pathlib import Path
@@ -97,11 +104,22 @@ def train(
         last["loss"] = loss(model, corpus)
         return last["loss"]
 
-    result = run_training(
-        config, corpus, seed=seed, batch_seed=batch_seed, out_dir=out_dir, resume=resume,
-        force=force, eval_fn=evaluate, progress=not no_progress, device=device,
-        **p.train_kwargs(),
-    )  # fmt: skip
+    if qat_format is not None:  # QAT from scratch: fake quant hooked in before the optimizer
+        from ..train.qat import QATSpec, train_qat
+
+        spec = QATSpec(format=qat_format, ramp=qat_ramp, act_quant=act_quant, noise=qat_noise)
+        kw = p.train_kwargs()
+        result = train_qat(
+            config, corpus, spec, steps=kw.pop("steps"), seed=seed, batch_seed=batch_seed,
+            out_dir=out_dir, resume=resume, force=force, eval_fn=evaluate,
+            progress=not no_progress, device=device, **kw,
+        )  # fmt: skip
+    else:
+        result = run_training(
+            config, corpus, seed=seed, batch_seed=batch_seed, out_dir=out_dir, resume=resume,
+            force=force, eval_fn=evaluate, progress=not no_progress, device=device,
+            **p.train_kwargs(),
+        )  # fmt: skip
     final = last.get("loss") or loss(result.model, corpus)  # resumed a finished run
     summary = {
         "scheme": scheme,
@@ -122,8 +140,9 @@ def train(
         click.echo(json.dumps(summary, indent=2, sort_keys=True))
         return
     pc = summary["params"]
+    speed = f"{result.tokens_per_s:,.0f} tokens/s" if result.tokens_per_s else "already complete"
     click.echo(f"trained {scheme} ({preset}) for {result.steps} steps in {result.elapsed_s:.1f} s "
-               f"({result.tokens_per_s:,.0f} tokens/s)")  # fmt: skip
+               f"({speed})")  # fmt: skip
     click.echo(f"val bpb {final.bits_per_byte:.4f} ({final.nats_per_token:.4f} nats/token "
                f"over {final.tokens:,} tokens of {corpus.source})")  # fmt: skip
     click.echo(f"params: shared {pc['shared']:,} | step-specific {pc['step_specific']:,} | "
