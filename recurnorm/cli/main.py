@@ -19,7 +19,7 @@ from . import exitcodes
 # command name -> "module:attribute" (relative to recurnorm.cli)
 COMMANDS = {
     "train": "train_cmd:train",
-    "finetune": "train_cmd:finetune",
+    "finetune": "qat_cmd:finetune",
     "pack": "pack_cmd:pack",
     "unpack": "pack_cmd:unpack",
     "verify": "pack_cmd:verify",
