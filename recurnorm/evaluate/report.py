@@ -414,6 +414,12 @@ def to_markdown(rows: list[Row], aggs: list[dict], answers: list[dict], config: 
                  "into a fresh model. Values are mean ± std over seeds; 'vs shared' is the paired "
                  f"per-seed difference (lower is better); fewer than {MIN_SEEDS} seeds or a spread "
                  "that covers zero is reported as such, never as a win.")
+    if config.get("export_policy"):
+        lines += ["", f"Export policy: {config['export_policy']}."]
+    if config.get("paired"):
+        lines += ["", f"Pairing: {config['paired']}."]
+    if config.get("sources"):
+        lines += ["", "Models: " + "; ".join(f"{k} {v}" for k, v in config["sources"].items()) + "."]
     lines.append("")
     has_gap = any(r.gap_recovered_pre is not None for r in rows)
     probes = _ordered(p for r in rows for p in r.probes)

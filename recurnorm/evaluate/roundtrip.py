@@ -114,6 +114,31 @@ def export_model(model, quant: str, *, quantize_controls: bool = False,
     )
 
 
+def qat_row(model, corpus, quant: str, *, scheme: str, seed: int, steps: int, train_kw: dict,
+            device: str = "cpu", quant_options: dict | None = None) -> rep.Row:
+    """A ``qat-<quant>`` row: QAT-fine-tune a copy of model, export with qat_policy, measure."""
+    import copy
+
+    from ..train.qat import QATSpec, qat_policy, remove_qat, train_qat
+    from .loss import loss
+
+    ft = remove_qat(copy.deepcopy(model).cpu())  # fine-tune from the latent float weights
+    kw = {k: v for k, v in train_kw.items() if k not in ("steps", "eval_every")}
+    kw["warmup"] = min(int(kw.get("warmup", 0)), steps // 10)
+    result = train_qat(ft, corpus, QATSpec(quant, dict(quant_options or {})), steps=steps,
+                       seed=seed, progress=False, device=device, **kw)
+    ft = result.model.eval()
+    bpb_pre = loss(ft, corpus).bits_per_byte
+    base = export_policy(ft, quant, quant_options=quant_options)
+    exp = export_model(ft, quant, policy=qat_policy(ft.config, base))
+    bpb_post = loss(exp.model.to(next(ft.parameters()).device), corpus).bits_per_byte
+    return rep.Row(
+        scheme=scheme, quant=f"qat-{quant}", seed=seed, bpb_pre=bpb_pre, bpb_post=bpb_post,
+        artifact_bytes=exp.artifact_bytes, step_specific_bytes=exp.step_specific_bytes,
+        params=ft.param_counts(), d_model=ft.config.d_model,
+    )
+
+
 def resolve_schemes(schemes: str | list[str] | tuple[str, ...]) -> list[str]:
     """A scheme list from names or 'all' / 'a,b,c'; anchors first, unknown names raise ConfigError."""
     from ..model import schemes as registry
@@ -181,26 +206,33 @@ def roundtrip(
     quant_options: dict[str, dict] | None = None,
     device: str = "auto",
     write: bool = True,
+    qat: str | list[str] | tuple[str, ...] = (),
+    qat_steps: int = 100,
 ) -> RoundtripResult:
     """Train or load every scheme per seed, export under every quantizer, measure, and report.
 
     ``data`` is a corpus spec or a loaded Corpus. ``model_overrides`` and
     ``train_overrides`` replace fields of the preset (tests use tiny shapes).
     Trained models are saved to ``checkpoints_dir/<scheme>/seed<k>`` when that
-    path is given and holds none yet, so a later run can reuse them.
+    path is given and holds none yet, so a later run can reuse them. ``qat``
+    formats add a ``qat-<format>`` row per scheme: the trained model
+    QAT-fine-tuned for ``qat_steps`` steps; pre = the QAT model (fake quant at
+    λ=1), post = its export under ``train.qat.qat_policy`` (the codes training saw).
     """
     import torch
     from tqdm import tqdm
 
-    from ..model import ModelConfig, load_checkpoint, save_checkpoint
+    from ..model import ModelConfig, save_checkpoint
     from ..train.data import load_corpus
     from ..train.loop import train
     from ..train.presets import get_preset
+    from ..train.qat import load_model
     from .loss import loss
 
     t0 = time.perf_counter()
     schemes = resolve_schemes(schemes)
     quants = resolve_quants(quants)
+    qat_formats = resolve_quants(qat) if qat else []
     probes = check_probes(probes)
     quant_options = quant_options or {}
     scheme_options = scheme_options or {}
@@ -230,7 +262,7 @@ def roundtrip(
 
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto"
                        else device)
-    per_job = 1 + len(quants) + ("shuffle" in probes) + ("fragility" in probes) * len(quants)
+    per_job = 1 + len(quants) + len(qat_formats) + ("shuffle" in probes) + ("fragility" in probes) * len(quants)
     bar = tqdm(total=seeds * len(schemes) * per_job, unit="job", desc="roundtrip",
                disable=not progress, dynamic_ncols=True)
     rows: list[rep.Row] = []
@@ -243,7 +275,7 @@ def roundtrip(
                         if checkpoints_dir is not None else None)
                 if ckpt is not None:
                     bar.set_description(f"load {key}")
-                    model = load_checkpoint(ckpt)
+                    model = load_model(ckpt)  # a QAT checkpoint is evaluated as what it is
                     if model.config.scheme != scheme:
                         raise CheckpointError(f"{ckpt} holds scheme {model.config.scheme!r}, "
                                               f"not {scheme!r}")
@@ -288,6 +320,13 @@ def roundtrip(
                     ))
                     bar.set_postfix(bpb=f"{bpb_pre:.3f}→{bpb_post:.3f}")
                     del exp
+                for q in qat_formats:
+                    bar.set_description(f"qat {key} {q}")
+                    rows.append(qat_row(model, corpus, q, scheme=scheme, seed=seed,
+                                        steps=qat_steps, train_kw=train_kw, device=str(dev),
+                                        quant_options=quant_options.get(q)))
+                    bar.update(1)
+                    bar.set_postfix(bpb=f"{rows[-1].bpb_pre:.3f}→{rows[-1].bpb_post:.3f}")
     finally:
         bar.close()
 
@@ -304,12 +343,16 @@ def roundtrip(
         "steps": train_kw["steps"], "train": train_kw, "model": base,
         "scheme_options": scheme_options, "quant_options": quant_options,
         "probes": list(probes), "match_bytes": match_bytes,
+        "qat": qat_formats, "qat_steps": qat_steps if qat_formats else None,
         "export_policy": (f"every weight matrix quantized (keep_float_max_numel="
                           f"{KEEP_FLOAT_MAX_NUMEL}); controls (model.control_names() and norm/gate/"
                           "scale name patterns) kept fp32; embeddings int8; fp32/fp16/bf16 export "
                           "every tensor in that format"),
         "matched_widths": {s: m.to_dict() for s, m in matches.items()},
-        "sources": sources, "paired": "same seed: same batches and same shared initial values",
+        "sources": sources,
+        "paired": ("same seed: same batches in the same order"
+                   + ("; widths differ (--match-bytes), so initial values are not shared"
+                      if matches else " and the same initial values for shared parameters")),
         "device": str(dev), "elapsed_s": round(time.perf_counter() - t0, 1),
     }
     result = RoundtripResult(rows, aggs, answers, config)
