@@ -33,7 +33,7 @@ from safetensors.torch import save as st_save
 from torch import nn
 from tqdm import tqdm
 
-from ..errors import CheckpointError, ConfigError, DataError
+from ..errors import CheckpointError, ConfigError, DataError, RecurnormError
 from ..io import atomic_write_bytes, atomic_write_text, check_writable
 from ..model import ModelConfig, RecurrentLM, save_checkpoint
 from .corpus import Corpus
@@ -226,8 +226,8 @@ def train(
                 batch_BxT1[:, 1:].reshape(-1),
             )
             if not torch.isfinite(loss):
-                raise DataError(f"training loss became {loss.item()} at step {step + 1}; "
-                                "lower the learning rate")  # fmt: skip
+                raise RecurnormError(f"training loss became {loss.item()} at step {step + 1}; "
+                                     "lower the learning rate")  # fmt: skip
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
