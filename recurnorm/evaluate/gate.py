@@ -45,8 +45,12 @@ def model_from_decoded(art, source: str = "artifact"):
     config = art.metadata.get("config")
     if not isinstance(config, dict):
         raise ArtifactError(f"{source} has no model config in its metadata; cannot rebuild the model")
+    from ..train.qat import prepare_exported
+
     try:
-        return model_from_state_dict(config, dequantize_all(art.qtensors), source=source)
+        # Grid weights are never fake-quantized again; a QAT model's activation hooks are restored.
+        return prepare_exported(
+            model_from_state_dict(config, dequantize_all(art.qtensors), source=source))
     except (CheckpointError, ConfigError) as exc:
         # Tensors that disagree with the artifact's own config: the artifact is at fault.
         raise ArtifactError(f"{source}: {exc}") from None
@@ -62,11 +66,11 @@ def model_from_artifact(artifact: str | os.PathLike | bytes, source: str | None 
 
 
 def _load_reference(reference):
-    """A reference model from a checkpoint path, or the model itself."""
-    from ..model import load_checkpoint
+    """A reference model from a checkpoint path (a QAT one as what it is), or the model itself."""
+    from ..train.qat import load_model
 
     if isinstance(reference, (str, os.PathLike)):
-        return load_checkpoint(reference)
+        return load_model(reference)
     return reference
 
 
