@@ -12,13 +12,26 @@ import click
 # across one gentle and two aggressive quantizers.
 DEMO_SCHEMES = ("shared", "unique", "norm_gate", "layerrope", "lora")
 DEMO_QUANTS = ("int8", "int4", "ternary")
-# Measured: 5 trainings of the tiny preset at this many steps, plus 20 evaluations
-# and 15 exports, fit in about 7 minutes on two CPU cores.
-DEMO_STEPS = 300
+# Cost measured on 2 shared CPU cores (one thread, CPU seconds): a tiny-preset training
+# step 0.56-0.83, one validation pass 2.7, three exports 1.5 (unique 4.3). Five
+# trainings of 200 steps plus 35 passes (with the fragility probe) and 15 exports
+# come to ~7 minutes on two free cores.
+DEMO_STEPS = 200
+# One torch thread by default: the tiny model gains little from a second one, and
+# when anything else shares the cores OpenMP spinning made two threads 4.5x slower
+# (measured: 7.0 vs 1.6 s per training step under load).
+DEMO_THREADS = 1
 
 
 def _split(_ctx, _param, value: str | None) -> str | None:
     return value.strip() if value else value
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def _print_result(result, as_json: bool) -> None:
@@ -54,14 +67,19 @@ def _print_result(result, as_json: bool) -> None:
 @click.option("--force", is_flag=True, help="overwrite existing outputs")
 @click.option("--json", "as_json", is_flag=True, help="print the results as JSON")
 @click.option("--no-progress", is_flag=True, help="no progress bars")
+@click.option("--qat", default="", callback=_split, metavar="FORMATS",
+              help="also QAT-fine-tune each scheme in these formats (rows qat-<format>)")
+@click.option("--qat-steps", type=click.IntRange(min=1), default=100, show_default=True,
+              help="QAT fine-tuning steps per scheme and format")
 def roundtrip(schemes, quants, data, tokenizer, seeds, preset, steps, out_dir, checkpoints_dir,
-              probes, match_bytes, force, as_json, no_progress):
+              probes, match_bytes, force, as_json, no_progress, qat, qat_steps):
     """Train each scheme, export it under each quantizer, and measure what the export costs."""
     from ..evaluate.roundtrip import roundtrip as run
 
     result = run(schemes, quants, data=data, tokenizer=tokenizer, seeds=seeds, preset=preset,
                  steps=steps, out_dir=out_dir, checkpoints_dir=checkpoints_dir, probes=probes,
-                 match_bytes=match_bytes, force=force, progress=not no_progress and not as_json)
+                 match_bytes=match_bytes, force=force, progress=not no_progress and not as_json,
+                 qat=qat or (), qat_steps=qat_steps)
     _print_result(result, as_json)
 
 
@@ -72,10 +90,13 @@ def roundtrip(schemes, quants, data, tokenizer, seeds, preset, steps, out_dir, c
               help="training steps per scheme")
 @click.option("--force", is_flag=True, help="overwrite existing outputs")
 @click.option("--no-progress", is_flag=True, help="no progress bars")
-def demo(out_dir, steps, force, no_progress):
+@click.option("--threads", type=click.IntRange(min=1), default=DEMO_THREADS, show_default=True,
+              help="torch CPU threads")
+def demo(out_dir, steps, force, no_progress, threads):
     """The main job: shared, unique, norm_gate, layerrope, lora × int8, int4, ternary, one seed."""
     from ..evaluate.roundtrip import roundtrip as run
 
+    _set_threads(threads)
     t0 = time.perf_counter()
     click.echo(f"recurnorm demo: {', '.join(DEMO_SCHEMES)} × {', '.join(DEMO_QUANTS)} on the "
                f"default corpus, tiny preset, {steps} steps, one seed", err=True)
