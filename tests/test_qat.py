@@ -209,7 +209,7 @@ def test_cli_finetune(trained_tiny, tmp_path):
     out = tmp_path / "ft"
     res = CliRunner().invoke(main, [
         "finetune", str(tmp_path / "ckpt"), "--quant", "ternary", "--steps", "4", "--out", str(out),
-        "--export", str(tmp_path / "ft.rnpk"), "--json", "--no-progress", "--eval-every", "2",
+        "--export", str(tmp_path / "ft.rnpk"), "--json", "--no-progress", "--eval-every", "0",
     ])  # fmt: skip
     assert res.exit_code == 0, res.output
     config = json.loads((out / "config.json").read_text())
@@ -235,3 +235,18 @@ def test_cli_train_qat(tmp_path):
     assert res.exit_code == 0, res.output
     config = json.loads((out / "config.json").read_text())
     assert config["qat"]["format"] == "ternary" and config["extra_norm"] is True
+
+
+def test_roundtrip_qat_rows(default_corpus):
+    from recurnorm.evaluate.roundtrip import roundtrip
+
+    result = roundtrip(
+        ["shared"], ["ternary"], data=default_corpus, qat=["ternary"], qat_steps=4, steps=4,
+        write=False, progress=False, model_overrides=dict(d_model=32, n_heads=2, depth=2, seq_len=32),
+        train_overrides=dict(batch_size=4, warmup=1),
+    )  # fmt: skip
+    rows = {r.quant: r for r in result.rows}
+    assert set(rows) == {"ternary", "qat-ternary"}
+    # Only int8 embeddings (the roundtrip policy's, not trained against) separate pre and post.
+    assert abs(rows["qat-ternary"].delta_bpb) < 0.01
+    assert result.config["qat"] == ["ternary"]
