@@ -71,10 +71,14 @@ def _print_result(result, as_json: bool) -> None:
               help="also QAT-fine-tune each scheme in these formats (rows qat-<format>)")
 @click.option("--qat-steps", type=click.IntRange(min=1), default=100, show_default=True,
               help="QAT fine-tuning steps per scheme and format")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="torch CPU threads (default: torch's choice)")
 def roundtrip(schemes, quants, data, tokenizer, seeds, preset, steps, out_dir, checkpoints_dir,
-              probes, match_bytes, force, as_json, no_progress, qat, qat_steps):
+              probes, match_bytes, force, as_json, no_progress, qat, qat_steps, threads):
     """Train each scheme, export it under each quantizer, and measure what the export costs."""
     from ..evaluate.roundtrip import roundtrip as run
+
+    _set_threads(threads)
 
     result = run(schemes, quants, data=data, tokenizer=tokenizer, seeds=seeds, preset=preset,
                  steps=steps, out_dir=out_dir, checkpoints_dir=checkpoints_dir, probes=probes,
