@@ -139,6 +139,16 @@ def qat_row(model, corpus, quant: str, *, scheme: str, seed: int, steps: int, tr
     )
 
 
+def _step_postfix(bar, steps: int):
+    """An on_step callback that shows training progress on the outer bar (every 10 steps)."""
+
+    def on_step(done: int, record: dict) -> None:
+        if done % 10 == 0 or done == steps:
+            bar.set_postfix(step=f"{done}/{steps}", loss=f"{record.get('loss', 0.0):.3f}")
+
+    return on_step
+
+
 def resolve_schemes(schemes: str | list[str] | tuple[str, ...]) -> list[str]:
     """A scheme list from names or 'all' / 'a,b,c'; anchors first, unknown names raise ConfigError."""
     from ..model import schemes as registry
@@ -284,7 +294,8 @@ def roundtrip(
                     bar.set_description(f"train {key}")
                     cfg = ModelConfig.from_dict(configs[scheme])
                     result = train(cfg, corpus, seed=seed, pair_init=True, progress=progress,
-                                   device=str(dev), **train_kw)
+                                   device=str(dev), on_step=_step_postfix(bar, train_kw["steps"]),
+                                   **train_kw)
                     model = result.model
                     sources[key] = f"trained {train_kw['steps']} steps in {result.elapsed_s:.1f} s"
                     if checkpoints_dir is not None:
