@@ -341,12 +341,20 @@ class Rans(Codec, name="rans"):
                     out.append((variant, k, ids, counts))
         return out
 
-    def _estimate(self, counts: np.ndarray, ids) -> float:
-        tables = np.stack([rans.quantize_counts(c) for c in counts.astype(np.int64)])
-        payload = rans._cross_bits(counts, tables) / 8
-        table_bytes = len(rans._pack_blob(rans.varint_encode(tables.ravel())))
+    TABLE_TARGETS = (1 << 8, 1 << 10, 1 << 12, 1 << 14, 1 << 16)
+
+    def _estimate(self, counts: np.ndarray, ids) -> tuple[float, int]:
+        """(estimated bytes, table precision): coarse tables pay off on small streams."""
         id_bytes = len(rans._pack_blob(ids.astype(np.uint8).tobytes())) if ids is not None else 0
-        return payload + table_bytes + id_bytes + 16
+        best = None
+        for target in self.TABLE_TARGETS:
+            tables = np.stack([rans.quantize_counts(c, target) for c in counts.astype(np.int64)])
+            payload = rans._cross_bits(counts, tables) / 8
+            table_bytes = len(rans._pack_blob(rans.varint_encode(tables.ravel())))
+            cost = payload + table_bytes + id_bytes + 16
+            if best is None or cost < best[0]:
+                best = (cost, target)
+        return best
 
     def _ctx_vector(self, variant, k, ids, ctx: StreamContext, n: int) -> np.ndarray:
         rows, cols = _view_2d(ctx.tensor_shape)
@@ -358,11 +366,11 @@ class Rans(Codec, name="rans"):
         if got is None:
             return []
         sym, offset, nsym = got
-        scored = [(self._estimate(counts, ids), i, variant, k, ids)
+        scored = [(*self._estimate(counts, ids), i, variant, k, ids)
                   for i, (variant, k, ids, counts) in enumerate(self.variants(sym, nsym, ctx))]
-        _, _, variant, k, ids = min(scored)
+        _, target, _, variant, k, ids = min(scored, key=lambda s: (s[0], s[2]))
         cvec = self._ctx_vector(variant, k, ids, ctx, sym.size)
-        body = rans.encode(sym, cvec, k, nsym, ids)
+        body = rans.encode(sym, cvec, k, nsym, ids, target)
         return [(body, {"offset": offset, "nsym": nsym, "context": variant, "k": k})]
 
     def encode(self, arr, ctx):

@@ -64,13 +64,13 @@ def varint_decode(data: bytes, count: int) -> np.ndarray:
 # ----------------------------------------------------------------- tables
 
 
-def quantize_counts(counts: np.ndarray) -> np.ndarray:
-    """Rescale a histogram to about TABLE_TOTAL counts, keeping every used symbol > 0."""
+def quantize_counts(counts: np.ndarray, target: int = TABLE_TOTAL) -> np.ndarray:
+    """Rescale a histogram to about `target` counts, keeping every used symbol > 0."""
     counts = np.asarray(counts, dtype=np.int64)
     total = int(counts.sum())
-    if total <= TABLE_TOTAL:
+    if total <= target:
         return counts
-    q = np.rint(counts * (TABLE_TOTAL / total)).astype(np.int64)
+    q = np.rint(counts * (target / total)).astype(np.int64)
     q[(counts > 0) & (q == 0)] = 1
     return q
 
@@ -192,10 +192,11 @@ def _context_order(ctx: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(ctx.astype(np.uint8), kind="stable")
 
 
-def encode(sym: np.ndarray, ctx: np.ndarray, k: int, nsym: int, ids: np.ndarray | None) -> bytes:
+def encode(sym: np.ndarray, ctx: np.ndarray, k: int, nsym: int, ids: np.ndarray | None,
+           target: int = TABLE_TOTAL) -> bytes:
     """Encode symbols in [0, nsym) with one table per context id in [0, k)."""
     counts = np.bincount(ctx * nsym + sym, minlength=k * nsym).reshape(k, nsym)
-    tables = np.stack([quantize_counts(c) for c in counts])
+    tables = np.stack([quantize_counts(c, target) for c in counts])
     table_blob = _pack_blob(varint_encode(tables.ravel()))
     ids_blob = _pack_blob(ids.astype(np.uint8).tobytes()) if ids is not None else b""
     coder = constriction.stream.stack.AnsCoder()
