@@ -91,26 +91,37 @@ def loss_gate(
     tokenizer: str | None = None,
     *,
     raise_on_fail: bool = True,
+    model_factory=None,
 ) -> GateReport:
     """Compare artifact and reference bpb; LossRegressionError (exit 5) when delta > max_loss_delta.
 
     ``reference_ckpt`` is a checkpoint directory (or a model); ``data`` a corpus
     spec or a Corpus. The raised error carries the report as ``exc.report``.
+    ``model_factory`` (``module:function`` or a callable, see evaluate.factory)
+    builds both models for checkpoints that are not RecurrentLMs.
     """
+    from . import factory as fac
     from .loss import loss
 
     if not max_loss_delta >= 0:
         raise ConfigError(f"max_loss_delta must be >= 0, got {max_loss_delta!r}")
-    artifact_model = model_from_artifact(artifact_path_or_bytes)
-    reference = _load_reference(reference_ckpt)
+    if model_factory is None:
+        artifact_model = model_from_artifact(artifact_path_or_bytes)
+        reference = _load_reference(reference_ckpt)
+    else:
+        build = fac.resolve(model_factory)
+        artifact_model = fac.artifact_model(build, artifact_path_or_bytes)
+        reference = (fac.reference_model(build, reference_ckpt)
+                     if isinstance(reference_ckpt, (str, os.PathLike)) else reference_ckpt)
     corpus = _load_data(data, tokenizer)
     for name, model in (("artifact", artifact_model), ("reference", reference)):
-        if corpus.vocab_size > model.config.vocab_size:
-            raise DataError(f"the {name} model has vocab_size {model.config.vocab_size}, the data "
+        vocab = fac.vocab_size_of(model)  # a foreign module that does not say is probed once
+        if vocab is not None and corpus.vocab_size > vocab:
+            raise DataError(f"the {name} model has vocab_size {vocab}, the data "
                             f"{corpus.source} needs {corpus.vocab_size}; pass the tokenizer it "
                             "was trained with")
-    ref = loss(reference, corpus)
-    got = loss(artifact_model, corpus)
+    ref = loss(reference, corpus, seq_len=fac.seq_len_of(reference))
+    got = loss(artifact_model, corpus, seq_len=fac.seq_len_of(artifact_model))
     delta = got.bits_per_byte - ref.bits_per_byte
     report = GateReport(
         bpb_reference=ref.bits_per_byte, bpb_artifact=got.bits_per_byte, delta=delta,
