@@ -118,26 +118,102 @@ def unpack(artifact, out, force):
     click.echo(f"wrote {out} ({len(flat)} tensors){' and ' + str(cfg_path) if config is not None else ''}")
 
 
+OUT_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
 @click.command()
-@click.argument("artifact", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("artifacts", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--max-bytes", type=int, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
 @click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help="code file counted against the cap")
-@click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-def verify(artifact, max_bytes, code_files, as_json):
-    """Exit 0 if the artifact decodes with every checksum and fits the cap; 3 over cap; 4 corrupt."""
-    from ..budget import Budget, report, verify_artifact
+@click.option("--json", "as_json", is_flag=True, help="print the JSON report to stdout")
+@click.option("--report", "report_path", type=OUT_FILE, help="write the JSON report to FILE")
+@click.option("--junit", "junit_path", type=OUT_FILE, help="write JUnit XML (one testcase per check) to FILE")
+@click.option("--summary", "summary_path", type=OUT_FILE, help="append a Markdown summary to FILE ($GITHUB_STEP_SUMMARY)")
+@click.option("--reference", type=click.Path(exists=True, path_type=Path), help="reference checkpoint: run the loss gate")
+@click.option("--data", default="default", show_default=True, help="loss gate data: default, a text path or shards:GLOB")
+@click.option("--tokenizer", default=None, help="SentencePiece model of the data (bits per byte on shards)")
+@click.option("--max-loss-delta", type=float, default=None, help="allowed bpb increase over the reference (needed with --reference)")
+@click.option("--model-factory", default=None, metavar="MODULE:FUNCTION",
+              help="build foreign models with FUNCTION(config or None) -> nn.Module; imports and runs that code")
+def verify(artifacts, max_bytes, code_files, as_json, report_path, junit_path, summary_path,
+           reference, data, tokenizer, max_loss_delta, model_factory):
+    """Integrity, byte cap and (with --reference) loss gate for each artifact.
 
-    rep = verify_artifact(artifact, Budget(max_bytes=max_bytes, code_files=list(code_files)))
+    Exit 0 when every check passes; otherwise the first of 4 corrupt, 3 over the
+    cap, 5 loss regression, 1 other error that any artifact hit.
+    """
+    from ..budget import Budget, report, verify_artifact
+    from ..errors import LossRegressionError, RecurnormError
+    from ..io import atomic_write_json, atomic_write_text
+    from . import ci_report, exitcodes
+
+    if reference is None:
+        for flag, value in (("--max-loss-delta", max_loss_delta), ("--tokenizer", tokenizer),
+                            ("--model-factory", model_factory)):
+            if value is not None:
+                raise click.UsageError(f"{flag} only applies to the loss gate: pass --reference too")
+    elif max_loss_delta is None:
+        raise click.UsageError("--reference needs --max-loss-delta (the allowed bpb increase)")
+    elif not max_loss_delta >= 0:
+        raise click.BadParameter(f"must be >= 0, got {max_loss_delta}", param_hint="--max-loss-delta")
+    factory = None
+    if model_factory is not None:
+        from ..evaluate.factory import load_factory
+
+        factory = load_factory(model_factory)  # fail before any artifact work on a bad spec
+
+    budget = Budget(max_bytes=max_bytes, code_files=list(code_files))
+    corpus = None
+    outcomes = []
+    for artifact in artifacts:
+        out = ci_report.Outcome(verify_artifact(artifact, budget), gate_requested=reference is not None)
+        if reference is not None and out.report.exit_code != exitcodes.CORRUPT:
+            from ..evaluate.gate import loss_gate
+            from ..train.data import load_corpus
+
+            try:
+                # Loaded once for all artifacts; a bad --data is reported per artifact like any gate error.
+                corpus = corpus if corpus is not None else load_corpus(data, tokenizer=tokenizer)
+                out.gate = loss_gate(artifact, reference, corpus, max_loss_delta,
+                                     model_factory=factory).to_dict()
+            except LossRegressionError as exc:
+                out.gate, out.gate_code, out.gate_error = exc.report.to_dict(), exitcodes.LOSS_REGRESSION, str(exc)
+            except RecurnormError as exc:
+                out.gate_code, out.gate_error = exitcodes.for_error(exc), str(exc)
+        out.build_checks()
+        outcomes.append(out)
+        if not as_json:
+            _print_outcome(out, report)
+
+    doc = ci_report.to_json(outcomes)
+    if report_path is not None:
+        atomic_write_json(report_path, doc)
+    if junit_path is not None:
+        atomic_write_text(junit_path, ci_report.junit_xml(outcomes))
+    if summary_path is not None:
+        ci_report.append_text(summary_path, ci_report.markdown_summary(outcomes))
     if as_json:
-        _echo_json(rep.to_dict())
-    elif rep.exit_code == 0:
+        _echo_json(doc)
+    click.get_current_context().exit(doc["exit_code"])
+
+
+def _print_outcome(out, report) -> None:
+    """Human lines for one artifact: totals and ok, or one error line (plus the table when over cap)."""
+    from .ci_report import gate_line
+    from .exitcodes import OK
+
+    rep = out.report
+    if out.exit_code == OK:
         click.echo(report.totals_lines(rep.tensors, rep.cap))
-        click.echo(f"ok: {artifact}: {rep.reason}")
-    else:
-        if rep.exit_code == OVER_CAP:
-            click.echo(report.tensor_table(rep.tensors, limit=15), err=True)
-        click.echo(f"error: {artifact}: {rep.reason}", err=True)
-    click.get_current_context().exit(rep.exit_code)
+        if out.gate:
+            click.echo(f"loss gate: {gate_line(out.gate)}")
+        click.echo(f"ok: {rep.path}: {rep.reason}{'; loss within the allowed delta' if out.gate else ''}")
+        return
+    if rep.exit_code == OVER_CAP:
+        click.echo(report.tensor_table(rep.tensors, limit=15), err=True)
+    click.echo(f"error: {rep.path}: {rep.reason if rep.exit_code != OK else out.gate_error}", err=True)
+    if rep.exit_code == OVER_CAP and out.gate_error:
+        click.echo(f"error: {rep.path}: {out.gate_error}", err=True)
 
 
 @click.command()

@@ -69,7 +69,10 @@ def resolve(factory: str | Factory) -> Factory:
 def build_model(factory: Factory, config: dict | None, state_dict: dict, source: str,
                 error: type[Exception] = CheckpointError) -> nn.Module:
     """factory(config), then a strict load of state_dict; mismatches raise ``error`` naming source."""
-    model = factory(config)
+    try:
+        model = factory(config)
+    except Exception as exc:  # user code: whatever it raises, name the source and the factory
+        raise error(f"{source}: the model factory failed on its config: {type(exc).__name__}: {exc}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"the model factory returned {type(model).__name__}, not a torch.nn.Module")
     try:
