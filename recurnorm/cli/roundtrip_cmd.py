@@ -12,11 +12,11 @@ import click
 # across one gentle and two aggressive quantizers.
 DEMO_SCHEMES = ("shared", "unique", "norm_gate", "layerrope", "lora")
 DEMO_QUANTS = ("int8", "int4", "ternary")
-# Cost measured on 2 shared CPU cores (one thread, CPU seconds): a tiny-preset training
-# step 0.56-0.83, one validation pass 2.7, three exports 1.5 (unique 4.3). Five
-# trainings of 200 steps plus 35 passes (with the fragility probe) and 15 exports
-# come to ~7 minutes on two free cores.
-DEMO_STEPS = 200
+# Measured at 200 steps on 2 CPU cores shared with 4-9 other busy processes: 1,224 s wall,
+# 712 CPU-s (one thread); training was 81% of it (0.58 CPU-s per step), the 35 validation
+# passes and 30 exports the rest (~135 CPU-s). 150 steps brings the CPU time to ~570 s,
+# i.e. about 7 minutes on two cores that are not shared.
+DEMO_STEPS = 150
 # One torch thread by default: the tiny model gains little from a second one, and
 # when anything else shares the cores OpenMP spinning made two threads 4.5x slower
 # (measured: 7.0 vs 1.6 s per training step under load).
