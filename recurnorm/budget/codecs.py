@@ -28,6 +28,16 @@ DTYPES: dict[str, np.dtype] = {
 }
 ZSTD_LEVEL = 19
 ZSTD_PREFILTER = 1.0  # big streams: run the slow zstd level only if zstd-3 already wins
+ZSTD_PROBE = 1 << 16  # bytes per probe slice
+ZSTD_PROBE_MARGIN = 1.1  # skip zstd when the probe extrapolates 10% above the best so far
+
+
+def _zstd_probe(raw: bytes) -> float:
+    """zstd-3 size of raw extrapolated from three evenly spread slices."""
+    n = len(raw)
+    starts = (0, (n - ZSTD_PROBE) // 2, n - ZSTD_PROBE)
+    got = sum(len(zstandard.ZstdCompressor(level=3).compress(raw[s : s + ZSTD_PROBE])) for s in starts)
+    return got * n / (3 * ZSTD_PROBE)
 
 
 @dataclass
@@ -220,6 +230,8 @@ class Zstd(Codec, name="zstd"):
         out = []
         for layout, offset in layouts_for(arr, ctx.dtype):
             raw = layout_bytes(arr, ctx.dtype, layout, offset)
+            if len(raw) > 4 * ZSTD_PROBE and _zstd_probe(raw) > best * ZSTD_PROBE_MARGIN:
+                continue  # a slice at the fast level already loses clearly: skip the full runs
             # zstd-19 is slow; skip it when the fast level shows no chance of winning.
             quick = zstandard.ZstdCompressor(level=3).compress(raw)
             if len(quick) > best * ZSTD_PREFILTER and len(raw) > 65536:
@@ -292,10 +304,56 @@ def _view_2d(tensor_shape: tuple[int, ...]) -> tuple[int, int]:
     return tensor_shape[0], math.prod(tensor_shape[1:])
 
 
+def _tuple_size(nsym: int, n: int) -> int:
+    """Symbols per coded unit: big small-alphabet streams code joint tuples (fewer steps)."""
+    if n < rans.LANE_MIN_SYMBOLS or nsym < 2:
+        return 1
+    t = 1
+    while t < 8 and nsym ** (t + 1) <= 256:
+        t += 1
+    return t
+
+
+def _to_tuples(sym: np.ndarray, nsym: int, t: int) -> np.ndarray:
+    """Base-nsym numbers of t consecutive symbols (first one least significant), zero-padded."""
+    if t == 1:
+        return sym
+    padded = np.zeros(-(-sym.size // t) * t, dtype=np.int64)
+    padded[: sym.size] = sym
+    cols = padded.reshape(-1, t)
+    out = cols[:, t - 1].copy()
+    for i in range(t - 2, -1, -1):  # Horner: exact int64, no integer matmul
+        out *= nsym
+        out += cols[:, i]
+    return out
+
+
+def _from_tuples(tsym: np.ndarray, nsym: int, t: int, n: int) -> np.ndarray:
+    """Inverse of _to_tuples for n symbols."""
+    if t == 1:
+        return tsym.astype(np.int64)
+    nt = nsym ** t
+    # Digit table per tuple value: one gather instead of t divisions per tuple.
+    lut = (np.arange(nt, dtype=np.int64)[:, None] // (nsym ** np.arange(t, dtype=np.int64)) % nsym)
+    return lut.astype(np.uint8 if nsym <= 256 else np.int64)[tsym].ravel()[:n]
+
+
+def _stride_for(numel: int) -> int:
+    """Sampling stride that keeps the context search near SEARCH_SAMPLE positions."""
+    return max(1, numel // Rans.SEARCH_SAMPLE)
+
+
 class Rans(Codec, name="rans"):
-    """Order-0 rANS with optional contexts: scale buckets or row/column classes."""
+    """Order-0 rANS with optional contexts: scale buckets or row/column classes.
+
+    Big streams use the interleaved coder (params lanes, prec) and, for alphabets
+    of at most 16 symbols, code tuples of `tuple` symbols as one joint symbol.
+    """
 
     KS = (2, 4, 8, 16)
+    BIG_KS = (4, 16)  # big streams: fewer trials; tables are cheap there, so more classes win
+    PRECS = (8, 10, 12, 14, 16)
+    SEARCH_SAMPLE = 1 << 20  # the context search looks at about this many positions
 
     def _symbols(self, arr: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         rng = _int_range(arr)
@@ -308,70 +366,117 @@ class Rans(Codec, name="rans"):
             sym = flat.astype(np.int64) - rng[0]
         return sym, rng[0], rng[1] - rng[0] + 1
 
-    def variants(self, sym: np.ndarray, nsym: int, ctx: StreamContext):
-        """(variant, k, ids, class counts [k, nsym]) for each context worth trying."""
-        total = np.bincount(sym, minlength=nsym)[None, :]
+    def variants(self, sym: np.ndarray, nsym: int, ctx: StreamContext, t: int = 1):
+        """(variant, k, ids, counts [k, nsym**t] of coded units) for each context worth trying.
+
+        Counts may come from a strided sample (scaled up): they only rank the variants.
+        """
+        tsym = _to_tuples(sym, nsym, t)
+        nt = nsym ** t
+        total = np.bincount(tsym, minlength=nt)[None, :]
         out: list[tuple[str, int, np.ndarray | None, np.ndarray]] = [("none", 1, None, total)]
         if sym.size < 4096 or nsym < 2:
             return out
+
+        def unit_counts(variant: str, k: int, ids) -> np.ndarray:
+            cvec = self._ctx_vector(variant, k, ids, ctx, sym.size, t)
+            return np.bincount(cvec * nt + tsym, minlength=k * nt).reshape(k, nt)
+
+        ks = self.BIG_KS if sym.size >= rans.LANE_MIN_SYMBOLS else self.KS
         G = ctx.shape[0] if len(ctx.shape) == 2 else 1
         if ctx.scales is not None and G >= 4 and len(ctx.scales) == G and G * nsym <= rans.CLUSTER_MAX_CELLS:
             L = sym.size // G
-            ghist = rans.item_histograms(sym, np.arange(sym.size) // L, G, nsym)
-            for k in self.KS:
+            ls = _stride_for(sym.size) if t == 1 else 1
+            ghist = None
+            if t == 1:
+                part = sym.reshape(G, L)[:, ::ls]
+                ghist = rans.item_histograms(part.ravel(), np.arange(part.size) // part.shape[1], G, nsym)
+                ghist *= L / part.shape[1]
+            for k in ks:
                 if k < G:
-                    b = rans.scale_buckets(ctx.scales, k)
-                    out.append(("scale", k, None, np.einsum("gk,gs->ks", np.eye(k)[b], ghist)))
+                    if t == 1:
+                        b = rans.scale_buckets(ctx.scales, k)
+                        out.append(("scale", k, None, rans.class_sums(ghist, b, k)))
+                    else:
+                        out.append(("scale", k, None, unit_counts("scale", k, None)))
         rows, cols = _view_2d(ctx.tensor_shape)
         numel = rows * cols
         if numel == 0 or numel > sym.size or len(ctx.tensor_shape) < 2:
             return out
-        head = sym[:numel]
-        pos = np.arange(numel, dtype=np.int64)
+        head = sym[:numel].reshape(rows, cols)
+        stride = _stride_for(numel)
         for variant, n_items in (("row", rows), ("col", cols)):
             if n_items < 4 or n_items * nsym > rans.CLUSTER_MAX_CELLS or n_items > 255 * 4096:
                 continue
-            item = pos // cols if variant == "row" else pos % cols
-            hist = rans.item_histograms(head, item, n_items, nsym)
-            for k in self.KS:
+            # Sample the other axis: every item keeps a share of its own positions.
+            part = head[:, ::stride] if variant == "row" else head[::stride]
+            pr, pc = part.shape
+            pos = np.arange(part.size, dtype=np.int64)
+            item = pos // pc if variant == "row" else pos % pc
+            hist = rans.item_histograms(part.ravel(), item, n_items, nsym)
+            scale = numel / part.size
+            for k in ks:
                 if k < n_items:
                     ids = rans.cluster_items(hist, k)
-                    counts = np.einsum("ik,is->ks", np.eye(k)[ids], hist)
-                    counts[0] += total[0] - counts.sum(axis=0)  # padding codes sit in context 0
+                    if t == 1:
+                        counts = rans.class_sums(hist, ids, k) * scale
+                        # padding codes sit in context 0
+                        counts[0] = np.maximum(counts[0] + total[0] - counts.sum(axis=0), 0)
+                    else:
+                        counts = unit_counts(variant, k, ids)
                     out.append((variant, k, ids, counts))
         return out
 
-    TABLE_TARGETS = (1 << 8, 1 << 10, 1 << 12, 1 << 14, 1 << 16)
-
-    def _estimate(self, counts: np.ndarray, ids) -> tuple[float, int]:
-        """(estimated bytes, table precision): coarse tables pay off on small streams."""
-        id_bytes = len(rans._pack_blob(ids.astype(np.uint8).tobytes())) if ids is not None else 0
+    def _estimate(self, counts: np.ndarray, ids, units: int) -> tuple[float, int, int]:
+        """(estimated bytes, table precision, lanes): coarse tables pay off on small streams."""
+        big = units >= rans.LANE_MIN_SYMBOLS
+        id_bytes = 0
+        if ids is not None:  # big streams: a proxy; small ones: measure (they decide close calls)
+            id_bytes = (len(ids) * np.log2(counts.shape[0]) / 8 if big
+                        else len(rans._pack_blob(ids.astype(np.uint8).tobytes())))
+        icounts = np.rint(counts).astype(np.int64)
+        used = int((icounts > 0).sum(axis=1).max())
         best = None
-        for target in self.TABLE_TARGETS:
-            tables = np.stack([rans.quantize_counts(c, target) for c in counts.astype(np.int64)])
+        for prec in self.PRECS:
+            if used > 1 << prec:
+                continue
+            tables = rans.normalize_table(icounts, prec)
             payload = rans._cross_bits(counts, tables) / 8
-            table_bytes = len(rans._pack_blob(rans.varint_encode(tables.ravel())))
-            cost = payload + table_bytes + id_bytes + 16
+            varints = rans.varint_encode(tables.ravel())
+            # Small streams: tables matter, so measure them; big ones: a cheap proxy.
+            table_bytes = 0.75 * len(varints) if big else len(rans._pack_blob(varints))
+            lanes = rans.choose_lanes(units, payload)
+            cost = payload + table_bytes + id_bytes + (4 * lanes if lanes else 8) + 8
             if best is None or cost < best[0]:
-                best = (cost, target)
+                best = (cost, prec, lanes)
         return best
 
-    def _ctx_vector(self, variant, k, ids, ctx: StreamContext, n: int) -> np.ndarray:
+    def _ctx_vector(self, variant, k, ids, ctx: StreamContext, n: int, step: int = 1) -> np.ndarray:
         rows, cols = _view_2d(ctx.tensor_shape)
         L = ctx.shape[1] if len(ctx.shape) == 2 else n
-        return rans.context_vector(variant, k, n, rows, cols, L, ctx.scales, ids)
+        return rans.context_vector(variant, k, n, rows, cols, L, ctx.scales, ids, step)
 
     def candidates(self, arr, ctx, best):
         got = self._symbols(arr)
         if got is None:
             return []
         sym, offset, nsym = got
-        scored = [(*self._estimate(counts, ids), i, variant, k, ids)
-                  for i, (variant, k, ids, counts) in enumerate(self.variants(sym, nsym, ctx))]
-        _, target, _, variant, k, ids = min(scored, key=lambda s: (s[0], s[2]))
-        cvec = self._ctx_vector(variant, k, ids, ctx, sym.size)
-        body = rans.encode(sym, cvec, k, nsym, ids, target)
-        return [(body, {"offset": offset, "nsym": nsym, "context": variant, "k": k})]
+        t = _tuple_size(nsym, sym.size)
+        units = -(-sym.size // t)
+        scored = [(*self._estimate(counts, ids, units), i, variant, k, ids)
+                  for i, (variant, k, ids, counts) in enumerate(self.variants(sym, nsym, ctx, t))]
+        _, prec, lanes, _, variant, k, ids = min(scored, key=lambda s: (s[0], s[3]))
+        cvec = self._ctx_vector(variant, k, ids, ctx, sym.size, t)
+        tsym, nt = _to_tuples(sym, nsym, t), nsym ** t
+        counts = np.bincount(cvec * nt + tsym, minlength=k * nt).reshape(k, nt)
+        tables = rans.normalize_table(counts, prec)
+        body = rans.encode(tsym, cvec, k, nt, ids, tables, lanes, prec)
+        params = {"offset": offset, "nsym": nsym, "context": variant, "k": k}
+        if t > 1:
+            params["tuple"] = t
+        if lanes:
+            params.update(lanes=lanes, prec=prec)
+        return [(body, params)]
 
     def encode(self, arr, ctx):
         cands = self.candidates(arr, ctx, 1 << 62)
@@ -382,11 +487,20 @@ class Rans(Codec, name="rans"):
     def decode(self, data, params, ctx):
         offset, nsym = params.get("offset"), params.get("nsym")
         variant, k = params.get("context"), params.get("k")
+        t, lanes, prec = params.get("tuple", 1), params.get("lanes", 0), params.get("prec", 0)
         for key, v, lo, hi in (("offset", offset, -(1 << 64), 1 << 64),
                                ("nsym", nsym, 1, rans.MAX_ALPHABET),
-                               ("k", k, 1, rans.MAX_CONTEXTS)):
+                               ("k", k, 1, rans.MAX_CONTEXTS),
+                               ("tuple", t, 1, 8),
+                               ("lanes", lanes, 0, rans.MAX_LANES),
+                               ("prec", prec, 1 if lanes else 0, rans.MAX_PREC if lanes else 0)):
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ArtifactError(f"rans param {key}={v!r} out of range")
+        if lanes & (lanes - 1):
+            raise ArtifactError(f"rans lanes={lanes} is not a power of two")
+        nt = nsym ** t
+        if nt > rans.MAX_ALPHABET:
+            raise ArtifactError("rans tuple alphabet too large")
         if variant not in ("none", "scale", "row", "col"):
             raise ArtifactError(f"unknown rans context {variant!r}")
         rows, cols = _view_2d(ctx.tensor_shape)
@@ -396,15 +510,21 @@ class Rans(Codec, name="rans"):
             raise ArtifactError("rans class context does not fit the tensor shape")
         if variant == "scale" and (len(ctx.shape) != 2 or ctx.scales is None):
             raise ArtifactError("rans scale context needs scales")
-        tables, ids, words = rans.split_body(data, k, nsym, n_ids)
-        cvec = self._ctx_vector(variant, k, ids, ctx, n)
+        tables, ids, words = rans.split_body(data, k, nt, n_ids, 2 if lanes else 4)
+        cvec = self._ctx_vector(variant, k, ids, ctx, n, t)
         try:
-            sym = rans.decode(tables, cvec, words, nsym)
+            if lanes:
+                used = np.bincount(cvec, minlength=k) > 0
+                if np.any(tables.sum(axis=1)[used] != 1 << prec):
+                    raise ArtifactError("rans table does not sum to 2**prec")
+                tsym = rans.ilv_decode(words, cvec, tables, prec, lanes, len(cvec))
+            else:
+                tsym = rans.decode(tables, cvec, words, nt)
         except ArtifactError:
             raise
         except Exception as exc:  # constriction reports bad input as ValueError/RuntimeError
             raise ArtifactError(f"{ctx.kind} stream: rans: {exc}") from None
-        return _symbols_to_array(sym, offset, ctx)
+        return _symbols_to_array(_from_tuples(tsym, nsym, t, n), offset, ctx)
 
 
 # ----------------------------------------------------------------- selection

@@ -6,6 +6,11 @@ because its table-to-fixed-point step is part of the bit stream.
 
 A stream is split by a per-position context id (none, the row's scale bucket,
 or a row/column class of the tensor's 2-D view); each context has its own table.
+
+Big streams use our own interleaved rANS instead (`ilv_encode`/`ilv_decode`):
+`lanes` independent 32-bit states with 16-bit renormalization, vectorized over
+lanes in numpy, so one Python step codes `lanes` symbols. Its only overhead is
+4 bytes of final state per lane, so the packer sizes `lanes` to the payload.
 """
 
 from __future__ import annotations
@@ -23,6 +28,12 @@ MAX_CONTEXTS = 64
 TABLE_TOTAL = 1 << 16  # tables are rescaled to about this many counts to stay small
 CLUSTER_MAX_CELLS = 1 << 23  # items x alphabet for the histogram matrix
 _LOG_PRIOR = 0.5  # add-half prior when estimating class costs
+MAX_PREC = 16  # interleaved coder: 32-bit states, 16-bit words leave at most 16 table bits
+MAX_LANES = 4096
+MAX_STEPS = 1 << 16  # interleaved decode loop bound: ceil(n / lanes) never exceeds this
+LANE_MIN_SYMBOLS = 1 << 17  # smaller streams: constriction's single state flushes fewer bytes
+FLUSH_SHARE = 400  # lanes * 4 flush bytes kept near payload / FLUSH_SHARE: speed vs 0.25%
+KMEANS_ITEMS = 512  # cluster on at most this many items, then assign all
 
 
 # ----------------------------------------------------------------- varints
@@ -75,6 +86,27 @@ def quantize_counts(counts: np.ndarray, target: int = TABLE_TOTAL) -> np.ndarray
     return q
 
 
+def normalize_table(counts: np.ndarray, prec: int) -> np.ndarray:
+    """Rows of counts rescaled to sum exactly 2**prec (empty rows stay 0), used symbols >= 1."""
+    counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
+    m = 1 << prec
+    tot = counts.sum(axis=1, keepdims=True)
+    f = (counts * m) // np.maximum(tot, 1)
+    f[(counts > 0) & (f == 0)] = 1
+    for r in range(len(f)):
+        if tot[r, 0] == 0:
+            continue
+        if int((f[r] > 0).sum()) > m:
+            raise ValueError("more used symbols than table slots")
+        diff = m - int(f[r].sum())
+        while diff:  # take from / give to the largest count: the least relative damage
+            j = int(np.argmax(f[r]))
+            step = diff if diff > 0 else -min(-diff, int(f[r, j]) - 1)
+            f[r, j] += step
+            diff -= step
+    return f
+
+
 def _entropy_bits(counts: np.ndarray) -> float:
     """Order-0 code length in bits of symbols with these counts (ideal model)."""
     c = counts[counts > 0].astype(np.float64)
@@ -116,24 +148,30 @@ def scale_buckets(scales: np.ndarray, k: int) -> np.ndarray:
 
 def context_vector(
     variant: str, k: int, n: int, rows: int, cols: int, L: int,
-    scales: np.ndarray | None, ids: np.ndarray | None,
+    scales: np.ndarray | None, ids: np.ndarray | None, step: int = 1,
 ) -> np.ndarray:
-    """Context id of each of the n (= G*L) code positions."""
+    """Context id of code positions 0, step, 2*step, ... < n (= G*L)."""
+    m = -(-n // step)
     if variant == "none" or k == 1:
-        return np.zeros(n, dtype=np.int64)
+        return np.zeros(m, dtype=np.int64)
     if variant == "scale":
         if scales is None or len(scales) * L != n:
             raise ArtifactError("scale context needs one scale per code row")
-        return np.repeat(scale_buckets(scales, k), L)
-    numel = rows * cols
-    ctx = np.zeros(n, dtype=np.int64)
-    pos = np.arange(numel, dtype=np.int64)
-    if variant == "row":
-        ctx[:numel] = ids[pos // cols]
-    elif variant == "col":
-        ctx[:numel] = ids[pos % cols]
-    else:
+        if L % step == 0:
+            return np.repeat(scale_buckets(scales, k), L // step)
+        return scale_buckets(scales, k)[np.arange(0, n, step, dtype=np.int64) // L]
+    if variant not in ("row", "col"):
         raise ArtifactError(f"unknown rans context {variant!r}")
+    numel = rows * cols
+    ctx = np.zeros(m, dtype=np.int64)
+    inside = -(-numel // step)  # positions below numel; padding positions stay in context 0
+    ids = np.asarray(ids, dtype=np.int64)
+    if cols % step == 0:  # repeat/tile: no per-position division
+        per = cols // step
+        ctx[:inside] = np.repeat(ids, per) if variant == "row" else np.tile(ids[::step], rows)
+        return ctx
+    pos = np.arange(0, inside * step, step, dtype=np.int64)
+    ctx[:inside] = ids[pos // cols] if variant == "row" else ids[pos % cols]
     return ctx
 
 
@@ -141,6 +179,24 @@ def item_histograms(sym: np.ndarray, item: np.ndarray, n_items: int, nsym: int) 
     """[n_items, nsym] symbol counts of each item (row or column)."""
     hist = np.bincount(item * nsym + sym, minlength=n_items * nsym)
     return hist.reshape(n_items, nsym).astype(np.float64)
+
+
+def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b via einsum: BLAS thread start-up thrashes busy machines, and einsum's bits never vary."""
+    return np.einsum("ij,jk->ik", a, b)
+
+
+def class_sums(hist: np.ndarray, ids: np.ndarray, k: int) -> np.ndarray:
+    """[k, nsym] sums of the item histograms in each class."""
+    # Sort + reduceat: no BLAS (thread start-up thrashes busy machines), no slow ufunc.at.
+    order = np.argsort(ids, kind="stable")
+    sizes = np.bincount(ids, minlength=k)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    out = np.zeros((k, hist.shape[1]), dtype=np.float64)
+    full = sizes > 0
+    if full.any():
+        out[full] = np.add.reduceat(hist[order], starts[full], axis=0)
+    return out
 
 
 def cluster_items(hist: np.ndarray, k: int) -> np.ndarray:
@@ -153,15 +209,19 @@ def cluster_items(hist: np.ndarray, k: int) -> np.ndarray:
     order = np.argsort(spread, kind="stable")
     ids = np.empty(n_items, dtype=np.int64)
     ids[order] = np.arange(n_items) * k // n_items
-    eye = np.eye(k)
-    # einsum, not @: tiny products where BLAS thread start-up dominates on busy machines.
+    # Many items: iterate on an evenly strided sample, then assign every item once.
+    stride = max(1, n_items // KMEANS_ITEMS)
+    sample = np.arange(0, n_items, stride)
+    sub, sub_ids = hist[sample], ids[sample]
+    logp = None
     for _ in range(8):
-        cls = np.einsum("ik,is->ks", eye[ids], hist) + _LOG_PRIOR
+        cls = class_sums(sub, sub_ids, k) + _LOG_PRIOR
         logp = np.log2(cls / cls.sum(axis=1, keepdims=True))
-        new = np.einsum("is,ks->ik", hist, -logp).argmin(axis=1)
-        if np.array_equal(new, ids):
+        new = _matmul(sub, -logp.T).argmin(axis=1)
+        if np.array_equal(new, sub_ids):
             break
-        ids = new
+        sub_ids = new
+    ids = sub_ids if stride == 1 else _matmul(hist, -logp.T).argmin(axis=1)
     # Relabel by first appearance so equal clusterings give equal bytes.
     _, first = np.unique(ids, return_index=True)
     remap = np.zeros(k, dtype=np.int64)
@@ -193,15 +253,19 @@ def _context_order(ctx: np.ndarray, k: int) -> np.ndarray:
 
 
 def encode(sym: np.ndarray, ctx: np.ndarray, k: int, nsym: int, ids: np.ndarray | None,
-           target: int = TABLE_TOTAL) -> bytes:
-    """Encode symbols in [0, nsym) with one table per context id in [0, k)."""
-    counts = np.bincount(ctx * nsym + sym, minlength=k * nsym).reshape(k, nsym)
-    tables = np.stack([quantize_counts(c, target) for c in counts])
+           tables: np.ndarray, lanes: int = 0, prec: int = 0) -> bytes:
+    """Encode symbols in [0, nsym) with the stored table [k, nsym] of each context id.
+
+    lanes = 0: constriction, symbols grouped by context; else ilv_encode at 2**prec.
+    """
     table_blob = _pack_blob(varint_encode(tables.ravel()))
     ids_blob = _pack_blob(ids.astype(np.uint8).tobytes()) if ids is not None else b""
+    head = struct.pack("<II", len(table_blob), len(ids_blob)) + table_blob + ids_blob
+    if lanes:
+        return head + ilv_encode(sym, ctx if k > 1 else None, tables, prec, lanes)
     coder = constriction.stream.stack.AnsCoder()
     order = _context_order(ctx, k)
-    bounds = np.concatenate([[0], np.cumsum(counts.sum(axis=1))])
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(ctx, minlength=k))])
     sorted_sym = sym[order].astype(np.int32)
     # Stack coder: encode the last context first so decoding runs in context order.
     for c in range(k - 1, -1, -1):
@@ -209,16 +273,16 @@ def encode(sym: np.ndarray, ctx: np.ndarray, k: int, nsym: int, ids: np.ndarray 
         if part.size and nsym > 1:  # a one-symbol alphabet costs no bits
             model = constriction.stream.model.Categorical(tables[c].astype(np.float64), perfect=False)
             coder.encode_reverse(part, model)
-    words = coder.get_compressed().astype("<u4").tobytes()
-    return struct.pack("<II", len(table_blob), len(ids_blob)) + table_blob + ids_blob + words
+    return head + coder.get_compressed().astype("<u4").tobytes()
 
 
-def split_body(body: bytes, k: int, nsym: int, n_ids: int) -> tuple[np.ndarray, np.ndarray | None, bytes]:
-    """Parse a rans stream body into (tables [k, nsym], ids or None, words)."""
+def split_body(body: bytes, k: int, nsym: int, n_ids: int,
+               word: int = 4) -> tuple[np.ndarray, np.ndarray | None, bytes]:
+    """Parse a rans stream body into (tables [k, nsym], ids or None, words of `word` bytes)."""
     if len(body) < 8:
         raise ArtifactError("rans stream shorter than its header")
     tlen, ilen = struct.unpack_from("<II", body, 0)
-    if 8 + tlen + ilen > len(body) or (len(body) - 8 - tlen - ilen) % 4:
+    if 8 + tlen + ilen > len(body) or (len(body) - 8 - tlen - ilen) % word:
         raise ArtifactError("rans stream lengths disagree with the stream size")
     tables = varint_decode(_unpack_blob(body[8 : 8 + tlen], 5 * k * nsym), k * nsym).reshape(k, nsym)
     ids = None
@@ -254,4 +318,114 @@ def decode(tables: np.ndarray, ctx: np.ndarray, words: bytes, nsym: int) -> np.n
         start += n
     out = np.empty_like(out_sorted)
     out[_context_order(ctx, k)] = out_sorted
+    return out
+
+
+# ----------------------------------------------------------------- interleaved rANS
+
+_L = 1 << 16  # state lower bound; states live in [2**16, 2**32)
+
+
+def choose_lanes(n: int, payload_bytes: float) -> int:
+    """Lane count for n symbols (0 = constriction): flush near payload/FLUSH_SHARE."""
+    if n < LANE_MIN_SYMBOLS:
+        return 0
+    want = max(payload_bytes / (4 * FLUSH_SHARE), -(-n // MAX_STEPS), 1)
+    lanes = 1 << int(np.floor(np.log2(want)))
+    while -(-n // lanes) > MAX_STEPS:
+        lanes *= 2
+    return min(max(lanes, 64), MAX_LANES)
+
+
+def _slot_tables(freq: np.ndarray, prec: int):
+    """Per-slot decode tables over all contexts: symbol, frequency, slot - cumulative."""
+    k, nsym = freq.shape
+    m = 1 << prec
+    filled = freq.sum(axis=1) == m
+    f = np.where(filled[:, None], freq, 0)
+    f[~filled, 0] = m  # unused contexts: any valid table; positions never select them
+    flat = f.ravel()
+    sym = np.repeat(np.tile(np.arange(nsym, dtype=np.int64), k), flat)
+    cum = np.cumsum(flat) - flat  # over the flattened rows: row starts are multiples of m
+    owner = np.repeat(np.arange(k * nsym), flat)
+    slot = np.arange(k * m, dtype=np.int64)
+    bias = slot - cum[owner]
+    dt = np.uint8 if nsym <= 256 else np.uint16
+    return sym.astype(dt), flat[owner].astype(np.uint32), bias.astype(np.uint32)
+
+
+def ilv_encode(sym: np.ndarray, ctx: np.ndarray, freq: np.ndarray, prec: int, lanes: int) -> bytes:
+    """Interleaved rANS: symbol i goes to lane i % lanes; final states then u16 words."""
+    n = len(sym)
+    k, nsym = freq.shape
+    idx = ctx * nsym + sym if k > 1 else sym
+    flat = freq.ravel().astype(np.int64)
+    cum = (np.cumsum(flat) - flat) % (1 << prec)  # cumulative within each context row
+    f = flat[idx].astype(np.uint32)
+    c = cum[idx].astype(np.uint32)
+    x = np.full(lanes, _L, dtype=np.uint32)
+    steps = -(-n // lanes)
+    chunks: list[np.ndarray] = []
+    p, sh, low, top = np.uint32(prec), np.uint32(16), np.uint32(0xFFFF), np.uint32(32 - prec)
+    q = np.empty(lanes, dtype=np.uint32)
+    for t in range(steps - 1, -1, -1):  # reverse order: the decoder runs forward
+        lo = t * lanes
+        a = min(lanes, n - lo)
+        xa, fa = x[:a], f[lo : lo + a]
+        # Emit a word first when x >= f * 2**(32-prec), so x stays < 2**32 after coding.
+        em = np.flatnonzero((xa >> top) >= fa)
+        if em.size:
+            chunks.append((xa[em] & low).astype("<u2"))
+            xa[em] >>= sh
+        qa = q[:a]
+        np.floor_divide(xa, fa, out=qa)
+        xa -= qa * fa
+        xa += c[lo : lo + a]
+        xa += qa << p
+    chunks.reverse()
+    words = np.concatenate(chunks).tobytes() if chunks else b""
+    return x.astype("<u4").tobytes() + words
+
+
+def ilv_decode(data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int, lanes: int,
+               n: int) -> np.ndarray:
+    """Inverse of ilv_encode for n symbols; ArtifactError on any inconsistency."""
+    steps = -(-n // lanes)
+    if steps > MAX_STEPS or len(data) < 4 * lanes or len(data) % 2:
+        raise ArtifactError("interleaved rans stream does not fit its lanes")
+    k = freq.shape[0]
+    sym_lut, f_lut, b_lut = _slot_tables(freq, prec)
+    x = np.frombuffer(data, dtype="<u4", count=lanes).astype(np.uint32)
+    words = np.frombuffer(data, dtype="<u2", offset=4 * lanes).astype(np.uint32)
+    nwords = len(words)
+    out = np.empty(n, dtype=sym_lut.dtype)
+    off = (ctx.astype(np.uint32) << np.uint32(prec)) if k > 1 and ctx is not None else None
+    mask, p, sh, bound = np.uint32((1 << prec) - 1), np.uint32(prec), np.uint32(16), np.uint32(_L)
+    s_ = np.empty(lanes, dtype=np.uint32)
+    tmp = np.empty(lanes, dtype=np.uint32)
+    need = np.empty(lanes, dtype=bool)
+    pos = 0
+    with np.errstate(over="ignore"):  # hostile states may wrap; the final checks catch them
+        for t in range(steps):
+            lo = t * lanes
+            a = min(lanes, n - lo)
+            xa, sa, ta = x[:a], s_[:a], tmp[:a]
+            np.bitwise_and(xa, mask, out=sa)
+            if off is not None:
+                sa += off[lo : lo + a]
+            np.take(sym_lut, sa, out=out[lo : lo + a], mode="clip")
+            np.right_shift(xa, p, out=xa)
+            np.take(f_lut, sa, out=ta, mode="clip")
+            xa *= ta
+            np.take(b_lut, sa, out=ta, mode="clip")
+            xa += ta
+            np.less(xa, bound, out=need[:a])
+            idx = np.flatnonzero(need[:a])
+            if idx.size:
+                if pos + idx.size > nwords:
+                    raise ArtifactError("interleaved rans stream ends early")
+                xa[idx] = (xa[idx] << sh) | words[pos : pos + idx.size]
+                pos += idx.size
+    if pos != nwords or not np.all(x == _L):
+        raise ArtifactError("interleaved rans stream does not end where it should")
     return out
