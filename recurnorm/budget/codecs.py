@@ -445,10 +445,12 @@ class Rans(Codec, name="rans"):
             varints = rans.varint_encode(tables.ravel())
             # Small streams: tables matter, so measure them; big ones: a cheap proxy.
             table_bytes = 0.75 * len(varints) if big else len(rans._pack_blob(varints))
-            lanes = rans.choose_lanes(units, payload)
-            cost = payload + table_bytes + id_bytes + (4 * lanes if lanes else 8) + 8
-            if best is None or cost < best[0]:
-                best = (cost, prec, lanes)
+            wide = rans.choose_lanes(units, payload)
+            # Mid-size streams: constriction's 8 flush bytes may beat 4 per lane.
+            for lanes in ((wide, 0) if wide and units < rans.LANES_ONLY_SYMBOLS else (wide,)):
+                cost = payload + table_bytes + id_bytes + (4 * lanes if lanes else 8) + 8
+                if best is None or cost < best[0]:
+                    best = (cost, prec, lanes)
         return best
 
     def _ctx_vector(self, variant, k, ids, ctx: StreamContext, n: int, step: int = 1) -> np.ndarray:
@@ -461,11 +463,15 @@ class Rans(Codec, name="rans"):
         if got is None:
             return []
         sym, offset, nsym = got
-        t = _tuple_size(nsym, sym.size)
-        units = -(-sym.size // t)
-        scored = [(*self._estimate(counts, ids, units), i, variant, k, ids)
-                  for i, (variant, k, ids, counts) in enumerate(self.variants(sym, nsym, ctx, t))]
-        _, prec, lanes, _, variant, k, ids = min(scored, key=lambda s: (s[0], s[3]))
+        tmax = _tuple_size(nsym, sym.size)
+        # Tuples cost a bigger table; below LANES_ONLY_SYMBOLS single symbols compete.
+        ts = (tmax, 1) if 1 < tmax and sym.size < rans.LANES_ONLY_SYMBOLS else (tmax,)
+        scored = []
+        for t in ts:
+            units = -(-sym.size // t)
+            for variant, k, ids, counts in self.variants(sym, nsym, ctx, t):
+                scored.append((*self._estimate(counts, ids, units), len(scored), variant, k, ids, t))
+        _, prec, lanes, _, variant, k, ids, t = min(scored, key=lambda s: (s[0], s[3]))
         cvec = self._ctx_vector(variant, k, ids, ctx, sym.size, t)
         tsym, nt = _to_tuples(sym, nsym, t), nsym ** t
         counts = np.bincount(cvec * nt + tsym, minlength=k * nt).reshape(k, nt)

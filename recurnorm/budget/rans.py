@@ -32,6 +32,7 @@ MAX_PREC = 16  # interleaved coder: 32-bit states, 16-bit words leave at most 16
 MAX_LANES = 4096
 MAX_STEPS = 1 << 16  # interleaved decode loop bound: ceil(n / lanes) never exceeds this
 LANE_MIN_SYMBOLS = 1 << 17  # smaller streams: constriction's single state flushes fewer bytes
+LANES_ONLY_SYMBOLS = 1 << 20  # from here on always interleaved (speed); below, the smaller wins
 FLUSH_SHARE = 400  # lanes * 4 flush bytes kept near payload / FLUSH_SHARE: speed vs 0.25%
 KMEANS_ITEMS = 512  # cluster on at most this many items, then assign all
 
