@@ -10,6 +10,12 @@ from recurnorm.budget.codecs import StreamContext
 from recurnorm.errors import ArtifactError
 
 
+@pytest.fixture
+def lanes_only(monkeypatch):
+    """Force the interleaved coder on these mid-size streams (normally it competes)."""
+    monkeypatch.setattr(rans, "LANES_ONLY_SYMBOLS", 0)
+
+
 def _ctx(arr, tensor_shape, scales=None):
     return StreamContext("codes", arr.dtype.name, arr.shape, tensor_shape, scales)
 
@@ -63,7 +69,7 @@ def _big(case, rng):
 
 
 @pytest.mark.parametrize("case", ["int8", "int4", "ternary"])
-def test_big_streams_use_lanes_and_round_trip(case):
+def test_big_streams_use_lanes_and_round_trip(case, lanes_only):
     codes, scales, shape = _big(case, np.random.default_rng(2))
     ctx = _ctx(codes, shape, scales)
     data, params = codecs.Rans().encode(codes, ctx)
@@ -75,6 +81,14 @@ def test_big_streams_use_lanes_and_round_trip(case):
     assert len(data) < 1.004 * rans.order0_bits(codes) / 8
     again, params2 = codecs.Rans().encode(codes, ctx)
     assert again == data and params2 == params
+
+
+def test_mid_size_streams_pick_the_smaller_coder():
+    codes, scales, shape = _big("ternary", np.random.default_rng(6))
+    ctx = _ctx(codes, shape, scales)
+    data, params = codecs.Rans().encode(codes, ctx)
+    assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes)
+    assert len(data) < 1.002 * rans.order0_bits(codes) / 8
 
 
 @pytest.mark.parametrize("variant", ["none", "scale", "row", "col"])
@@ -89,7 +103,7 @@ def test_context_vector_step_matches_full(variant, t):
     assert np.array_equal(step, full[::t])
 
 
-def test_hostile_ilv_streams_raise_artifact_error():
+def test_hostile_ilv_streams_raise_artifact_error(lanes_only):
     codes, scales, shape = _big("int4", np.random.default_rng(4))
     ctx = _ctx(codes, shape, scales)
     data, params = codecs.Rans().encode(codes, ctx)
