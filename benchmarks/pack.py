@@ -139,7 +139,7 @@ def _label(s: dict) -> str:
         return f"{s['codec']}[{p.get('layout', '')}]"
     coder = f",t{p['tuple']}" if p.get("tuple", 1) > 1 else ""
     coder += f",x{p['lanes']}" if p.get("lanes") else ""
-    return f"rans[{p['context']}{p['k']}{coder}]"
+    return f"rans[{p.get('context', 'none')}{p.get('k', 1)}{coder}]"
 
 
 def main() -> None:

@@ -171,7 +171,7 @@ def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> 
 def _codec_label(s: dict) -> str:
     p = s["params"]
     if s["codec"] == "rans":
-        return f"rans[{p.get('context')}{'x' + str(p.get('k')) if p.get('k', 1) > 1 else ''}]"
+        return f"rans[{p.get('context', 'none')}{'x' + str(p.get('k')) if p.get('k', 1) > 1 else ''}]"
     if s["codec"] == "zstd":
         return f"zstd[{p.get('layout')}]"
     return s["codec"]

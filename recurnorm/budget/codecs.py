@@ -477,11 +477,14 @@ class Rans(Codec, name="rans"):
         counts = np.bincount(cvec * nt + tsym, minlength=k * nt).reshape(k, nt)
         tables = rans.normalize_table(counts, prec)
         body = rans.encode(tsym, cvec, k, nt, ids, tables, lanes, prec)
-        params = {"offset": offset, "nsym": nsym, "context": variant, "k": k}
+        # Defaults stay out of the manifest: every byte of it counts against the cap.
+        params = {"offset": offset, "nsym": nsym, "prec": prec}
+        if variant != "none":
+            params.update(context=variant, k=k)
         if t > 1:
             params["tuple"] = t
         if lanes:
-            params.update(lanes=lanes, prec=prec)
+            params["lanes"] = lanes
         return [(body, params)]
 
     def encode(self, arr, ctx):
@@ -492,14 +495,14 @@ class Rans(Codec, name="rans"):
 
     def decode(self, data, params, ctx):
         offset, nsym = params.get("offset"), params.get("nsym")
-        variant, k = params.get("context"), params.get("k")
+        variant, k = params.get("context", "none"), params.get("k", 1)
         t, lanes, prec = params.get("tuple", 1), params.get("lanes", 0), params.get("prec", 0)
         for key, v, lo, hi in (("offset", offset, -(1 << 64), 1 << 64),
                                ("nsym", nsym, 1, rans.MAX_ALPHABET),
                                ("k", k, 1, rans.MAX_CONTEXTS),
                                ("tuple", t, 1, 8),
                                ("lanes", lanes, 0, rans.MAX_LANES),
-                               ("prec", prec, 1 if lanes else 0, rans.MAX_PREC if lanes else 0)):
+                               ("prec", prec, 1 if lanes else 0, rans.MAX_PREC)):
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ArtifactError(f"rans param {key}={v!r} out of range")
         if lanes & (lanes - 1):
@@ -516,7 +519,9 @@ class Rans(Codec, name="rans"):
             raise ArtifactError("rans class context does not fit the tensor shape")
         if variant == "scale" and (len(ctx.shape) != 2 or ctx.scales is None):
             raise ArtifactError("rans scale context needs scales")
-        tables, ids, words = rans.split_body(data, k, nt, n_ids, 2 if lanes else 4)
+        if variant == "none" and k != 1:
+            raise ArtifactError("rans context none has one table")
+        tables, ids, words = rans.split_body(data, k, nt, n_ids, 2 if lanes else 4, compact=prec > 0)
         cvec = self._ctx_vector(variant, k, ids, ctx, n, t)
         try:
             if lanes:
@@ -525,6 +530,8 @@ class Rans(Codec, name="rans"):
                     raise ArtifactError("rans table does not sum to 2**prec")
                 tsym = rans.ilv_decode(words, cvec, tables, prec, lanes, len(cvec))
             else:
+                if prec and np.any(tables.sum(axis=1)[np.bincount(cvec, minlength=k) > 0] != 1 << prec):
+                    raise ArtifactError("rans table does not sum to 2**prec")
                 tsym = rans.decode(tables, cvec, words, nt)
         except ArtifactError:
             raise

@@ -237,6 +237,42 @@ def _pack_blob(raw: bytes) -> bytes:
     return zstandard.ZstdCompressor(level=19).compress(raw) if raw else b""
 
 
+_COMPACT_PARAMS = zstandard.ZstdCompressionParameters.from_level(
+    19, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=False)
+
+
+def _pack_compact(raw: bytes) -> tuple[bytes, int]:
+    """(blob, 1) as a magicless zstd frame when that is shorter, else (raw, 0)."""
+    z = zstandard.ZstdCompressor(compression_params=_COMPACT_PARAMS).compress(raw) if raw else b""
+    return (z, 1) if len(z) < len(raw) else (raw, 0)
+
+
+def _unpack_compact(blob: bytes, zipped: int, limit: int) -> bytes:
+    if not zipped:
+        return blob
+    try:
+        dec = zstandard.ZstdDecompressor(format=zstandard.FORMAT_ZSTD1_MAGICLESS)
+        out = dec.decompress(blob, max_output_size=limit)
+    except zstandard.ZstdError as exc:
+        raise ArtifactError(f"rans side data: {exc}") from None
+    if len(out) > limit:
+        raise ArtifactError("rans side data larger than declared")
+    return out
+
+
+def _read_varint(body: bytes, pos: int) -> tuple[int, int]:
+    """One LEB128 varint (at most 5 bytes) at pos: (value, next pos)."""
+    val = 0
+    for j in range(5):
+        if pos + j >= len(body):
+            break
+        b = body[pos + j]
+        val |= (b & 0x7F) << (7 * j)
+        if b < 0x80:
+            return val, pos + j + 1
+    raise ArtifactError("rans stream header is not a valid varint")
+
+
 def _unpack_blob(blob: bytes, limit: int) -> bytes:
     if not blob:
         return b""
@@ -258,10 +294,16 @@ def encode(sym: np.ndarray, ctx: np.ndarray, k: int, nsym: int, ids: np.ndarray 
     """Encode symbols in [0, nsym) with the stored table [k, nsym] of each context id.
 
     lanes = 0: constriction, symbols grouped by context; else ilv_encode at 2**prec.
+    prec > 0 selects the compact header (varint lengths, side data raw or magicless zstd).
     """
-    table_blob = _pack_blob(varint_encode(tables.ravel()))
-    ids_blob = _pack_blob(ids.astype(np.uint8).tobytes()) if ids is not None else b""
-    head = struct.pack("<II", len(table_blob), len(ids_blob)) + table_blob + ids_blob
+    if prec:
+        tblob, tz = _pack_compact(varint_encode(tables.ravel()))
+        iblob, iz = _pack_compact(ids.astype(np.uint8).tobytes()) if ids is not None else (b"", 0)
+        head = varint_encode(np.array([2 * len(tblob) + tz, 2 * len(iblob) + iz])) + tblob + iblob
+    else:
+        table_blob = _pack_blob(varint_encode(tables.ravel()))
+        ids_blob = _pack_blob(ids.astype(np.uint8).tobytes()) if ids is not None else b""
+        head = struct.pack("<II", len(table_blob), len(ids_blob)) + table_blob + ids_blob
     if lanes:
         return head + ilv_encode(sym, ctx if k > 1 else None, tables, prec, lanes)
     coder = constriction.stream.stack.AnsCoder()
@@ -277,24 +319,31 @@ def encode(sym: np.ndarray, ctx: np.ndarray, k: int, nsym: int, ids: np.ndarray 
     return head + coder.get_compressed().astype("<u4").tobytes()
 
 
-def split_body(body: bytes, k: int, nsym: int, n_ids: int,
-               word: int = 4) -> tuple[np.ndarray, np.ndarray | None, bytes]:
+def split_body(body: bytes, k: int, nsym: int, n_ids: int, word: int = 4,
+               compact: bool = False) -> tuple[np.ndarray, np.ndarray | None, bytes]:
     """Parse a rans stream body into (tables [k, nsym], ids or None, words of `word` bytes)."""
-    if len(body) < 8:
-        raise ArtifactError("rans stream shorter than its header")
-    tlen, ilen = struct.unpack_from("<II", body, 0)
-    if 8 + tlen + ilen > len(body) or (len(body) - 8 - tlen - ilen) % word:
+    if compact:
+        th, pos = _read_varint(body, 0)
+        ih, pos = _read_varint(body, pos)
+        tlen, ilen, tz, iz = th >> 1, ih >> 1, th & 1, ih & 1
+    else:
+        if len(body) < 8:
+            raise ArtifactError("rans stream shorter than its header")
+        tlen, ilen = struct.unpack_from("<II", body, 0)
+        pos, tz, iz = 8, 1, 1
+    if pos + tlen + ilen > len(body) or (len(body) - pos - tlen - ilen) % word:
         raise ArtifactError("rans stream lengths disagree with the stream size")
-    tables = varint_decode(_unpack_blob(body[8 : 8 + tlen], 5 * k * nsym), k * nsym).reshape(k, nsym)
+    tblob, iblob = body[pos : pos + tlen], body[pos + tlen : pos + tlen + ilen]
+    unpack = (lambda b, z, lim: _unpack_compact(b, z, lim)) if compact else (lambda b, z, lim: _unpack_blob(b, lim))
+    tables = varint_decode(unpack(tblob, tz, 5 * k * nsym), k * nsym).reshape(k, nsym)
     ids = None
     if n_ids:
-        raw = _unpack_blob(body[8 + tlen : 8 + tlen + ilen], n_ids)
-        ids = np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+        ids = np.frombuffer(unpack(iblob, iz, n_ids), dtype=np.uint8).astype(np.int64)
         if len(ids) != n_ids or (ids.size and ids.max() >= k):
             raise ArtifactError("rans class ids do not match the declared classes")
     elif ilen:
         raise ArtifactError("rans stream has class ids it does not declare")
-    return tables, ids, body[8 + tlen + ilen :]
+    return tables, ids, body[pos + tlen + ilen :]
 
 
 def decode(tables: np.ndarray, ctx: np.ndarray, words: bytes, nsym: int) -> np.ndarray:
