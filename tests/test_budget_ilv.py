@@ -122,3 +122,24 @@ def test_hostile_ilv_streams_raise_artifact_error(lanes_only):
     for key, value in (("lanes", 3), ("lanes", 8192), ("prec", 17), ("prec", 0), ("tuple", 9), ("lanes", 1)):
         with pytest.raises(ArtifactError):
             codecs.Rans().decode(data, {**params, key: value}, ctx)
+
+
+def test_original_layout_still_decodes():
+    """Streams written before prec/lanes/tuple (u32 header, zstd frames) keep decoding."""
+    rng = np.random.default_rng(7)
+    codes = rng.integers(-3, 4, size=(40, 300)).astype(np.int8)
+    sym = codes.astype(np.int64).ravel() + 3
+    ctx_ids = np.zeros(sym.size, dtype=np.int64)
+    tables = rans.quantize_counts(np.bincount(sym, minlength=7))[None, :]
+    body = rans.encode(sym, ctx_ids, 1, 7, None, tables)
+    params = {"offset": -3, "nsym": 7, "context": "none", "k": 1}
+    assert np.array_equal(codecs.Rans().decode(body, params, _ctx(codes, codes.shape)), codes)
+
+
+def test_compact_header_side_data_raw_or_zipped():
+    rng = np.random.default_rng(8)
+    for raw in (b"", b"\x01\x02", bytes(rng.integers(0, 4, 3000).astype(np.uint8))):
+        blob, z = rans._pack_compact(raw)
+        assert rans._unpack_compact(blob, z, max(len(raw), 1)) == raw and len(blob) <= len(raw)
+    with pytest.raises(ArtifactError):
+        rans._unpack_compact(rans._pack_compact(bytes(3000))[0], 1, 100)

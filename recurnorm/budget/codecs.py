@@ -354,6 +354,7 @@ class Rans(Codec, name="rans"):
     BIG_KS = (4, 16)  # big streams: fewer trials; tables are cheap there, so more classes win
     PRECS = (8, 10, 12, 14, 16)
     SEARCH_SAMPLE = 1 << 20  # the context search looks at about this many positions
+    LEADERS = 3  # variants that get the full table-precision search
 
     def _symbols(self, arr: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         rng = _int_range(arr)
@@ -427,24 +428,24 @@ class Rans(Codec, name="rans"):
                     out.append((variant, k, ids, counts))
         return out
 
-    def _estimate(self, counts: np.ndarray, ids, units: int) -> tuple[float, int, int]:
+    def _estimate(self, counts: np.ndarray, ids, units: int, precs=PRECS) -> tuple[float, int, int]:
         """(estimated bytes, table precision, lanes): coarse tables pay off on small streams."""
         big = units >= rans.LANE_MIN_SYMBOLS
         id_bytes = 0
         if ids is not None:  # big streams: a proxy; small ones: measure (they decide close calls)
             id_bytes = (len(ids) * np.log2(counts.shape[0]) / 8 if big
-                        else len(rans._pack_blob(ids.astype(np.uint8).tobytes())))
+                        else len(rans._pack_compact(ids.astype(np.uint8).tobytes())[0]))
         icounts = np.rint(counts).astype(np.int64)
         used = int((icounts > 0).sum(axis=1).max())
         best = None
-        for prec in self.PRECS:
+        for prec in precs:
             if used > 1 << prec:
                 continue
             tables = rans.normalize_table(icounts, prec)
             payload = rans._cross_bits(counts, tables) / 8
             varints = rans.varint_encode(tables.ravel())
             # Small streams: tables matter, so measure them; big ones: a cheap proxy.
-            table_bytes = 0.75 * len(varints) if big else len(rans._pack_blob(varints))
+            table_bytes = 0.75 * len(varints) if big else len(rans._pack_compact(varints)[0])
             wide = rans.choose_lanes(units, payload)
             # Mid-size streams: constriction's 8 flush bytes may beat 4 per lane.
             for lanes in ((wide, 0) if wide and units < rans.LANES_ONLY_SYMBOLS else (wide,)):
@@ -466,12 +467,19 @@ class Rans(Codec, name="rans"):
         tmax = _tuple_size(nsym, sym.size)
         # Tuples cost a bigger table; below LANES_ONLY_SYMBOLS single symbols compete.
         ts = (tmax, 1) if 1 < tmax and sym.size < rans.LANES_ONLY_SYMBOLS else (tmax,)
-        scored = []
+        scored, found = [], []
         for t in ts:
             units = -(-sym.size // t)
             for variant, k, ids, counts in self.variants(sym, nsym, ctx, t):
-                scored.append((*self._estimate(counts, ids, units), len(scored), variant, k, ids, t))
-        _, prec, lanes, _, variant, k, ids, t = min(scored, key=lambda s: (s[0], s[3]))
+                found.append((variant, k, ids, counts, t, units))
+                # First pass at one precision; the precision search runs on the leaders only.
+                scored.append((*self._estimate(counts, ids, units, (12,)), len(scored)))
+        leaders = sorted(scored, key=lambda s: (s[0], s[3]))[: self.LEADERS]
+        final = []
+        for *_, i in leaders:
+            variant, k, ids, counts, t, units = found[i]
+            final.append((*self._estimate(counts, ids, units), i, variant, k, ids, t))
+        _, prec, lanes, _, variant, k, ids, t = min(final, key=lambda s: (s[0], s[3]))
         cvec = self._ctx_vector(variant, k, ids, ctx, sym.size, t)
         tsym, nt = _to_tuples(sym, nsym, t), nsym ** t
         counts = np.bincount(cvec * nt + tsym, minlength=k * nt).reshape(k, nt)

@@ -94,9 +94,13 @@ def normalize_table(counts: np.ndarray, prec: int) -> np.ndarray:
     tot = counts.sum(axis=1, keepdims=True)
     f = (counts * m) // np.maximum(tot, 1)
     f[(counts > 0) & (f == 0)] = 1
-    for r in range(len(f)):
-        if tot[r, 0] == 0:
-            continue
+    # Common case in one step: the largest count absorbs the whole difference.
+    diff = np.where(tot[:, 0] > 0, m - f.sum(axis=1), 0)
+    j = f.argmax(axis=1)
+    r = np.arange(len(f))
+    easy = (f[r, j] + diff >= 1) | (tot[:, 0] == 0)
+    f[r[easy], j[easy]] += diff[easy]
+    for r in np.flatnonzero(~easy).tolist():
         if int((f[r] > 0).sum()) > m:
             raise ValueError("more used symbols than table slots")
         diff = m - int(f[r].sum())
