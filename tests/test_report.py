@@ -50,6 +50,8 @@ def test_gap_recovered_arithmetic():
     # No gap to recover: unique not better than shared.
     assert gap_recovered(3.0, 2.9, 3.0) is None
     assert gap_recovered(3.0, 2.9, 3.2) is None
+    # A gap below MIN_GAP_BPB is noise: no ratio (a 0.015 gap once gave -41.7).
+    assert gap_recovered(3.0, 2.9, 2.985) is None
 
 
 def test_fill_gap_recovered_per_seed_and_quant():

@@ -63,7 +63,7 @@ def _print_result(result, as_json: bool) -> None:
 @click.option("--probe", "probes", multiple=True, type=click.Choice(["fragility", "shuffle"]),
               help="extra measurements (repeatable)")
 @click.option("--match-bytes", type=click.IntRange(min=1), default=None,
-              help="choose each scheme's width so its artifact lands within ±3%% of N bytes")
+              help="choose each scheme's width so its artifact lands within ±3% of N bytes")
 @click.option("--force", is_flag=True, help="overwrite existing outputs")
 @click.option("--json", "as_json", is_flag=True, help="print the results as JSON")
 @click.option("--no-progress", is_flag=True, help="no progress bars")

@@ -62,11 +62,17 @@ class Row:
         return cls(**d)
 
 
+# Below this gap (bpb) between shared and unique the ratio is noise over noise:
+# reference §5 treats differences under ~0.01 nats as noise at this scale; twice that.
+MIN_GAP_BPB = 0.02
+
+
 def gap_recovered(bpb_shared: float, bpb_scheme: float, bpb_unique: float) -> float | None:
-    """(shared − scheme) / (shared − unique); None when unique does not beat shared."""
+    """(shared − scheme) / (shared − unique); None when unique does not clearly beat shared."""
     denom = bpb_shared - bpb_unique
-    # No gap to recover when unique is not better than shared: a ratio would mislead.
-    if not denom > 0:
+    # No gap to recover when unique is not clearly better than shared: a ratio
+    # over a near-zero denominator would mislead (it once read −41.7).
+    if not denom > MIN_GAP_BPB:
         return None
     return (bpb_shared - bpb_scheme) / denom
 
