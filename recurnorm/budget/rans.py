@@ -422,22 +422,26 @@ def ilv_encode(sym: np.ndarray, ctx: np.ndarray, freq: np.ndarray, prec: int, la
     chunks: list[np.ndarray] = []
     p, sh, low, top = np.uint32(prec), np.uint32(16), np.uint32(0xFFFF), np.uint32(32 - prec)
     q = np.empty(lanes, dtype=np.uint32)
+    hi = np.empty(lanes, dtype=np.uint32)
+    em = np.empty(lanes, dtype=bool)
     for t in range(steps - 1, -1, -1):  # reverse order: the decoder runs forward
         lo = t * lanes
         a = min(lanes, n - lo)
-        xa, fa = x[:a], f[lo : lo + a]
+        xa, fa, qa = x[:a], f[lo : lo + a], q[:a]
         # Emit a word first when x >= f * 2**(32-prec), so x stays < 2**32 after coding.
-        em = np.flatnonzero((xa >> top) >= fa)
-        if em.size:
-            chunks.append((xa[em] & low).astype("<u2"))
-            xa[em] >>= sh
-        qa = q[:a]
+        np.right_shift(xa, top, out=hi[:a])
+        np.greater_equal(hi[:a], fa, out=em[:a])
+        out = np.flatnonzero(em[:a])
+        if out.size:
+            chunks.append(xa[out])  # low 16 bits kept at the end: one cast, not one per step
+            xa[out] >>= sh
         np.floor_divide(xa, fa, out=qa)
         xa -= qa * fa
         xa += c[lo : lo + a]
-        xa += qa << p
+        np.left_shift(qa, p, out=qa)
+        xa += qa
     chunks.reverse()
-    words = np.concatenate(chunks).tobytes() if chunks else b""
+    words = (np.concatenate(chunks) & low).astype("<u2").tobytes() if chunks else b""
     return x.astype("<u4").tobytes() + words
 
 
