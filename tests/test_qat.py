@@ -200,6 +200,31 @@ def test_load_model_reapplies_qat_and_not_on_artifacts(qat_ternary, tmp_path):
     _assert_same_logits(ft, from_artifact, x)
 
 
+def test_cli_pack_of_a_qat_checkpoint_ships_the_training_codes(qat_ternary, tmp_path):
+    """`recurnorm pack` uses the recorded QAT quantizer for projections, whatever -q says."""
+    from click.testing import CliRunner
+
+    from recurnorm.cli.main import main
+
+    _, ft, _ = qat_ternary
+    save_checkpoint(ft, tmp_path / "ckpt")
+    art = tmp_path / "q.rnpk"
+    res = CliRunner().invoke(main, ["pack", str(tmp_path / "ckpt"), "-q", "int8", "-o", str(art)])
+    assert res.exit_code == 0, res.output
+    from recurnorm import quant
+    from recurnorm.budget.api import read_artifact
+
+    artifact = read_artifact(art.read_bytes())
+    spec = ft.config.qat
+    projections = qat.projection_weight_names(ft.config)
+    state = ft.state_dict()
+    for name in projections:
+        stored = artifact.qtensors[name]
+        trained = quant.get(spec["format"], **spec["options"]).quantize(state[name], name=name)
+        assert stored.format == spec["format"] and stored.equal(trained), name
+    assert qat.load_model(art).config.qat["exported"] is True
+
+
 def test_cli_finetune(trained_tiny, tmp_path):
     from click.testing import CliRunner
 
@@ -230,8 +255,6 @@ def test_cli_train_qat(tmp_path):
         "train", "--qat", "ternary", "--steps", "3", "--d-model", "32", "--heads", "2",
         "--depth", "2", "--seq-len", "32", "--out", str(out), "--json", "--no-progress",
     ])  # fmt: skip
-    if res.exit_code == 2 and "--qat" in res.output:
-        pytest.skip("recurnorm train has no --qat yet")
     assert res.exit_code == 0, res.output
     config = json.loads((out / "config.json").read_text())
     assert config["qat"]["format"] == "ternary" and config["extra_norm"] is True

@@ -39,6 +39,16 @@ def _pack_checkpoint(ckpt: Path, quant: str, keep_float_max_numel, quantize_cont
 
     state, config = api.load_checkpoint_state(ckpt)
     policy = _policy(quant, keep_float_max_numel, quantize_controls)
+    qat = (config or {}).get("qat")
+    if qat and not qat.get("exported", False):
+        # A QAT checkpoint ships exactly the codes its training saw: its
+        # projections use the recorded QAT quantizer, whatever -q says.
+        from ..model import ModelConfig
+        from ..train.qat import export_config, qat_policy
+
+        model_config = ModelConfig.from_dict(config)
+        policy = qat_policy(model_config, base=policy)
+        config = export_config(model_config)
     qts = api.export_qtensors(state, quant, policy)
     metadata = {"quant": quant, "source": ckpt.name}
     if config is not None:
