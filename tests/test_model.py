@@ -20,14 +20,6 @@ from recurnorm.model.layers import Linear, RMSNorm
 TINY = dict(vocab_size=256, d_model=32, n_heads=2, depth=3, seq_len=16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and far faster on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def tiny(**kw) -> RecurrentLM:
     torch.manual_seed(0)

@@ -15,14 +15,6 @@ D, H, S, V, HID = 32, 2, 3, 256, 128  # HID = mlp_ratio · D
 TINY = dict(vocab_size=V, d_model=D, n_heads=H, depth=S, seq_len=16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and far faster on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def tiny(scheme: str = "shared", seed: int = 0, **kw) -> RecurrentLM:
     torch.manual_seed(seed)

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from recurnorm.cli.main import main
 from recurnorm.errors import DataError, OutputExistsError
 from recurnorm.train import data
+from recurnorm.train.data import split_document_list
 from recurnorm.train.sentencepiece import SentencePieceTokenizer, train_sentencepiece
 from recurnorm.train.shards import (
     HEADER_BYTES,
@@ -20,7 +21,6 @@ from recurnorm.train.shards import (
     load_shard_corpus,
     read_shard,
     shard_corpus,
-    split_document_list,
     write_shard,
 )
 

@@ -6,26 +6,14 @@ import json
 
 import click
 
-
-def parse_quant_options(ctx, param, values: tuple[str, ...]) -> dict:
-    """key=value pairs; values are read as JSON (numbers, true/false, null) or kept as text."""
-    options = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected key=value, got {item!r}", ctx=ctx, param=param)
-        try:
-            options[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            options[key] = raw
-    return options
+from .options import parse_key_values
 
 
 @click.command()
 @click.argument("ckpt", type=click.Path(exists=True))
 @click.option("--quant", "-q", required=True, help="QAT format: ternary, int4, int6, int8, ...")
 @click.option("--quant-option", "quant_options", multiple=True, metavar="KEY=VALUE",
-              callback=parse_quant_options, help="Quantizer option, repeatable (e.g. group=64).")
+              callback=parse_key_values, help="Quantizer option, repeatable (e.g. group=64).")
 @click.option("--steps", type=click.IntRange(min=1), default=200, show_default=True,
               help="Fine-tuning steps.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")

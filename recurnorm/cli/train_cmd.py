@@ -6,19 +6,7 @@ import json
 
 import click
 
-
-def _parse_scheme_options(ctx, param, values: tuple[str, ...]) -> dict:
-    """key=value pairs; values are read as JSON (numbers, true/false) or else kept as text."""
-    options = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected key=value, got {item!r}", ctx=ctx, param=param)
-        try:
-            options[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            options[key] = raw
-    return options
+from .options import parse_key_values
 
 
 @click.command()
@@ -53,7 +41,7 @@ def _parse_scheme_options(ctx, param, values: tuple[str, ...]) -> dict:
     "scheme_options",
     multiple=True,
     metavar="KEY=VALUE",
-    callback=_parse_scheme_options,
+    callback=parse_key_values,
     help="Scheme option, repeatable (e.g. rank=4).",
 )
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")

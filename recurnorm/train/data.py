@@ -90,8 +90,13 @@ def _read_text(path: Path) -> str:
     return text
 
 
-def split_documents(docs: list[str], val_fraction: float = 0.1) -> tuple[str, str]:
-    """(train_text, val_text) by the module's deterministic split rule."""
+def split_document_list(docs: list[str], val_fraction: float = 0.1) -> tuple[list[str], list[str]]:
+    """(train_docs, val_docs) by the deterministic split rule, kept per document.
+
+    Document ``i`` goes to validation when ``i % k == 0`` (``k = round(1 /
+    val_fraction)``, 10); with fewer than k documents the last one is
+    validation; a single document is cut at ``1 - val_fraction`` of its characters.
+    """
     if not docs:
         raise DataError("corpus has no documents")
     if len(docs) == 1:
@@ -99,14 +104,17 @@ def split_documents(docs: list[str], val_fraction: float = 0.1) -> tuple[str, st
         cut = int(len(text) * (1.0 - val_fraction))
         if cut < 1 or cut >= len(text):
             raise DataError("corpus is too short to split into train and validation")
-        return text[:cut], text[cut:]
+        return [text[:cut]], [text[cut:]]
     k = max(2, round(1.0 / val_fraction))
-    if len(docs) >= k:
-        val_idx = set(range(0, len(docs), k))
-    else:
-        val_idx = {len(docs) - 1}
+    val_idx = set(range(0, len(docs), k)) if len(docs) >= k else {len(docs) - 1}
     train = [d for i, d in enumerate(docs) if i not in val_idx]
     val = [d for i, d in enumerate(docs) if i in val_idx]
+    return train, val
+
+
+def split_documents(docs: list[str], val_fraction: float = 0.1) -> tuple[str, str]:
+    """(train_text, val_text): ``split_document_list`` joined by blank lines."""
+    train, val = split_document_list(docs, val_fraction)
     return _JOIN.join(train), _JOIN.join(val)
 
 

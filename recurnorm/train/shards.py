@@ -216,28 +216,6 @@ def _as_sentencepiece(tokenizer: Any):
 # ---------------------------------------------------------------- documents
 
 
-def split_document_list(docs: list[str], val_fraction: float = 0.1) -> tuple[list[str], list[str]]:
-    """(train_docs, val_docs) by ``recurnorm.train.data.split_documents``' rule, kept per document.
-
-    Document ``i`` goes to validation when ``i % k == 0`` (``k = round(1 /
-    val_fraction)``, 10); with fewer than k documents the last one is
-    validation; a single document is cut at ``1 - val_fraction`` of its characters.
-    """
-    if not docs:
-        raise DataError("corpus has no documents")
-    if len(docs) == 1:
-        text = docs[0]
-        cut = int(len(text) * (1.0 - val_fraction))
-        if cut < 1 or cut >= len(text):
-            raise DataError("corpus is too short to split into train and validation")
-        return [text[:cut]], [text[cut:]]
-    k = max(2, round(1.0 / val_fraction))
-    val_idx = set(range(0, len(docs), k)) if len(docs) >= k else {len(docs) - 1}
-    train = [d for i, d in enumerate(docs) if i not in val_idx]
-    val = [d for i, d in enumerate(docs) if i in val_idx]
-    return train, val
-
-
 def load_documents(spec: str, val_fraction: float = 0.1) -> tuple[list[str], list[str]]:
     """Train and validation documents of "default", a text file or a .txt directory.
 
@@ -245,7 +223,7 @@ def load_documents(spec: str, val_fraction: float = 0.1) -> tuple[list[str], lis
     ``load_corpus``) and split by ``split_document_list``, so shards hold the
     same documents as the text corpus, one BOS per document.
     """
-    from .data import default_documents, read_documents
+    from .data import default_documents, read_documents, split_document_list
 
     docs = default_documents() if spec == "default" else read_documents(spec)
     return split_document_list(docs, val_fraction)
