@@ -227,7 +227,7 @@ class Zstd(Codec, name="zstd"):
     level: int = ZSTD_LEVEL
 
     def candidates(self, arr, ctx, best):
-        out = []
+        out, slow = [], []
         for layout, offset in layouts_for(arr, ctx.dtype):
             raw = layout_bytes(arr, ctx.dtype, layout, offset)
             if len(raw) > 4 * ZSTD_PROBE and _zstd_probe(raw) > best * ZSTD_PROBE_MARGIN:
@@ -237,6 +237,11 @@ class Zstd(Codec, name="zstd"):
             if len(quick) > best * ZSTD_PREFILTER and len(raw) > 65536:
                 continue
             out.append((quick, {"layout": layout, "offset": offset}))
+            slow.append((len(quick), len(slow), raw, layout, offset))
+        # Big streams: the slow level runs on the best fast layout only (it seldom reorders).
+        if slow and len(slow[0][2]) > 65536:
+            slow = [min(slow, key=lambda c: (c[0], c[1]))]
+        for _, _, raw, layout, offset in slow:
             data = zstandard.ZstdCompressor(level=self.level).compress(raw)
             out.append((data, {"layout": layout, "offset": offset}))
         return out
