@@ -459,10 +459,11 @@ class Rans(Codec, name="rans"):
                     best = (cost, prec, lanes)
         return best
 
-    def _ctx_vector(self, variant, k, ids, ctx: StreamContext, n: int, step: int = 1) -> np.ndarray:
+    def _ctx_vector(self, variant, k, ids, ctx: StreamContext, n: int, step: int = 1,
+                    dtype=np.int64) -> np.ndarray:
         rows, cols = _view_2d(ctx.tensor_shape)
         L = ctx.shape[1] if len(ctx.shape) == 2 else n
-        return rans.context_vector(variant, k, n, rows, cols, L, ctx.scales, ids, step)
+        return rans.context_vector(variant, k, n, rows, cols, L, ctx.scales, ids, step, dtype)
 
     def candidates(self, arr, ctx, best):
         got = self._symbols(arr)
@@ -535,7 +536,7 @@ class Rans(Codec, name="rans"):
         if variant == "none" and k != 1:
             raise ArtifactError("rans context none has one table")
         tables, ids, words = rans.split_body(data, k, nt, n_ids, 2 if lanes else 4, compact=prec > 0)
-        cvec = self._ctx_vector(variant, k, ids, ctx, n, t)
+        cvec = self._ctx_vector(variant, k, ids, ctx, n, t, np.uint8)
         try:
             if lanes:
                 used = np.bincount(cvec, minlength=k) > 0

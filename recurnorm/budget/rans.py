@@ -153,24 +153,28 @@ def scale_buckets(scales: np.ndarray, k: int) -> np.ndarray:
 
 def context_vector(
     variant: str, k: int, n: int, rows: int, cols: int, L: int,
-    scales: np.ndarray | None, ids: np.ndarray | None, step: int = 1,
+    scales: np.ndarray | None, ids: np.ndarray | None, step: int = 1, dtype=np.int64,
 ) -> np.ndarray:
-    """Context id of code positions 0, step, 2*step, ... < n (= G*L)."""
+    """Context id of code positions 0, step, 2*step, ... < n (= G*L).
+
+    Decoders ask for uint8 (k <= 64): one byte per declared position, not eight.
+    """
     m = -(-n // step)
     if variant == "none" or k == 1:
-        return np.zeros(m, dtype=np.int64)
+        return np.zeros(m, dtype=dtype)
     if variant == "scale":
         if scales is None or len(scales) * L != n:
             raise ArtifactError("scale context needs one scale per code row")
+        buckets = scale_buckets(scales, k).astype(dtype)
         if L % step == 0:
-            return np.repeat(scale_buckets(scales, k), L // step)
-        return scale_buckets(scales, k)[np.arange(0, n, step, dtype=np.int64) // L]
+            return np.repeat(buckets, L // step)
+        return buckets[np.arange(0, n, step, dtype=np.int64) // L]
     if variant not in ("row", "col"):
         raise ArtifactError(f"unknown rans context {variant!r}")
     numel = rows * cols
-    ctx = np.zeros(m, dtype=np.int64)
+    ctx = np.zeros(m, dtype=dtype)
     inside = -(-numel // step)  # positions below numel; padding positions stay in context 0
-    ids = np.asarray(ids, dtype=np.int64)
+    ids = np.asarray(ids).astype(dtype)
     if cols % step == 0:  # repeat/tile: no per-position division
         per = cols // step
         ctx[:inside] = np.repeat(ids, per) if variant == "row" else np.tile(ids[::step], rows)
