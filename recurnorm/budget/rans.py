@@ -421,10 +421,11 @@ def ilv_encode(sym: np.ndarray, ctx: np.ndarray, freq: np.ndarray, prec: int, la
     cum = (np.cumsum(flat) - flat) % (1 << prec)  # cumulative within each context row
     f = flat[idx].astype(np.uint32)
     c = cum[idx].astype(np.uint32)
+    g = np.uint32(1 << prec) - f  # f <= 2**prec
     x = np.full(lanes, _L, dtype=np.uint32)
     steps = -(-n // lanes)
     chunks: list[np.ndarray] = []
-    p, sh, low, top = np.uint32(prec), np.uint32(16), np.uint32(0xFFFF), np.uint32(32 - prec)
+    sh, low, top = np.uint32(16), np.uint32(0xFFFF), np.uint32(32 - prec)
     q = np.empty(lanes, dtype=np.uint32)
     hi = np.empty(lanes, dtype=np.uint32)
     em = np.empty(lanes, dtype=bool)
@@ -439,11 +440,11 @@ def ilv_encode(sym: np.ndarray, ctx: np.ndarray, freq: np.ndarray, prec: int, la
         if out.size:
             chunks.append(xa[out])  # low 16 bits kept at the end: one cast, not one per step
             xa[out] >>= sh
+        # x' = (x div f) * 2**prec + x mod f + cum = x + (x div f) * (2**prec - f) + cum
         np.floor_divide(xa, fa, out=qa)
-        xa -= qa * fa
-        xa += c[lo : lo + a]
-        np.left_shift(qa, p, out=qa)
+        np.multiply(qa, g[lo : lo + a], out=qa)
         xa += qa
+        xa += c[lo : lo + a]
     chunks.reverse()
     words = (np.concatenate(chunks) & low).astype("<u2").tobytes() if chunks else b""
     return x.astype("<u4").tobytes() + words
