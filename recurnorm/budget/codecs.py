@@ -384,9 +384,12 @@ class Rans(Codec, name="rans"):
         if sym.size < 4096 or nsym < 2:
             return out
 
+        us = max(1, tsym.size // (self.SEARCH_SAMPLE // 2))  # every us-th unit: estimates only
+
         def unit_counts(variant: str, k: int, ids) -> np.ndarray:
-            cvec = self._ctx_vector(variant, k, ids, ctx, sym.size, t)
-            return np.bincount(cvec * nt + tsym, minlength=k * nt).reshape(k, nt)
+            cvec = self._ctx_vector(variant, k, ids, ctx, sym.size, t * us)
+            counts = np.bincount(cvec * nt + tsym[::us], minlength=k * nt).reshape(k, nt)
+            return counts * (tsym.size / len(cvec))
 
         ks = self.BIG_KS if sym.size >= rans.LANE_MIN_SYMBOLS else self.KS
         G = ctx.shape[0] if len(ctx.shape) == 2 else 1
