@@ -372,12 +372,13 @@ class Rans(Codec, name="rans"):
             sym = flat.astype(np.int64) - rng[0]
         return sym, rng[0], rng[1] - rng[0] + 1
 
-    def variants(self, sym: np.ndarray, nsym: int, ctx: StreamContext, t: int = 1):
+    def variants(self, sym: np.ndarray, nsym: int, ctx: StreamContext, t: int = 1,
+                 tsym: np.ndarray | None = None):
         """(variant, k, ids, counts [k, nsym**t] of coded units) for each context worth trying.
 
         Counts may come from a strided sample (scaled up): they only rank the variants.
         """
-        tsym = _to_tuples(sym, nsym, t)
+        tsym = _to_tuples(sym, nsym, t) if tsym is None else tsym
         nt = nsym ** t
         total = np.bincount(tsym, minlength=nt)[None, :]
         out: list[tuple[str, int, np.ndarray | None, np.ndarray]] = [("none", 1, None, total)]
@@ -476,10 +477,11 @@ class Rans(Codec, name="rans"):
         tmax = _tuple_size(nsym, sym.size)
         # Tuples cost a bigger table; below LANES_ONLY_SYMBOLS single symbols compete.
         ts = (tmax, 1) if 1 < tmax and sym.size < rans.LANES_ONLY_SYMBOLS else (tmax,)
-        scored, found = [], []
+        scored, found, tuples = [], [], {}
         for t in ts:
             units = -(-sym.size // t)
-            for variant, k, ids, counts in self.variants(sym, nsym, ctx, t):
+            tuples[t] = _to_tuples(sym, nsym, t)
+            for variant, k, ids, counts in self.variants(sym, nsym, ctx, t, tuples[t]):
                 found.append((variant, k, ids, counts, t, units))
                 # First pass at one precision; the precision search runs on the leaders only.
                 scored.append((*self._estimate(counts, ids, units, (12,)), len(scored)))
@@ -490,7 +492,7 @@ class Rans(Codec, name="rans"):
             final.append((*self._estimate(counts, ids, units), i, variant, k, ids, t))
         _, prec, lanes, _, variant, k, ids, t = min(final, key=lambda s: (s[0], s[3]))
         cvec = self._ctx_vector(variant, k, ids, ctx, sym.size, t)
-        tsym, nt = _to_tuples(sym, nsym, t), nsym ** t
+        tsym, nt = tuples[t], nsym ** t
         counts = np.bincount(cvec * nt + tsym, minlength=k * nt).reshape(k, nt)
         tables = rans.normalize_table(counts, prec)
         body = rans.encode(tsym, cvec, k, nt, ids, tables, lanes, prec)
