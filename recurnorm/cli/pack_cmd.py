@@ -49,6 +49,12 @@ def _pack_checkpoint(ckpt: Path, quant: str, keep_float_max_numel, quantize_cont
         model_config = ModelConfig.from_dict(config)
         policy = qat_policy(model_config, base=policy)
         config = export_config(model_config)
+    small = [n for n, (_, _, why) in policy.plan(state).items() if why.startswith("small")]
+    if small:
+        # The Parameter Golf default keeps small matrices in float: say so, since
+        # on a tiny model it means -q touches almost nothing.
+        click.echo(f"note: {len(small)} float tensors of <= {policy.keep_float_max_numel:,} "
+                   "elements kept as fp16 (--keep-float-max-numel 0 quantizes them too)", err=True)
     qts = api.export_qtensors(state, quant, policy)
     metadata = {"quant": quant, "source": ckpt.name}
     if config is not None:
