@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+
+# The Parameter Golf SP8192 tokenizer lives in shared/ beside the repository (never copied in).
+SP8192_MODEL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "fineweb_8192_bpe.model"
 
 # The test models are tiny: one thread is as fast as two on them, and it avoids
 # the heavy slowdown of OpenMP threads spinning when other processes share the cores.
@@ -31,3 +36,11 @@ def trained_tiny(default_corpus):
     )  # fmt: skip
     model = result.model.eval()
     return model, default_corpus
+
+
+@pytest.fixture(scope="session")
+def sp8192_model() -> Path:
+    """Path of the real Parameter Golf SentencePiece model; skips, saying where it looked."""
+    if not SP8192_MODEL.is_file():
+        pytest.skip(f"Parameter Golf SP8192 model not found at {SP8192_MODEL} (<repo>/../shared/data)")
+    return SP8192_MODEL

@@ -107,13 +107,9 @@ def test_missing_tokenizer_model(tmp_path):
         get_tokenizer(str(tmp_path / "missing.model"))
 
 
-SP_MODEL = "/work/shared/data/fineweb_8192_bpe.model"
-
-
-@pytest.mark.skipif(not __import__("os").path.exists(SP_MODEL), reason="no SentencePiece model")
-def test_sentencepiece_corpus():
-    c = load_corpus("default", tokenizer=SP_MODEL)
-    assert c.vocab_size == 8192 and c.tokenizer == SP_MODEL
+def test_sentencepiece_corpus(sp8192_model):
+    c = load_corpus("default", tokenizer=str(sp8192_model))
+    assert c.vocab_size == 8192 and c.tokenizer == str(sp8192_model)
     assert len(c.val_bytes) == len(c.val_tokens)
     # Several bytes per token on average, and never a negative count.
     assert c.val_bytes.min() >= 0 and c.val_bytes.sum() > 2 * len(c.val_tokens)

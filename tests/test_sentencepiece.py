@@ -12,9 +12,6 @@ from recurnorm.errors import DataError
 from recurnorm.train.data import default_documents
 from recurnorm.train.sentencepiece import SentencePieceTokenizer, train_sentencepiece
 
-REPO = Path(__file__).resolve().parents[1]
-REAL_MODEL = REPO.parent / "shared" / "data" / "fineweb_8192_bpe.model"
-
 PROSE = [
     "The quick brown fox jumps over the lazy dog.",
     "It was the best of times, it was the worst of times; it was the age of wisdom.",
@@ -58,12 +55,8 @@ def trained(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def real() -> Path:
-    if not REAL_MODEL.is_file():
-        pytest.skip(
-            f"Parameter Golf SP8192 model not found at {REAL_MODEL} (<repo>/../shared/data)"
-        )
-    return REAL_MODEL
+def real(sp8192_model) -> Path:
+    return sp8192_model
 
 
 @pytest.fixture(params=["trained", "real"])

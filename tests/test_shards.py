@@ -24,9 +24,6 @@ from recurnorm.train.shards import (
     write_shard,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-REAL_MODEL = REPO.parent / "shared" / "data" / "fineweb_8192_bpe.model"
-
 TRAIN_DOCS = [
     "The first training document talks about shared blocks and per step norms.",
     "Another training document, with commas, numbers like 42 and a question?",
@@ -174,13 +171,9 @@ def test_load_shard_corpus_counts_val_text_bytes(tmp_path, trained):
     assert load_shard_corpus(str(tmp_path), trained).val_tokens.size == corpus.val_tokens.size
 
 
-def test_load_shard_corpus_real_model(tmp_path):
-    if not REAL_MODEL.is_file():
-        pytest.skip(
-            f"Parameter Golf SP8192 model not found at {REAL_MODEL} (<repo>/../shared/data)"
-        )
-    shard_corpus((TRAIN_DOCS, VAL_DOCS), REAL_MODEL, tmp_path)
-    corpus = load_shard_corpus(str(tmp_path / "*.bin"), REAL_MODEL)
+def test_load_shard_corpus_real_model(tmp_path, sp8192_model):
+    shard_corpus((TRAIN_DOCS, VAL_DOCS), sp8192_model, tmp_path)
+    corpus = load_shard_corpus(str(tmp_path / "*.bin"), sp8192_model)
     assert corpus.vocab_size == 8192
     assert int(corpus.val_bytes.sum()) == sum(len(d.encode()) for d in VAL_DOCS)
     assert (corpus.val_tokens == 1).sum() == len(VAL_DOCS)

@@ -14,7 +14,6 @@ from click.testing import CliRunner
 from recurnorm.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
-SP_MODEL = REPO.parent / "shared" / "data" / "fineweb_8192_bpe.model"
 FACTORY = str(Path(__file__).with_name("foreign_model.py")) + ":build"
 
 
@@ -244,19 +243,18 @@ def test_gate_on_byte_shards(env, tmp_path):
     assert g["data"].startswith("shards:") and g["val_bytes"] == c.val_tokens.size - 1
 
 
-@pytest.mark.skipif(not SP_MODEL.exists(), reason=f"{SP_MODEL} (the Parameter Golf SP8192 model) is not present")
-def test_gate_on_sentencepiece_shards(env, tmp_path):
+def test_gate_on_sentencepiece_shards(env, tmp_path, sp8192_model):
     from recurnorm.model import ModelConfig, save_checkpoint
     from recurnorm.train.data import load_corpus
     from recurnorm.train.loop import train
     from recurnorm.train.sentencepiece import SentencePieceTokenizer
 
-    tok = SentencePieceTokenizer(SP_MODEL)
+    tok = SentencePieceTokenizer(sp8192_model)
     docs = env["text"].read_text(encoding="utf-8").split("\n\n")
     ids = [[tok.bos_id, *tok.encode(doc)] for doc in docs]
     cut = int(len(ids) * 0.8)
     spec = _write_shards(tmp_path / "sp", sum(ids[:cut], []), sum(ids[cut:], []))
-    corpus = load_corpus(spec, tokenizer=str(SP_MODEL))
+    corpus = load_corpus(spec, tokenizer=str(sp8192_model))
     assert corpus.vocab_size == 8192 and int(corpus.val_bytes.sum()) > corpus.val_tokens.size  # pieces span bytes
     config = ModelConfig(vocab_size=8192, d_model=32, n_heads=2, depth=2, seq_len=32, scheme="norm")
     model = train(config, corpus, steps=30, batch_size=8, lr=5e-3, warmup=5, seed=0,
@@ -265,7 +263,7 @@ def test_gate_on_sentencepiece_shards(env, tmp_path):
     art = tmp_path / "sp.rnpk"
     assert _run("pack", ckpt, "-q", "int8", "-o", art).exit_code == 0
     gate = ("--reference", ckpt, "--data", spec, "--max-loss-delta", "0.01")
-    r = _run("verify", art, *gate, "--tokenizer", SP_MODEL, "--json")
+    r = _run("verify", art, *gate, "--tokenizer", sp8192_model, "--json")
     assert r.exit_code == 0, r.output
     g = json.loads(r.stdout)["artifacts"][0]["loss_gate"]
     assert g["passed"] and g["val_bytes"] == int(corpus.val_bytes[1:].sum())
