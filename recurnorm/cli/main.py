@@ -8,7 +8,6 @@ argument parsing and printing; the work is done by library functions.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 
 import click
@@ -34,12 +33,7 @@ class LazyGroup(click.Group):
     """A group whose subcommands are imported only when used."""
 
     def list_commands(self, ctx):
-        return sorted(name for name in COMMANDS if self._module_exists(name))
-
-    @staticmethod
-    def _module_exists(name: str) -> bool:
-        module_name = COMMANDS[name].split(":")[0]
-        return importlib.util.find_spec(f"{__package__}.{module_name}") is not None
+        return sorted(COMMANDS)
 
     def get_command(self, ctx, name):
         target = COMMANDS.get(name)
