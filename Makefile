@@ -12,7 +12,9 @@ $(BIN)/python:
 
 # Install torch first, pinned, only when absent: a bare `torch` requirement may
 # pull a multi-GB CUDA build, while the pin resolves to a local CPU wheel.
-$(STAMP): pyproject.toml | $(BIN)/python
+# The editable install also compiles the rANS kernel (setup.py), so a change to
+# its C source reinstalls.
+$(STAMP): pyproject.toml setup.py recurnorm/budget/_ransc.c | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(STAMP)
@@ -34,4 +36,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/pack.py
 
 clean:
-	rm -rf $(VENV) demo-out .pytest_cache
+	rm -rf $(VENV) demo-out .pytest_cache build recurnorm/budget/_ransc*.so

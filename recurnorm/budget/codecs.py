@@ -311,7 +311,7 @@ def _view_2d(tensor_shape: tuple[int, ...]) -> tuple[int, int]:
 
 def _tuple_size(nsym: int, n: int) -> int:
     """Symbols per coded unit: big small-alphabet streams code joint tuples (fewer steps)."""
-    if n < rans.LANE_MIN_SYMBOLS or nsym < 2:
+    if n < rans.BIG_SYMBOLS or nsym < 2:
         return 1
     t = 1
     while t < 8 and nsym ** (t + 1) <= 256:
@@ -360,6 +360,7 @@ class Rans(Codec, name="rans"):
     PRECS = (8, 10, 12, 14, 16)
     SEARCH_SAMPLE = 1 << 20  # the context search looks at about this many positions
     LEADERS = 3  # variants that get the full table-precision search
+    TUPLES_ONLY_SYMBOLS = 1 << 20  # from here on tuples always win (their table is negligible)
 
     def _symbols(self, arr: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         rng = _int_range(arr)
@@ -392,7 +393,7 @@ class Rans(Codec, name="rans"):
             counts = np.bincount(cvec * nt + tsym[::us], minlength=k * nt).reshape(k, nt)
             return counts * (tsym.size / len(cvec))
 
-        ks = self.BIG_KS if sym.size >= rans.LANE_MIN_SYMBOLS else self.KS
+        ks = self.BIG_KS if sym.size >= rans.BIG_SYMBOLS else self.KS
         G = ctx.shape[0] if len(ctx.shape) == 2 else 1
         if ctx.scales is not None and G >= 4 and len(ctx.scales) == G and G * nsym <= rans.CLUSTER_MAX_CELLS:
             L = sym.size // G
@@ -439,7 +440,7 @@ class Rans(Codec, name="rans"):
 
     def _estimate(self, counts: np.ndarray, ids, units: int, precs=PRECS) -> tuple[float, int, int]:
         """(estimated bytes, table precision, lanes): coarse tables pay off on small streams."""
-        big = units >= rans.LANE_MIN_SYMBOLS
+        big = units >= rans.BIG_SYMBOLS
         id_bytes = 0
         if ids is not None:  # big streams: a proxy; small ones: measure (they decide close calls)
             id_bytes = (len(ids) * np.log2(counts.shape[0]) / 8 if big
@@ -455,12 +456,10 @@ class Rans(Codec, name="rans"):
             varints = rans.varint_encode(tables.ravel())
             # Small streams: tables matter, so measure them; big ones: a cheap proxy.
             table_bytes = 0.75 * len(varints) if big else len(rans._pack_compact(varints)[0])
-            wide = rans.choose_lanes(units, payload)
-            # Mid-size streams: constriction's 8 flush bytes may beat 4 per lane.
-            for lanes in ((wide, 0) if wide and units < rans.LANES_ONLY_SYMBOLS else (wide,)):
-                cost = payload + table_bytes + id_bytes + (4 * lanes if lanes else 8) + 8
-                if best is None or cost < best[0]:
-                    best = (cost, prec, lanes)
+            lanes = rans.choose_lanes(units, payload)
+            cost = payload + table_bytes + id_bytes + 4 * lanes + 8
+            if best is None or cost < best[0]:
+                best = (cost, prec, lanes)
         return best
 
     def _ctx_vector(self, variant, k, ids, ctx: StreamContext, n: int, step: int = 1,
@@ -475,8 +474,8 @@ class Rans(Codec, name="rans"):
             return []
         sym, offset, nsym = got
         tmax = _tuple_size(nsym, sym.size)
-        # Tuples cost a bigger table; below LANES_ONLY_SYMBOLS single symbols compete.
-        ts = (tmax, 1) if 1 < tmax and sym.size < rans.LANES_ONLY_SYMBOLS else (tmax,)
+        # Tuples cost a bigger table; below TUPLES_ONLY_SYMBOLS single symbols compete.
+        ts = (tmax, 1) if 1 < tmax and sym.size < self.TUPLES_ONLY_SYMBOLS else (tmax,)
         scored, found, tuples = [], [], {}
         for t in ts:
             units = -(-sym.size // t)

@@ -1,17 +1,19 @@
-"""Context-modelled rANS over integer code symbols (constriction's Rust core).
-
-We hand constriction our own stored integer frequency tables, so the decoder
-rebuilds exactly the model the encoder used; constriction is pinned (0.5.0)
-because its table-to-fixed-point step is part of the bit stream.
+"""Context-modelled rANS over integer code symbols, with stored integer tables.
 
 A stream is split by a per-position context id (none, the row's scale bucket,
 or a row/column class of the tensor's 2-D view); each context has its own table.
 
-Big streams use our own interleaved rANS instead (`ilv_encode`/`ilv_decode`):
-`lanes` independent 32-bit states with 16-bit renormalization, vectorized over
-lanes in numpy, so one Python step codes `lanes` symbols. Its only overhead is
-4 bytes of final state per lane, so the packer sizes `lanes` to the payload.
-"""
+The packer writes our own interleaved rANS (`ilv_encode`/`ilv_decode`):
+`lanes` independent 32-bit states with 16-bit renormalization. Its only
+overhead is 4 bytes of final state per lane, so the packer uses as few lanes as
+the decoder's step bound allows. The compiled kernel (`_ransc.c`) codes it at
+hundreds of MB/s; the numpy functions here are its specification and the
+fallback where the kernel is not built (vectorized over lanes: one Python step
+per `lanes` units, so slow on few lanes, but the same bytes).
+
+Streams written by earlier versions with `lanes = 0` were coded by
+constriction (pinned, 0.5.0: its table-to-fixed-point step is part of those
+bit streams); `decode` still reads them."""
 
 from __future__ import annotations
 
@@ -23,6 +25,11 @@ import zstandard
 
 from ..errors import ArtifactError
 
+try:  # the compiled kernel (setup.py builds it when a C compiler is present)
+    from . import _ransc
+except ImportError:  # pragma: no cover - depends on the build machine
+    _ransc = None
+
 MAX_ALPHABET = 1 << 12  # larger alphabets go to zstd/raw
 MAX_CONTEXTS = 64
 TABLE_TOTAL = 1 << 16  # tables are rescaled to about this many counts to stay small
@@ -31,9 +38,9 @@ _LOG_PRIOR = 0.5  # add-half prior when estimating class costs
 MAX_PREC = 16  # interleaved coder: 32-bit states, 16-bit words leave at most 16 table bits
 MAX_LANES = 4096
 MAX_STEPS = 1 << 16  # interleaved decode loop bound: ceil(n / lanes) never exceeds this
-LANE_MIN_SYMBOLS = 1 << 17  # smaller streams: constriction's single state flushes fewer bytes
-LANES_ONLY_SYMBOLS = 1 << 20  # from here on always interleaved (speed); below, the smaller wins
-FLUSH_SHARE = 400  # lanes * 4 flush bytes kept near payload / FLUSH_SHARE: speed vs 0.25%
+BIG_SYMBOLS = 1 << 17  # from here on: joint tuples of small alphabets, cheaper size estimates
+ILP_LANES = 4  # the compiled coder's sweet spot: independent states keep the CPU busy
+FLUSH_SHARE = 2000  # extra lanes only while their 4 flush bytes stay under payload / FLUSH_SHARE
 KMEANS_ITEMS = 512  # cluster on at most this many items, then assign all
 
 
@@ -385,14 +392,16 @@ _L = 1 << 16  # state lower bound; states live in [2**16, 2**32)
 
 
 def choose_lanes(n: int, payload_bytes: float) -> int:
-    """Lane count for n symbols (0 = constriction): flush near payload/FLUSH_SHARE."""
-    if n < LANE_MIN_SYMBOLS:
-        return 0
-    want = max(payload_bytes / (4 * FLUSH_SHARE), -(-n // MAX_STEPS), 1)
-    lanes = 1 << int(np.floor(np.log2(want)))
+    """Lane count for n units: as few as the step bound allows (each costs 4 flush bytes),
+    up to ILP_LANES while those bytes stay under payload / FLUSH_SHARE."""
+    lanes = 1
+    while lanes < ILP_LANES and 4 * (2 * lanes) <= payload_bytes / FLUSH_SHARE:
+        lanes *= 2
     while -(-n // lanes) > MAX_STEPS:
         lanes *= 2
-    return min(max(lanes, 64), MAX_LANES)
+    if lanes > MAX_LANES:
+        raise ValueError(f"{n} units exceed the interleaved coder's {MAX_LANES * MAX_STEPS}")
+    return lanes
 
 
 def _slot_tables(freq: np.ndarray, prec: int):
@@ -412,8 +421,47 @@ def _slot_tables(freq: np.ndarray, prec: int):
     return sym.astype(dt), flat[owner].astype(np.uint32), bias.astype(np.uint32)
 
 
-def ilv_encode(sym: np.ndarray, ctx: np.ndarray, freq: np.ndarray, prec: int, lanes: int) -> bytes:
-    """Interleaved rANS: symbol i goes to lane i % lanes; final states then u16 words."""
+def ilv_encode(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, prec: int,
+               lanes: int) -> bytes:
+    """Interleaved rANS: symbol i goes to lane i % lanes; final states then u16 words.
+
+    The compiled kernel when it is built, else the numpy reference: the same bytes.
+    """
+    if _ransc is None:
+        return ilv_encode_numpy(sym, ctx, freq, prec, lanes)
+    k, nsym = freq.shape
+    c = np.ascontiguousarray(ctx, dtype=np.uint8) if k > 1 and ctx is not None else None
+    try:
+        return _ransc.encode(np.ascontiguousarray(sym, dtype=np.uint16), c,
+                             np.ascontiguousarray(freq, dtype=np.uint32).ravel(), nsym, prec, lanes)
+    except ValueError as exc:  # our own tables: a bug, not bad input
+        raise ValueError(f"rans encode: {exc}") from None
+
+
+def ilv_decode(data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int, lanes: int,
+               n: int) -> np.ndarray:
+    """Inverse of ilv_encode for n symbols; ArtifactError on any inconsistency."""
+    steps = -(-n // lanes)
+    if steps > MAX_STEPS or len(data) < 4 * lanes or len(data) % 2:
+        raise ArtifactError("interleaved rans stream does not fit its lanes")
+    if _ransc is None:
+        return ilv_decode_numpy(data, ctx, freq, prec, lanes, n)
+    k, nsym = freq.shape
+    # Entries above 2**prec can only come from a hostile table: its row cannot sum to
+    # 2**prec either way, and the clip keeps the uint32 cast from wrapping it into one.
+    f = np.minimum(np.asarray(freq, dtype=np.int64), (1 << prec) + 1).astype(np.uint32).ravel()
+    c = np.ascontiguousarray(ctx, dtype=np.uint8) if k > 1 and ctx is not None else None
+    out = np.empty(n, dtype=np.uint16)
+    try:
+        _ransc.decode(data, c, f, nsym, prec, lanes, out)
+    except ValueError as exc:
+        raise ArtifactError(str(exc)) from None
+    return out.astype(np.uint8) if nsym <= 256 else out
+
+
+def ilv_encode_numpy(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, prec: int,
+                     lanes: int) -> bytes:
+    """The numpy reference of ilv_encode: lanes vectorized, one Python step per `lanes` units."""
     n = len(sym)
     k, nsym = freq.shape
     idx = ctx * nsym + sym if k > 1 else sym
@@ -450,12 +498,10 @@ def ilv_encode(sym: np.ndarray, ctx: np.ndarray, freq: np.ndarray, prec: int, la
     return x.astype("<u4").tobytes() + words
 
 
-def ilv_decode(data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int, lanes: int,
-               n: int) -> np.ndarray:
-    """Inverse of ilv_encode for n symbols; ArtifactError on any inconsistency."""
+def ilv_decode_numpy(data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int, lanes: int,
+                     n: int) -> np.ndarray:
+    """The numpy reference of ilv_decode (sizes already checked by ilv_decode)."""
     steps = -(-n // lanes)
-    if steps > MAX_STEPS or len(data) < 4 * lanes or len(data) % 2:
-        raise ArtifactError("interleaved rans stream does not fit its lanes")
     k = freq.shape[0]
     sym_lut, f_lut, b_lut = _slot_tables(freq, prec)
     x = np.frombuffer(data, dtype="<u4", count=lanes).astype(np.uint32)

@@ -1,0 +1,101 @@
+"""The compiled rANS kernel is the numpy reference, only faster: same bytes, same verdicts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from recurnorm.budget import pack_qtensors, rans, read_artifact
+from recurnorm.errors import ArtifactError
+from recurnorm.quant.qtensor import QTensor
+
+kernel = pytest.mark.skipif(rans._ransc is None, reason="compiled rANS kernel not built (no C compiler)")
+
+
+def _stream(seed: int, n: int, nsym: int, k: int, prec: int):
+    """Skewed symbols with per-context tables normalized to 2**prec."""
+    rng = np.random.default_rng(seed)
+    ctx = rng.integers(0, k, n)
+    sym = np.minimum((rng.exponential(size=n) * (ctx + 1) * nsym / 8).astype(np.int64), nsym - 1)
+    counts = np.bincount(ctx * nsym + sym, minlength=k * nsym).reshape(k, nsym)
+    if int((counts > 0).sum(axis=1).max()) > 1 << prec:  # too many symbols for the table
+        sym %= 1 << prec
+        counts = np.bincount(ctx * nsym + sym, minlength=k * nsym).reshape(k, nsym)
+    return sym, (ctx if k > 1 else None), rans.normalize_table(counts, prec)
+
+
+def _compiled_decode(data, ctx, freq, prec, lanes, n):
+    try:
+        return rans.ilv_decode(data, ctx, freq, prec, lanes, n)
+    except ArtifactError:
+        return None
+
+
+def _reference_decode(data, ctx, freq, prec, lanes, n):
+    if -(-n // lanes) > rans.MAX_STEPS or len(data) < 4 * lanes or len(data) % 2:
+        return None
+    try:
+        with np.errstate(over="ignore"):
+            return rans.ilv_decode_numpy(data, ctx, freq, prec, lanes, n)
+    except ArtifactError:
+        return None
+
+
+@kernel
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(0, 3000), nsym=st.integers(1, 300),
+       k=st.integers(1, 5), prec=st.integers(1, 16), lanes_log=st.integers(0, 7))
+def test_kernel_bytes_equal_numpy_reference(seed, n, nsym, k, prec, lanes_log):
+    sym, ctx, freq = _stream(seed, n, nsym, k, prec)
+    lanes = 1 << lanes_log
+    data = rans.ilv_encode(sym, ctx, freq, prec, lanes)
+    assert data == rans.ilv_encode_numpy(sym, ctx, freq, prec, lanes)
+    out = rans.ilv_decode(data, ctx, freq, prec, lanes, n)
+    assert np.array_equal(out, sym)
+    assert np.array_equal(rans.ilv_decode_numpy(data, ctx, freq, prec, lanes, n), sym)
+
+
+@kernel
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), flips=st.integers(1, 4), cut=st.integers(-6, 6))
+def test_kernel_accepts_and_rejects_what_the_reference_does(seed, flips, cut):
+    """Mutated and truncated streams: both raise, or both return the same symbols."""
+    rng = np.random.default_rng(seed)
+    sym, ctx, freq = _stream(seed, 2000, 40, 3, 10)
+    lanes = 4
+    blob = bytearray(rans.ilv_encode(sym, ctx, freq, 10, lanes))
+    for i in rng.integers(0, len(blob), size=flips):
+        blob[i] ^= int(rng.integers(1, 256))
+    blob = bytes(blob[: len(blob) + cut] if cut < 0 else blob + bytes(cut))
+    got = _compiled_decode(blob, ctx, freq, 10, lanes, len(sym))
+    want = _reference_decode(blob, ctx, freq, 10, lanes, len(sym))
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert np.array_equal(got, want)
+
+
+@kernel
+def test_kernel_reads_hostile_tables_as_the_reference():
+    """Rows that do not sum to 2**prec (or hold huge counts) select the reference's stand-in."""
+    sym, ctx, freq = _stream(1, 500, 20, 2, 8)
+    data = rans.ilv_encode(sym, ctx, freq, 8, 2)
+    for bad in (freq * 3, freq + (1 << 40), np.zeros_like(freq)):
+        assert (_compiled_decode(data, ctx, bad, 8, 2, 500) is None
+                and _reference_decode(data, ctx, bad, 8, 2, 500) is None)
+    with pytest.raises(ValueError, match="zero frequency"):
+        rans.ilv_encode(sym, ctx, np.zeros_like(freq), 8, 2)
+
+
+def test_fallback_writes_the_same_artifact(monkeypatch):
+    """Without the compiled kernel the numpy reference writes and reads identical bytes."""
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(48, 96)) * rng.uniform(0.3, 2.0, size=(1, 96))
+    s = np.abs(w).max(1) / 7
+    qts = {"w": QTensor("int4", w.shape, "float32", np.round(w / s[:, None]).astype(np.int8),
+                        s.astype(np.float16))}
+    fast = pack_qtensors(qts)
+    monkeypatch.setattr(rans, "_ransc", None)
+    assert pack_qtensors(qts) == fast
+    assert np.array_equal(read_artifact(fast).qtensors["w"].codes, qts["w"].codes)
