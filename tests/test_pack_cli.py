@@ -100,3 +100,16 @@ def test_verify_exit_codes(ckpts, tmp_path):
         assert r.exit_code == 4, why
         assert len(r.output.strip().splitlines()) == 1
     assert _run("verify", tmp_path / "missing.rnpk").exit_code == 4
+
+
+def test_pack_effort_max_is_no_larger_and_reads_the_same(ckpts, tmp_path):
+    d, _ = ckpts
+    sizes = {}
+    for effort in ("normal", "max"):
+        art = tmp_path / f"{effort}.rnpk"
+        r = _run("pack", d / "hf", "-q", "int4", "--keep-float-max-numel", "0", "--effort", effort, "-o", art)
+        assert r.exit_code == 0, r.output
+        assert _run("verify", art).exit_code == 0
+        sizes[effort] = art.stat().st_size
+    assert sizes["max"] <= sizes["normal"]
+    assert _run("pack", d / "hf", "--effort", "huge", "-o", tmp_path / "x.rnpk").exit_code == 2

@@ -17,6 +17,7 @@ from . import codecs as codecs_mod
 from . import format as fmt
 from .codecs import DTYPES, StreamContext
 from .rans import order0_bits
+from .search import EFFORTS
 
 
 @dataclass
@@ -57,9 +58,15 @@ def _check_qtensor(name: str, qt: QTensor) -> None:
 
 
 def pack_qtensors(
-    qtensors: dict[str, QTensor], metadata: dict | None = None, codecs=None
+    qtensors: dict[str, QTensor], metadata: dict | None = None, codecs=None, effort: str = "normal"
 ) -> bytes:
-    """Entropy-pack QTensors into artifact bytes; one QTensor under two names is stored once."""
+    """Entropy-pack QTensors into artifact bytes; one QTensor under two names is stored once.
+
+    effort: "normal" (fast), or "max": a wider codec search for the last bytes (several
+    times slower; readers need nothing different).
+    """
+    if effort not in EFFORTS:
+        raise QuantError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
     metadata = dict(metadata or {})
     try:
         fmt.dumps(metadata)
@@ -87,7 +94,8 @@ def pack_qtensors(
             arr = np.ascontiguousarray(arr)
             dtype = _stream_dtype(arr, f"tensor {name} {kind}")
             ctx = StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape),
-                                qt.scales if kind == "codes" and qt.scales is not None else None)
+                                qt.scales if kind == "codes" and qt.scales is not None else None,
+                                effort)
             if ctx.scales is not None:
                 ctx.scales = np.asarray(ctx.scales)
             codec, params, data = codecs_mod.encode_best(arr, ctx, codecs)
@@ -259,9 +267,10 @@ def export_qtensors(state_dict: dict, quant: str = "int8", policy=None, **quant_
 
 
 def pack(state_dict: dict, quant: str = "int8", policy=None, metadata: dict | None = None,
-         codecs=None, **quant_options) -> bytes:
+         codecs=None, effort: str = "normal", **quant_options) -> bytes:
     """Quantize a state dict with the export policy and pack it."""
-    return pack_qtensors(export_qtensors(state_dict, quant, policy, **quant_options), metadata, codecs)
+    return pack_qtensors(export_qtensors(state_dict, quant, policy, **quant_options), metadata, codecs,
+                         effort)
 
 
 def dequantize_all(qtensors: dict[str, QTensor]) -> dict[str, Any]:

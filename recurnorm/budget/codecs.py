@@ -16,7 +16,7 @@ import numpy as np
 import zstandard
 
 from ..errors import ArtifactError
-from . import rans
+from . import rans, search
 
 # numpy dtypes a stream may hold; all are stored little-endian.
 DTYPES: dict[str, np.dtype] = {
@@ -27,7 +27,13 @@ DTYPES: dict[str, np.dtype] = {
     )
 }
 ZSTD_LEVEL = 19
-ZSTD_PREFILTER = 1.0  # big streams: run the slow zstd level only if zstd-3 already wins
+ZSTD_QUICK_LEVEL = 3
+# The slow level (~0.25 us a byte on small-alphabet layouts) runs on the best quick
+# layout only, and only where zstd is in the race: its quick size within 2% of the best
+# so far. A dense byte layout (8-bit codes) where the quick level found no repetition
+# (it sits at its bytes' order-0 bound) gains nothing from it either (measured).
+ZSTD_SLOW_RACE = 1.02
+ZSTD_REPEATS = 0.97
 ZSTD_PROBE = 1 << 16  # bytes per probe slice
 ZSTD_PROBE_MARGIN = 1.1  # skip zstd when the probe extrapolates 10% above the best so far
 
@@ -40,6 +46,13 @@ def _zstd_probe(raw: bytes) -> float:
     return got * n / (3 * ZSTD_PROBE)
 
 
+def _byte_order0(raw: bytes) -> float:
+    """The order-0 entropy bound of raw's bytes, in bytes."""
+    counts = np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)
+    c = counts[counts > 0].astype(np.float64)
+    return float(-(c * np.log2(c / c.sum())).sum()) / 8
+
+
 @dataclass
 class StreamContext:
     """What encoder and decoder both know about a stream before its bytes."""
@@ -49,6 +62,7 @@ class StreamContext:
     shape: tuple[int, ...]
     tensor_shape: tuple[int, ...] = ()
     scales: np.ndarray | None = None
+    effort: str = "normal"  # encoder only: how hard codecs search ("normal" or "max")
 
     @property
     def numel(self) -> int:
@@ -227,23 +241,25 @@ class Zstd(Codec, name="zstd"):
     level: int = ZSTD_LEVEL
 
     def candidates(self, arr, ctx, best):
-        out, slow = [], []
+        quick = []
         for layout, offset in layouts_for(arr, ctx.dtype):
             raw = layout_bytes(arr, ctx.dtype, layout, offset)
             if len(raw) > 4 * ZSTD_PROBE and _zstd_probe(raw) > best * ZSTD_PROBE_MARGIN:
                 continue  # a slice at the fast level already loses clearly: skip the full runs
-            # zstd-19 is slow; skip it when the fast level shows no chance of winning.
-            quick = zstandard.ZstdCompressor(level=3).compress(raw)
-            if len(quick) > best * ZSTD_PREFILTER and len(raw) > 65536:
-                continue
-            out.append((quick, {"layout": layout, "offset": offset}))
-            slow.append((len(quick), len(slow), raw, layout, offset))
-        # Big streams: the slow level runs on the best fast layout only (it seldom reorders).
-        if slow and len(slow[0][2]) > 65536:
-            slow = [min(slow, key=lambda c: (c[0], c[1]))]
-        for _, _, raw, layout, offset in slow:
-            data = zstandard.ZstdCompressor(level=self.level).compress(raw)
-            out.append((data, {"layout": layout, "offset": offset}))
+            data = zstandard.ZstdCompressor(level=ZSTD_QUICK_LEVEL).compress(raw)
+            quick.append((data, {"layout": layout, "offset": offset}, raw))
+        out = [(data, params) for data, params, _ in quick]
+        if ctx.effort == "max":  # every layout at the slow level
+            return out + [(zstandard.ZstdCompressor(level=self.level).compress(raw), params)
+                          for _, params, raw in quick]
+        if not quick:
+            return out
+        data, params, raw = min(quick, key=lambda q: len(q[0]))  # first layout on ties
+        if len(data) > best * ZSTD_SLOW_RACE:
+            return out
+        order0 = _byte_order0(raw)
+        if len(data) < ZSTD_REPEATS * order0 or order0 < ZSTD_REPEATS * len(raw):
+            out.append((zstandard.ZstdCompressor(level=self.level).compress(raw), params))
         return out
 
     def encode(self, arr, ctx):
@@ -309,58 +325,21 @@ def _view_2d(tensor_shape: tuple[int, ...]) -> tuple[int, int]:
     return tensor_shape[0], math.prod(tensor_shape[1:])
 
 
-def _tuple_size(nsym: int, n: int) -> int:
-    """Symbols per coded unit: big small-alphabet streams code joint tuples (fewer steps)."""
-    if n < rans.BIG_SYMBOLS or nsym < 2:
-        return 1
-    t = 1
-    while t < 8 and nsym ** (t + 1) <= 256:
-        t += 1
-    return t
-
-
-def _to_tuples(sym: np.ndarray, nsym: int, t: int) -> np.ndarray:
-    """Base-nsym numbers of t consecutive symbols (first one least significant), zero-padded."""
-    if t == 1:
-        return sym
-    padded = np.zeros(-(-sym.size // t) * t, dtype=np.int64)
-    padded[: sym.size] = sym
-    cols = padded.reshape(-1, t)
-    out = cols[:, t - 1].copy()
-    for i in range(t - 2, -1, -1):  # Horner: exact int64, no integer matmul
-        out *= nsym
-        out += cols[:, i]
-    return out
-
-
-def _from_tuples(tsym: np.ndarray, nsym: int, t: int, n: int) -> np.ndarray:
-    """Inverse of _to_tuples for n symbols."""
-    if t == 1:
-        return tsym.astype(np.int64)
-    nt = nsym ** t
-    # Digit table per tuple value: one gather instead of t divisions per tuple.
-    lut = (np.arange(nt, dtype=np.int64)[:, None] // (nsym ** np.arange(t, dtype=np.int64)) % nsym)
-    return lut.astype(np.uint8 if nsym <= 256 else np.int64)[tsym].ravel()[:n]
-
-
-def _stride_for(numel: int) -> int:
-    """Sampling stride that keeps the context search near SEARCH_SAMPLE positions."""
-    return max(1, numel // Rans.SEARCH_SAMPLE)
+def geometry(ctx: StreamContext) -> search.Geometry:
+    """Where each code position of a codes stream sits, for rans contexts."""
+    rows, cols = _view_2d(ctx.tensor_shape)
+    n = ctx.numel
+    G, L = (ctx.shape[0], ctx.shape[1]) if len(ctx.shape) == 2 else (1, n)
+    return search.Geometry(n, G, L, rows, cols, len(ctx.tensor_shape) >= 2, ctx.scales)
 
 
 class Rans(Codec, name="rans"):
-    """Order-0 rANS with optional contexts: scale buckets or row/column classes.
+    """rANS over the codes with stored integer tables, one per context.
 
-    Big streams use the interleaved coder (params lanes, prec) and, for alphabets
-    of at most 16 symbols, code tuples of `tuple` symbols as one joint symbol.
+    Contexts: none, the code row's scale bucket, or stored row/column classes;
+    big streams of alphabets of at most 16 symbols code tuples of `tuple`
+    symbols as one joint symbol. `search.choose` picks all of it by estimated size.
     """
-
-    KS = (2, 4, 8, 16)
-    BIG_KS = (4, 16)  # big streams: fewer trials; tables are cheap there, so more classes win
-    PRECS = (8, 10, 12, 14, 16)
-    SEARCH_SAMPLE = 1 << 20  # the context search looks at about this many positions
-    LEADERS = 3  # variants that get the full table-precision search
-    TUPLES_ONLY_SYMBOLS = 1 << 20  # from here on tuples always win (their table is negligible)
 
     def _symbols(self, arr: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         rng = _int_range(arr)
@@ -373,136 +352,24 @@ class Rans(Codec, name="rans"):
             sym = flat.astype(np.int64) - rng[0]
         return sym, rng[0], rng[1] - rng[0] + 1
 
-    def variants(self, sym: np.ndarray, nsym: int, ctx: StreamContext, t: int = 1,
-                 tsym: np.ndarray | None = None):
-        """(variant, k, ids, counts [k, nsym**t] of coded units) for each context worth trying.
-
-        Counts may come from a strided sample (scaled up): they only rank the variants.
-        """
-        tsym = _to_tuples(sym, nsym, t) if tsym is None else tsym
-        nt = nsym ** t
-        total = np.bincount(tsym, minlength=nt)[None, :]
-        out: list[tuple[str, int, np.ndarray | None, np.ndarray]] = [("none", 1, None, total)]
-        if sym.size < 4096 or nsym < 2:
-            return out
-
-        us = max(1, tsym.size // (self.SEARCH_SAMPLE // 2))  # every us-th unit: estimates only
-
-        def unit_counts(variant: str, k: int, ids) -> np.ndarray:
-            cvec = self._ctx_vector(variant, k, ids, ctx, sym.size, t * us)
-            counts = np.bincount(cvec * nt + tsym[::us], minlength=k * nt).reshape(k, nt)
-            return counts * (tsym.size / len(cvec))
-
-        ks = self.BIG_KS if sym.size >= rans.BIG_SYMBOLS else self.KS
-        G = ctx.shape[0] if len(ctx.shape) == 2 else 1
-        if ctx.scales is not None and G >= 4 and len(ctx.scales) == G and G * nsym <= rans.CLUSTER_MAX_CELLS:
-            L = sym.size // G
-            ls = _stride_for(sym.size) if t == 1 else 1
-            ghist = None
-            if t == 1:
-                part = sym.reshape(G, L)[:, ::ls]
-                ghist = rans.item_histograms(part.ravel(), np.arange(part.size) // part.shape[1], G, nsym)
-                ghist *= L / part.shape[1]
-            for k in ks:
-                if k < G:
-                    if t == 1:
-                        b = rans.scale_buckets(ctx.scales, k)
-                        out.append(("scale", k, None, rans.class_sums(ghist, b, k)))
-                    else:
-                        out.append(("scale", k, None, unit_counts("scale", k, None)))
-        rows, cols = _view_2d(ctx.tensor_shape)
-        numel = rows * cols
-        if numel == 0 or numel > sym.size or len(ctx.tensor_shape) < 2:
-            return out
-        head = sym[:numel].reshape(rows, cols)
-        stride = _stride_for(numel)
-        for variant, n_items in (("row", rows), ("col", cols)):
-            if n_items < 4 or n_items * nsym > rans.CLUSTER_MAX_CELLS or n_items > 255 * 4096:
-                continue
-            # Sample the other axis: every item keeps a share of its own positions.
-            part = head[:, ::stride] if variant == "row" else head[::stride]
-            pr, pc = part.shape
-            pos = np.arange(part.size, dtype=np.int64)
-            item = pos // pc if variant == "row" else pos % pc
-            hist = rans.item_histograms(part.ravel(), item, n_items, nsym)
-            scale = numel / part.size
-            for k in ks:
-                if k < n_items:
-                    ids = rans.cluster_items(hist, k)
-                    if t == 1:
-                        counts = rans.class_sums(hist, ids, k) * scale
-                        # padding codes sit in context 0
-                        counts[0] = np.maximum(counts[0] + total[0] - counts.sum(axis=0), 0)
-                    else:
-                        counts = unit_counts(variant, k, ids)
-                    out.append((variant, k, ids, counts))
-        return out
-
-    def _estimate(self, counts: np.ndarray, ids, units: int, precs=PRECS) -> tuple[float, int, int]:
-        """(estimated bytes, table precision, lanes): coarse tables pay off on small streams."""
-        big = units >= rans.BIG_SYMBOLS
-        id_bytes = 0
-        if ids is not None:  # big streams: a proxy; small ones: measure (they decide close calls)
-            id_bytes = (len(ids) * np.log2(counts.shape[0]) / 8 if big
-                        else len(rans._pack_compact(ids.astype(np.uint8).tobytes())[0]))
-        icounts = np.rint(counts).astype(np.int64)
-        used = int((icounts > 0).sum(axis=1).max())
-        best = None
-        for prec in precs:
-            if used > 1 << prec:
-                continue
-            tables = rans.normalize_table(icounts, prec)
-            payload = rans._cross_bits(counts, tables) / 8
-            varints = rans.varint_encode(tables.ravel())
-            # Small streams: tables matter, so measure them; big ones: a cheap proxy.
-            table_bytes = 0.75 * len(varints) if big else len(rans._pack_compact(varints)[0])
-            lanes = rans.choose_lanes(units, payload)
-            cost = payload + table_bytes + id_bytes + 4 * lanes + 8
-            if best is None or cost < best[0]:
-                best = (cost, prec, lanes)
-        return best
-
-    def _ctx_vector(self, variant, k, ids, ctx: StreamContext, n: int, step: int = 1,
-                    dtype=np.int64) -> np.ndarray:
-        rows, cols = _view_2d(ctx.tensor_shape)
-        L = ctx.shape[1] if len(ctx.shape) == 2 else n
-        return rans.context_vector(variant, k, n, rows, cols, L, ctx.scales, ids, step, dtype)
-
     def candidates(self, arr, ctx, best):
         got = self._symbols(arr)
         if got is None:
             return []
         sym, offset, nsym = got
-        tmax = _tuple_size(nsym, sym.size)
-        # Tuples cost a bigger table; below TUPLES_ONLY_SYMBOLS single symbols compete.
-        ts = (tmax, 1) if 1 < tmax and sym.size < self.TUPLES_ONLY_SYMBOLS else (tmax,)
-        scored, found, tuples = [], [], {}
-        for t in ts:
-            units = -(-sym.size // t)
-            tuples[t] = _to_tuples(sym, nsym, t)
-            for variant, k, ids, counts in self.variants(sym, nsym, ctx, t, tuples[t]):
-                found.append((variant, k, ids, counts, t, units))
-                # First pass at one precision; the precision search runs on the leaders only.
-                scored.append((*self._estimate(counts, ids, units, (12,)), len(scored)))
-        leaders = sorted(scored, key=lambda s: (s[0], s[3]))[: self.LEADERS]
-        final = []
-        for *_, i in leaders:
-            variant, k, ids, counts, t, units = found[i]
-            final.append((*self._estimate(counts, ids, units), i, variant, k, ids, t))
-        _, prec, lanes, _, variant, k, ids, t = min(final, key=lambda s: (s[0], s[3]))
-        cvec = self._ctx_vector(variant, k, ids, ctx, sym.size, t)
-        tsym, nt = tuples[t], nsym ** t
-        counts = np.bincount(cvec * nt + tsym, minlength=k * nt).reshape(k, nt)
-        tables = rans.normalize_table(counts, prec)
-        body = rans.encode(tsym, cvec, k, nt, ids, tables, lanes, prec)
+        geo = geometry(ctx)
+        c = search.choose(sym, nsym, geo, ctx.effort)
+        cvec = geo.context_vector(c.variant, c.k, c.ids, c.t)
+        tsym, nt = rans.to_tuples(sym, nsym, c.t), nsym ** c.t
+        counts = np.bincount(cvec * nt + tsym, minlength=c.k * nt).reshape(c.k, nt)
+        tables = rans.normalize_table(counts, c.prec)
+        body = rans.encode(tsym, cvec, c.k, nt, c.ids, tables, c.lanes, c.prec)
         # Defaults stay out of the manifest: every byte of it counts against the cap.
-        params = {"offset": offset, "nsym": nsym, "prec": prec}
-        if variant != "none":
-            params.update(context=variant, k=k)
-        if t > 1:
-            params["tuple"] = t
-        if lanes:
-            params["lanes"] = lanes
+        params = {"offset": offset, "nsym": nsym, "prec": c.prec, "lanes": c.lanes}
+        if c.variant != "none":
+            params.update(context=c.variant, k=c.k)
+        if c.t > 1:
+            params["tuple"] = c.t
         return [(body, params)]
 
     def encode(self, arr, ctx):
@@ -540,7 +407,7 @@ class Rans(Codec, name="rans"):
         if variant == "none" and k != 1:
             raise ArtifactError("rans context none has one table")
         tables, ids, words = rans.split_body(data, k, nt, n_ids, 2 if lanes else 4, compact=prec > 0)
-        cvec = self._ctx_vector(variant, k, ids, ctx, n, t, np.uint8)
+        cvec = geometry(ctx).context_vector(variant, k, ids, t, np.uint8)
         try:
             if lanes:
                 used = np.bincount(cvec, minlength=k) > 0
@@ -555,7 +422,7 @@ class Rans(Codec, name="rans"):
             raise
         except Exception as exc:  # constriction reports bad input as ValueError/RuntimeError
             raise ArtifactError(f"{ctx.kind} stream: rans: {exc}") from None
-        return _symbols_to_array(_from_tuples(tsym, nsym, t, n), offset, ctx)
+        return _symbols_to_array(rans.from_tuples(tsym, nsym, t, n), offset, ctx)
 
 
 # ----------------------------------------------------------------- selection

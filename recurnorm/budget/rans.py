@@ -32,16 +32,12 @@ except ImportError:  # pragma: no cover - depends on the build machine
 
 MAX_ALPHABET = 1 << 12  # larger alphabets go to zstd/raw
 MAX_CONTEXTS = 64
-TABLE_TOTAL = 1 << 16  # tables are rescaled to about this many counts to stay small
-CLUSTER_MAX_CELLS = 1 << 23  # items x alphabet for the histogram matrix
-_LOG_PRIOR = 0.5  # add-half prior when estimating class costs
+TABLE_TOTAL = 1 << 16  # quantize_counts: tables of the original layout (prec = 0) were rescaled to this
 MAX_PREC = 16  # interleaved coder: 32-bit states, 16-bit words leave at most 16 table bits
 MAX_LANES = 4096
 MAX_STEPS = 1 << 16  # interleaved decode loop bound: ceil(n / lanes) never exceeds this
-BIG_SYMBOLS = 1 << 17  # from here on: joint tuples of small alphabets, cheaper size estimates
 ILP_LANES = 4  # the compiled coder's sweet spot: independent states keep the CPU busy
 FLUSH_SHARE = 2000  # extra lanes only while their 4 flush bytes stay under payload / FLUSH_SHARE
-KMEANS_ITEMS = 512  # cluster on at most this many items, then assign all
 
 
 # ----------------------------------------------------------------- varints
@@ -94,29 +90,40 @@ def quantize_counts(counts: np.ndarray, target: int = TABLE_TOTAL) -> np.ndarray
     return q
 
 
-def normalize_table(counts: np.ndarray, prec: int) -> np.ndarray:
-    """Rows of counts rescaled to sum exactly 2**prec (empty rows stay 0), used symbols >= 1."""
+def normalize_table(counts: np.ndarray, prec) -> np.ndarray:
+    """Rows of counts rescaled to sum exactly 2**prec (empty rows stay 0), used symbols >= 1.
+
+    prec: one precision, or one per row (the search scores several at once). Only
+    compression depends on how the rounding error is spread: decoders read tables.
+    """
     counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
-    m = 1 << prec
+    m = np.left_shift(1, np.broadcast_to(np.asarray(prec, dtype=np.int64), (len(counts),)))
+    if np.any((counts > 0).sum(axis=1) > m):
+        raise ValueError("more used symbols than table slots")
     tot = counts.sum(axis=1, keepdims=True)
-    f = (counts * m) // np.maximum(tot, 1)
+    f = (counts * m[:, None]) // np.maximum(tot, 1)
     f[(counts > 0) & (f == 0)] = 1
-    # Common case in one step: the largest count absorbs the whole difference.
-    diff = np.where(tot[:, 0] > 0, m - f.sum(axis=1), 0)
-    j = f.argmax(axis=1)
+    full = tot[:, 0] > 0
     r = np.arange(len(f))
-    easy = (f[r, j] + diff >= 1) | (tot[:, 0] == 0)
-    f[r[easy], j[easy]] += diff[easy]
-    for r in np.flatnonzero(~easy).tolist():
-        if int((f[r] > 0).sum()) > m:
-            raise ValueError("more used symbols than table slots")
-        diff = m - int(f[r].sum())
-        while diff:  # take from / give to the largest count: the least relative damage
-            j = int(np.argmax(f[r]))
-            step = diff if diff > 0 else -min(-diff, int(f[r, j]) - 1)
-            f[r, j] += step
-            diff -= step
-    return f
+    while True:
+        # The largest count absorbs the difference when it can (nearly always in one step).
+        diff = np.where(full, m - f.sum(axis=1), 0)
+        j = f.argmax(axis=1)
+        easy = (f[r, j] + diff >= 1) | ~full
+        f[r[easy], j[easy]] += diff[easy]
+        if easy.all():
+            return f
+        # Too many symbols bumped to 1: take the excess from every count above 1, in
+        # proportion to what it can spare, then let the largest absorb the rest.
+        hard = np.flatnonzero(~easy)
+        spare = np.where(f[hard] > 1, f[hard] - 1, 0)
+        excess = -diff[hard, None]
+        take = (spare * excess) // np.maximum(spare.sum(axis=1, keepdims=True), 1)
+        # What rounding left over: one more from each of the counts with most to spare.
+        left = excess[:, 0] - take.sum(axis=1)
+        rank = np.argsort(np.argsort(-(spare - take), axis=1, kind="stable"), axis=1)
+        take += (rank < left[:, None]) & (spare - take > 0)
+        f[hard] -= take
 
 
 def _entropy_bits(counts: np.ndarray) -> float:
@@ -125,15 +132,6 @@ def _entropy_bits(counts: np.ndarray) -> float:
     if c.size == 0:
         return 0.0
     return float(-(c * np.log2(c / c.sum())).sum())
-
-
-def _cross_bits(counts: np.ndarray, table: np.ndarray) -> float:
-    """Code length in bits of `counts` symbols under `table` (rows: contexts)."""
-    t = table.astype(np.float64)
-    tot = t.sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore"):
-        logp = np.log2(np.where(t > 0, t, 1.0) / np.maximum(tot, 1))
-    return float(-(counts * np.where(t > 0, logp, -30.0)).sum())
 
 
 def order0_bits(symbols: np.ndarray) -> float:
@@ -191,58 +189,31 @@ def context_vector(
     return ctx
 
 
-def item_histograms(sym: np.ndarray, item: np.ndarray, n_items: int, nsym: int) -> np.ndarray:
-    """[n_items, nsym] symbol counts of each item (row or column)."""
-    hist = np.bincount(item * nsym + sym, minlength=n_items * nsym)
-    return hist.reshape(n_items, nsym).astype(np.float64)
+# ----------------------------------------------------------------- tuples
 
 
-def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b via einsum: BLAS thread start-up thrashes busy machines, and einsum's bits never vary."""
-    return np.einsum("ij,jk->ik", a, b)
-
-
-def class_sums(hist: np.ndarray, ids: np.ndarray, k: int) -> np.ndarray:
-    """[k, nsym] sums of the item histograms in each class."""
-    # Sort + reduceat: no BLAS (thread start-up thrashes busy machines), no slow ufunc.at.
-    order = np.argsort(ids, kind="stable")
-    sizes = np.bincount(ids, minlength=k)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    out = np.zeros((k, hist.shape[1]), dtype=np.float64)
-    full = sizes > 0
-    if full.any():
-        out[full] = np.add.reduceat(hist[order], starts[full], axis=0)
+def to_tuples(sym: np.ndarray, nsym: int, t: int) -> np.ndarray:
+    """Base-nsym numbers of t consecutive symbols (first one least significant), zero-padded."""
+    if t == 1:
+        return sym
+    padded = np.zeros(-(-sym.size // t) * t, dtype=np.int64)
+    padded[: sym.size] = sym
+    cols = padded.reshape(-1, t)
+    out = cols[:, t - 1].copy()
+    for i in range(t - 2, -1, -1):  # Horner: exact int64, no integer matmul
+        out *= nsym
+        out += cols[:, i]
     return out
 
 
-def cluster_items(hist: np.ndarray, k: int) -> np.ndarray:
-    """Group items into k classes by their symbol histograms (k-means on code length)."""
-    n_items, nsym = hist.shape
-    tot = np.maximum(hist.sum(axis=1), 1.0)
-    # Deterministic start: order items by spread around the global mode.
-    mode = int(hist.sum(axis=0).argmax())
-    spread = (hist * np.abs(np.arange(nsym) - mode)).sum(axis=1) / tot
-    order = np.argsort(spread, kind="stable")
-    ids = np.empty(n_items, dtype=np.int64)
-    ids[order] = np.arange(n_items) * k // n_items
-    # Many items: iterate on an evenly strided sample, then assign every item once.
-    stride = max(1, n_items // KMEANS_ITEMS)
-    sample = np.arange(0, n_items, stride)
-    sub, sub_ids = hist[sample], ids[sample]
-    logp = None
-    for _ in range(8):
-        cls = class_sums(sub, sub_ids, k) + _LOG_PRIOR
-        logp = np.log2(cls / cls.sum(axis=1, keepdims=True))
-        new = _matmul(sub, -logp.T).argmin(axis=1)
-        if np.array_equal(new, sub_ids):
-            break
-        sub_ids = new
-    ids = sub_ids if stride == 1 else _matmul(hist, -logp.T).argmin(axis=1)
-    # Relabel by first appearance so equal clusterings give equal bytes.
-    _, first = np.unique(ids, return_index=True)
-    remap = np.zeros(k, dtype=np.int64)
-    remap[ids[np.sort(first)]] = np.arange(len(first))
-    return remap[ids]
+def from_tuples(tsym: np.ndarray, nsym: int, t: int, n: int) -> np.ndarray:
+    """Inverse of to_tuples for n symbols."""
+    if t == 1:
+        return tsym.astype(np.int64)
+    nt = nsym ** t
+    # Digit table per tuple value: one gather instead of t divisions per tuple.
+    lut = (np.arange(nt, dtype=np.int64)[:, None] // (nsym ** np.arange(t, dtype=np.int64)) % nsym)
+    return lut.astype(np.uint8 if nsym <= 256 else np.int64)[tsym].ravel()[:n]
 
 
 # ----------------------------------------------------------------- coding

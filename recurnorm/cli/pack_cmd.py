@@ -33,7 +33,8 @@ def _policy(quant: str, keep_float_max_numel: int | None, quantize_controls: boo
     return ExportPolicy(**kw)
 
 
-def _pack_checkpoint(ckpt: Path, quant: str, keep_float_max_numel, quantize_controls):
+def _pack_checkpoint(ckpt: Path, quant: str, keep_float_max_numel, quantize_controls,
+                     effort: str = "normal"):
     """(artifact bytes, stats rows) for a checkpoint."""
     from ..budget import api
 
@@ -59,7 +60,7 @@ def _pack_checkpoint(ckpt: Path, quant: str, keep_float_max_numel, quantize_cont
     metadata = {"quant": quant, "source": ckpt.name}
     if config is not None:
         metadata["config"] = config
-    data = api.pack_qtensors(qts, metadata)
+    data = api.pack_qtensors(qts, metadata, effort=effort)
     manifest = api.read_artifact(data)  # decode once: proves the round trip and gives bounds
     return data, api.tensor_stats(manifest.manifest, manifest.qtensors)
 
@@ -74,14 +75,18 @@ def _pack_checkpoint(ckpt: Path, quant: str, keep_float_max_numel, quantize_cont
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @click.option("--quantize-controls", is_flag=True, help="quantize gains/gates too (fragility probe)")
 @click.option("--keep-float-max-numel", type=int, default=None, help="float tensors this small stay fp16")
-def pack(ckpt, quant, out, max_bytes, code_files, force, as_json, quantize_controls, keep_float_max_numel):
+@click.option("--effort", type=click.Choice(["normal", "max"]), default="normal", show_default=True,
+              help="codec search: max tries every context size and zstd layout at its slow level "
+                   "for the last bytes (several times slower; the artifact reads the same)")
+def pack(ckpt, quant, out, max_bytes, code_files, force, as_json, quantize_controls, keep_float_max_numel,
+         effort):
     """Quantize and entropy-pack any checkpoint into one .rnpk artifact."""
     from ..budget import Budget, report
     from ..io import atomic_write_bytes, check_writable
 
     out = out or ckpt.with_name((ckpt.stem if ckpt.is_file() else ckpt.name) + ".rnpk")
     check_writable(out, force)
-    data, rows = _pack_checkpoint(ckpt, quant, keep_float_max_numel, quantize_controls)
+    data, rows = _pack_checkpoint(ckpt, quant, keep_float_max_numel, quantize_controls, effort)
     budget = Budget(max_bytes=max_bytes, code_files=list(code_files))
     try:
         cap = budget.check(len(data), rows)

@@ -1,0 +1,115 @@
+"""The rans search: its shortcuts agree with the slow definitions, and it finds real structure."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zstandard
+
+from recurnorm.budget import codecs, rans, search
+from recurnorm.budget.codecs import StreamContext
+
+
+def _ctx(codes, tensor_shape=None, scales=None):
+    return StreamContext("codes", codes.dtype.name, codes.shape, tensor_shape or codes.shape, scales)
+
+
+def _choice(codes, tensor_shape=None, scales=None):
+    ctx = _ctx(codes, tensor_shape, scales)
+    sym, _, nsym = codecs.Rans()._symbols(codes)
+    return search.choose(sym, nsym, codecs.geometry(ctx)), ctx
+
+
+def test_normalize_table_per_row_precision_and_crowded_rows():
+    rng = np.random.default_rng(0)
+    # Heavy tails: most symbols get bumped to 1, so the excess must come from many counts.
+    counts = (rng.exponential(size=(6, 250)) ** 4 * 50).astype(np.int64) * (rng.random((6, 250)) < 0.9)
+    counts[2] = 0
+    precs = np.array([8, 9, 10, 12, 16, 8])
+    f = rans.normalize_table(counts, precs)
+    for row, c, p in zip(f, counts, precs, strict=True):
+        assert row.sum() == (1 << p if c.sum() else 0)
+        assert np.array_equal(row > 0, c > 0)
+    # Per-row precision is the scalar one, row by row.
+    for i, p in enumerate(precs):
+        assert np.array_equal(f[i], rans.normalize_table(counts[i], int(p))[0])
+    with pytest.raises(ValueError, match="more used symbols"):
+        rans.normalize_table(np.ones((1, 300), np.int64), 8)
+
+
+def test_ranked_class_sums_equal_class_sums_of_ranked_classes():
+    rng = np.random.default_rng(1)
+    hist = rng.integers(0, 20, size=(37, 9)).astype(np.float64)
+    order = search.spread_order(hist)
+    for k, got in zip((2, 4, 8, 16), search.ranked_class_sums(hist, order, (2, 4, 8, 16)), strict=True):
+        assert np.allclose(got, search.class_sums(hist, search.rank_classes(order, k), k))
+
+
+def test_coarse_bins_keep_every_count():
+    rng = np.random.default_rng(2)
+    hist = rng.poisson(rng.exponential(3, size=255), size=(20, 255)).astype(np.float64)
+    coarse = search.coarse_bins(hist, 16)
+    assert coarse.shape[1] <= 16 and np.allclose(coarse.sum(axis=1), hist.sum(axis=1))
+    assert search.coarse_bins(hist[:, :10], 16) is not None and search.coarse_bins(hist[:, :10], 16).shape[1] == 10
+
+
+def test_cluster_items_separates_groups_by_any_difference():
+    """Columns that differ in mean, not spread: k-means finds them, and labels are canonical."""
+    rng = np.random.default_rng(3)
+    shift = np.where(np.arange(64) % 3 == 0, 2, -2)
+    codes = np.clip(np.round(rng.normal(size=(256, 64)) + shift), -7, 7).astype(np.int64) + 7
+    hist = search.axis_histograms(codes, 1, 15)
+    ids2, ids4 = search.cluster_items(hist, [2, 4])
+    assert np.array_equal(ids2, (shift != shift[0]).astype(np.int64))  # first item gets class 0
+    assert ids4.max() < 4
+    again = search.cluster_items(hist, [2, 4])
+    assert all(np.array_equal(a, b) for a, b in zip(again, (ids2, ids4), strict=True))
+
+
+def test_choose_finds_column_classes_and_estimates_its_bytes():
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(256, 512)) * np.where(rng.random(512) < 0.5, 0.3, 2.0)
+    s = np.abs(w).max(1) / 127
+    codes = np.round(w / s[:, None]).astype(np.int8)
+    choice, ctx = _choice(codes, scales=s)
+    assert (choice.variant, choice.k) in (("col", 2), ("col", 4), ("col", 8), ("col", 16))
+    data, params = codecs.Rans().encode(codes, ctx)
+    assert abs(len(data) - choice.cost) < 0.01 * len(data)  # the estimate is the real size
+    assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes)
+
+
+def test_choose_keeps_order0_on_iid_codes():
+    codes = np.random.default_rng(5).integers(-7, 8, size=(64, 512)).astype(np.int8)
+    choice, _ = _choice(codes)
+    assert choice.variant == "none" and choice.t == 1 and choice.lanes <= rans.ILP_LANES
+
+
+def test_zstd_slow_level_still_runs_where_repetition_pays():
+    """Duplicated rows with noise (a byte embedding's unused rows look so): zstd's slow level
+    finds the repeats and beats rans; the quick level alone would not."""
+    rng = np.random.default_rng(6)
+    rows = np.repeat(rng.integers(-1, 2, (8, 1024)), 8, axis=0)[rng.permutation(64)]
+    codes = (rows * (rng.random((64, 1024)) < 0.9)).astype(np.int8)
+    ctx = _ctx(codes)
+    name, params, data = codecs.encode_best(codes, ctx)
+    raw = codecs.layout_bytes(codes, "int8", params["layout"], params["offset"])
+    assert name == "zstd"
+    assert len(data) == len(zstandard.ZstdCompressor(level=codecs.ZSTD_LEVEL).compress(raw))
+    assert len(data) < len(zstandard.ZstdCompressor(level=codecs.ZSTD_QUICK_LEVEL).compress(raw))
+
+
+def test_effort_max_finds_what_normal_skips():
+    """Noisy duplicated rows: only the exhaustive zstd search sees that the plain layout wins."""
+    from recurnorm.budget import pack_qtensors, read_artifact
+    from recurnorm.errors import QuantError
+    from recurnorm.quant.qtensor import QTensor
+
+    rng = np.random.default_rng(6)
+    rows = np.repeat(rng.integers(-1, 2, (8, 1024)), 8, axis=0)[rng.permutation(64)]
+    codes = (rows * (rng.random((64, 1024)) < 0.9)).astype(np.int8)
+    qts = {"w": QTensor("ternary", codes.shape, "float32", codes.reshape(1, -1), np.ones(1, np.float32))}
+    normal, full = pack_qtensors(qts), pack_qtensors(qts, effort="max")
+    assert len(full) < 0.8 * len(normal)
+    assert np.array_equal(read_artifact(full).qtensors["w"].codes, qts["w"].codes)
+    with pytest.raises(QuantError, match="effort"):
+        pack_qtensors(qts, effort="huge")
