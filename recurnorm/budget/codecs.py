@@ -33,7 +33,8 @@ ZSTD_QUICK_LEVEL = 3
 # so far. A dense byte layout (8-bit codes) where the quick level found no repetition
 # (it sits at its bytes' order-0 bound) gains nothing from it either (measured).
 ZSTD_SLOW_RACE = 1.02
-ZSTD_REPEATS = 0.97
+ZSTD_REPEATS = 0.97  # quick size under this share of the order-0 bound: repetition found
+ZSTD_DENSE = 0.75  # order-0 bound over this share of the bytes: a dense layout
 ZSTD_PROBE = 1 << 16  # bytes per probe slice
 ZSTD_PROBE_MARGIN = 1.1  # skip zstd when the probe extrapolates 10% above the best so far
 
@@ -258,7 +259,7 @@ class Zstd(Codec, name="zstd"):
         if len(data) > best * ZSTD_SLOW_RACE:
             return out
         order0 = _byte_order0(raw)
-        if len(data) < ZSTD_REPEATS * order0 or order0 < ZSTD_REPEATS * len(raw):
+        if len(data) < ZSTD_REPEATS * order0 or order0 < ZSTD_DENSE * len(raw):
             out.append((zstandard.ZstdCompressor(level=self.level).compress(raw), params))
         return out
 

@@ -23,6 +23,7 @@ from . import rans
 
 PRECS = (8, 10, 12, 14, 16)
 FIRST_PREC = 12  # the first pass scores every candidate at this one precision
+FIT_SLOTS = 2  # a table needs this many slots per used symbol (but the finest is always tried)
 MIN_CONTEXT_SYMBOLS = 4096  # below this, contexts never pay for their tables
 MID_SYMBOLS = 1 << 15  # from here on Effort.ks are tried (below: Effort.small_ks)
 BIG_SYMBOLS = 1 << 17  # from here on: fewer k trials, side data by proxy (tables are cheap)
@@ -348,7 +349,10 @@ def score(cands: list[Candidate], units: int, precs, big: bool) -> Scores:
     prec_rows = np.repeat(np.asarray(precs, dtype=np.int64), R)
     m = np.left_shift(1, prec_rows)
     tiled = np.tile(icounts, (P, 1))
-    tiled[np.tile(used_rows, P) > m] = 0  # cannot fit: left empty, the candidate is marked below
+    # Tables under 2 slots per used symbol squeeze the tails and lose (and cost the most to
+    # normalize): left empty here, and their candidate is marked unfit below.
+    finest = prec_rows == precs[-1]
+    tiled[(np.tile(used_rows, P) * np.where(finest, 1, FIT_SLOTS)) > m] = 0
     tables = rans.normalize_table(tiled, prec_rows)
     with np.errstate(divide="ignore"):
         logp = np.log2(np.where(tables > 0, tables, 1) / m[:, None])
@@ -360,7 +364,8 @@ def score(cands: list[Candidate], units: int, precs, big: bool) -> Scores:
     side = tbytes * (0.75 if big else 1.0) + id_bytes[None, :]
     lanes = np.array([[rans.choose_lanes(units, p) for p in row] for row in payload], dtype=np.int64)
     used = np.maximum.reduceat(used_rows, starts)
-    fits = used[None, :] <= np.left_shift(1, np.asarray(precs, dtype=np.int64))[:, None]
+    fits = used[None, :] * FIT_SLOTS <= np.left_shift(1, np.asarray(precs, dtype=np.int64))[:, None]
+    fits[-1] |= used <= 1 << precs[-1]  # the finest table is always allowed
     return Scores(payload, side, lanes, fits)
 
 
@@ -396,8 +401,10 @@ def choose(sym: np.ndarray, nsym: int, geo: Geometry, effort: str = "normal") ->
     big = units >= BIG_SYMBOLS
     cands = candidates(stream, t, how)
     # First pass at one precision; every precision for the leaders only.
-    first = score(cands, units, (FIRST_PREC,), big).total()[0]
-    leaders = [cands[i] for i in np.argsort(first, kind="stable")[: how.leaders]]
+    leaders = cands
+    if len(cands) > how.leaders:
+        first = score(cands, units, (FIRST_PREC,), big).total()[0]
+        leaders = [cands[i] for i in np.argsort(first, kind="stable")[: how.leaders]]
     s = score(leaders, units, PRECS, big)
     total = s.total()
     pairs = sorted((float(total[j, i]), i, j) for i in range(len(leaders)) for j in range(len(PRECS))
