@@ -1,18 +1,25 @@
 """Codes bytes of recurnorm's packer vs general-purpose compressors, as ratios over the order-0 bound.
 
 Cases (same codes for every coder, measured in one run): synthetic Gaussian
-int8 per-row, int4 group-64 and ternary codes of 4M weights, and a trained
-checkpoint (a tiny-preset model trained here, or --ckpt PATH) quantized to
-int8/int4/ternary. Anchors: zlib-9 over the plain layout (the Parameter Golf
-baseline), zstd-22, lzma-9e and brotli-11 each in its best layout (plain or
-packed), per tensor. recurnorm = the codes streams of `pack_qtensors`.
+int8 per-row, int4 group-64 and ternary codes of 4M weights; "golf-shaped"
+weights (one Parameter Golf sized block, d=512, MLP 1024, and a 1024 x 512
+embedding: heavy-tailed, rows and columns scaled like trained weights,
+2.6M weights in tensors of 262K-524K); and a trained checkpoint (a
+tiny-preset model trained here, or --ckpt PATH, 16K-64K per tensor). Both
+go through recurnorm.quant's int8 / int4 / ternary. Anchors: zlib-9 over the
+plain layout (the Parameter Golf baseline), zstd-22, lzma-9e and brotli-11
+each in its best layout (plain or packed), per tensor. recurnorm = the codes
+streams of `pack_qtensors`.
 
-    python benchmarks/pack.py [--ckpt DIR] [--steps 600] [--n 4000000] [--repeats 3] [--quick]
+    python benchmarks/pack.py [--ckpt DIR] [--steps 600] [--n 4000000] [--repeats 3]
+                              [--effort normal|max] [--quick]
 
-Speeds are codes MB/s on one thread (torch and BLAS), best of --repeats runs.
---quick: 256K-weight synthetic cases, one repeat, no trained case unless --ckpt.
-Without --ckpt the trained case uses runs/*/model.safetensors when present,
-else trains the tiny preset for --steps steps (about 10 minutes on 2 cores).
+Speeds are codes MB/s on one thread (torch and BLAS), best of --repeats runs;
+the header says whether the compiled rANS kernel or the numpy reference ran.
+--quick: 256K-weight synthetic cases, one repeat, no golf-shaped case, no
+trained case unless --ckpt. Without --ckpt the trained case uses
+runs/*/model.safetensors when present, else trains the tiny preset for
+--steps steps (a few minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -64,11 +71,32 @@ def synthetic(n: int, seed: int = 0) -> dict[str, dict[str, QTensor]]:
     }
 
 
+def quantized(label: str, weights: dict) -> dict[str, dict[str, QTensor]]:
+    """2-D float weights through quant's int8 / int4 / ternary: one case each."""
+    from recurnorm import quant
+
+    return {f"{label} {fmt}": {k: quant.get(fmt).quantize(v, name=k) for k, v in weights.items()}
+            for fmt in ("int8", "int4", "ternary")}
+
+
+def golf_shaped(seed: int = 0) -> dict[str, dict[str, QTensor]]:
+    """One Parameter Golf sized block plus embedding, with trained-like structure."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    shapes = {"embed": (1024, 512), "q": (512, 512), "k": (512, 512), "v": (512, 512),
+              "o": (512, 512), "up": (1024, 512), "down": (512, 1024)}
+    weights = {}
+    for name, (r, c) in shapes.items():
+        w = rng.standard_t(5, size=(r, c)) * np.exp(rng.normal(0, 0.3, size=(r, 1)))
+        weights[name] = torch.from_numpy((w * np.exp(rng.normal(0, 0.5, size=(1, c)))).astype(np.float32))
+    return quantized("golf", weights)
+
+
 def trained(ckpt: str | None, steps: int) -> dict[str, dict[str, QTensor]]:
     """A trained checkpoint's 2-D weights through quant's int8 / int4 / ternary."""
     import torch
 
-    from recurnorm import quant
     from recurnorm.budget import load_checkpoint_state
 
     if not ckpt:
@@ -88,12 +116,8 @@ def trained(ckpt: str | None, steps: int) -> dict[str, dict[str, QTensor]]:
         res = train(ModelConfig(**PRESETS["tiny"].model), load_corpus("default"), steps=steps,
                     progress=False, log_every=10_000)
         state = {k: v.detach() for k, v in res.model.state_dict().items()}
-    weights = {k: v.float() for k, v in state.items() if v.is_floating_point() and v.dim() == 2}
-    out = {}
-    for fmt in ("int8", "int4", "ternary"):
-        q = quant.get(fmt)
-        out[f"trained {fmt}"] = {k: q.quantize(v, name=k) for k, v in weights.items()}
-    return out
+    return quantized("trained", {k: v.float() for k, v in state.items()
+                                 if v.is_floating_point() and v.dim() == 2})
 
 
 def anchor_bytes(qts: dict[str, QTensor]) -> dict[str, int]:
@@ -119,12 +143,12 @@ def _best_time(fn, repeats: int) -> tuple[float, object]:
     return best, out
 
 
-def run_case(name: str, qts: dict[str, QTensor], repeats: int = 3) -> dict:
+def run_case(name: str, qts: dict[str, QTensor], repeats: int = 3, effort: str = "normal") -> dict:
     """Bytes of every coder on one case, and recurnorm's single-thread speed."""
     numel = sum(qt.codes.size for qt in qts.values())
     nbytes = sum(qt.codes.nbytes for qt in qts.values())
     bound = sum(order0_bits(qt.codes) for qt in qts.values()) / 8
-    t_pack, data = _best_time(lambda: pack_qtensors(qts), repeats)
+    t_pack, data = _best_time(lambda: pack_qtensors(qts, effort=effort), repeats)
     t_unpack, art = _best_time(lambda: read_artifact(data), repeats)
     rn = sum(t["streams"]["codes"]["length"] for t in art.manifest["tensors"])
     codecs = sorted({_label(t["streams"]["codes"]) for t in art.manifest["tensors"]})
@@ -148,20 +172,27 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=600, help="training steps for the tiny model")
     ap.add_argument("--n", type=int, default=4_000_000, help="synthetic weights per case")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per case (best counts)")
+    ap.add_argument("--effort", choices=("normal", "max"), default="normal", help="recurnorm's search")
     ap.add_argument("--quick", action="store_true", help="smoke test: small cases, one repeat")
     args = ap.parse_args()
     import torch
 
+    from recurnorm.budget import rans
+
     torch.set_num_threads(1)
     n, repeats = (1 << 18, 1) if args.quick else (args.n, args.repeats)
     cases = synthetic(n)
+    if not args.quick:
+        cases.update(golf_shaped())
     if not args.quick or args.ckpt:
         cases.update(trained(args.ckpt, args.steps))
+    coder = "compiled kernel" if rans._ransc is not None else "numpy reference (kernel not built)"
+    print(f"recurnorm rANS: {coder}; effort {args.effort}")
     cols = ["recurnorm", *ANCHORS]
     print(f"{'case':<16} {'weights':>9} {'order0 B':>10} " + " ".join(f"{c:>10}" for c in cols)
           + f" {'pack MB/s':>9} {'unpk MB/s':>9}  codecs")
     for name, qts in cases.items():
-        r = run_case(name, qts, repeats)
+        r = run_case(name, qts, repeats, args.effort)
         ratios = " ".join(f"{r[c] / r['bound']:>10.4f}" for c in cols)
         best_anchor = min(r[c] for c in ANCHORS)
         flag = "" if r["recurnorm"] < best_anchor else "  (anchor wins)"

@@ -99,3 +99,16 @@ def test_fallback_writes_the_same_artifact(monkeypatch):
     monkeypatch.setattr(rans, "_ransc", None)
     assert pack_qtensors(qts) == fast
     assert np.array_equal(read_artifact(fast).qtensors["w"].codes, qts["w"].codes)
+
+
+def test_fallback_warns_once_on_big_streams(monkeypatch):
+    monkeypatch.setattr(rans, "_ransc", None)
+    monkeypatch.setattr(rans, "_FALLBACK_NOTE_UNITS", 1000)
+    sym, ctx, freq = _stream(9, 1200, 10, 1, 8)
+    with pytest.warns(RuntimeWarning, match="compiled rANS kernel is not built"):
+        data = rans.ilv_encode(sym, ctx, freq, 8, 64)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: a second big stream is quiet
+        assert np.array_equal(rans.ilv_decode(data, ctx, freq, 8, 64, len(sym)), sym)

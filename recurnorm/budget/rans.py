@@ -18,6 +18,7 @@ bit streams); `decode` still reads them."""
 from __future__ import annotations
 
 import struct
+import warnings
 
 import constriction
 import numpy as np
@@ -29,6 +30,18 @@ try:  # the compiled kernel (setup.py builds it when a C compiler is present)
     from . import _ransc
 except ImportError:  # pragma: no cover - depends on the build machine
     _ransc = None
+
+_FALLBACK_NOTE_UNITS = 1 << 20  # say once why coding is slow, past this many units
+
+
+def _note_fallback(units: int) -> None:
+    """Warn once per process that the numpy reference is coding a big stream."""
+    global _FALLBACK_NOTE_UNITS
+    if units >= _FALLBACK_NOTE_UNITS:
+        _FALLBACK_NOTE_UNITS = 1 << 62
+        warnings.warn("recurnorm: the compiled rANS kernel is not built, so the numpy reference "
+                      "codes (the same bytes, ~1 MB/s); install a C compiler and Python's headers "
+                      "(python3-dev), then reinstall recurnorm", RuntimeWarning, stacklevel=3)
 
 MAX_ALPHABET = 1 << 12  # larger alphabets go to zstd/raw
 MAX_CONTEXTS = 64
@@ -399,6 +412,7 @@ def ilv_encode(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, prec: 
     The compiled kernel when it is built, else the numpy reference: the same bytes.
     """
     if _ransc is None:
+        _note_fallback(len(sym))
         return ilv_encode_numpy(sym, ctx, freq, prec, lanes)
     k, nsym = freq.shape
     c = np.ascontiguousarray(ctx, dtype=np.uint8) if k > 1 and ctx is not None else None
@@ -416,6 +430,7 @@ def ilv_decode(data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int,
     if steps > MAX_STEPS or len(data) < 4 * lanes or len(data) % 2:
         raise ArtifactError("interleaved rans stream does not fit its lanes")
     if _ransc is None:
+        _note_fallback(n)
         return ilv_decode_numpy(data, ctx, freq, prec, lanes, n)
     k, nsym = freq.shape
     # Entries above 2**prec can only come from a hostile table: its row cannot sum to
