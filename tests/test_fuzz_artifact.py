@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import resource
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from recurnorm.budget import format as fmt
 from recurnorm.budget import pack_qtensors, read_artifact
 from recurnorm.errors import ArtifactError
 from recurnorm.quant.qtensor import QTensor
@@ -87,3 +90,41 @@ else:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.startswith("ok"), r.stdout + r.stderr
     assert resource  # imported for the child's sake
+
+
+MANIFEST_LEN = fmt.HEADER.unpack_from(ART, 0)[3]
+PAYLOAD = ART[fmt.HEADER_SIZE + MANIFEST_LEN :]
+
+
+def _resigned(payload: bytes) -> bytes:
+    """ART with another payload, every hash recomputed: what a hostile file can do."""
+    manifest = json.loads(ART[fmt.HEADER_SIZE : fmt.HEADER_SIZE + MANIFEST_LEN])
+    return fmt.write_container(manifest, payload)
+
+
+@settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, len(PAYLOAD) - 1), st.integers(1, 255)), min_size=1, max_size=4))
+def test_resigned_payload_mutations_reach_the_codecs_and_raise_only_artifact_error(flips):
+    """Hashes are no defence against a forger: every codec must reject bad streams itself."""
+    data = bytearray(PAYLOAD)
+    for pos, x in flips:
+        data[pos] ^= x
+    try:
+        read_artifact(_resigned(bytes(data)))
+    except ArtifactError:
+        pass
+
+
+def test_forged_zstd_content_size_is_rejected_without_allocating():
+    """A 47-byte side-data frame that declares an exabyte of output (found by fuzzing)."""
+    from recurnorm.budget import bounded_zstd
+
+    blob = bytes.fromhex("e100550100724f08801051ec2044ac85") + bytes(31)
+    with pytest.raises(ArtifactError, match="rans side data"):
+        bounded_zstd.decompress(blob, 256, "rans side data", magicless=True)
+    import zstandard
+
+    big = zstandard.ZstdCompressor().compress(bytes(10_000))
+    with pytest.raises(ArtifactError, match="larger than"):
+        bounded_zstd.decompress(big, 9_999, "codes stream")
+    assert bounded_zstd.decompress(big, 10_000, "codes stream") == bytes(10_000)

@@ -16,7 +16,7 @@ import numpy as np
 import zstandard
 
 from ..errors import ArtifactError
-from . import rans, search
+from . import bounded_zstd, rans, search
 
 # numpy dtypes a stream may hold; all are stored little-endian.
 DTYPES: dict[str, np.dtype] = {
@@ -278,10 +278,7 @@ class Zstd(Codec, name="zstd"):
             expect = PACKED_LAYOUTS[layout][1](n)
         else:
             raise ArtifactError(f"unknown zstd layout {layout!r}")
-        try:
-            raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=max(expect, 1))
-        except zstandard.ZstdError as exc:
-            raise ArtifactError(f"{ctx.kind} stream: zstd: {exc}") from None
+        raw = bounded_zstd.decompress(data, expect, f"{ctx.kind} stream")
         if len(raw) != expect:
             raise ArtifactError(f"{ctx.kind} stream: zstd gave {len(raw)} bytes, expected {expect}")
         if layout == "plain":

@@ -25,6 +25,7 @@ import numpy as np
 import zstandard
 
 from ..errors import ArtifactError
+from . import bounded_zstd
 
 try:  # the compiled kernel (setup.py builds it when a C compiler is present)
     from . import _ransc
@@ -247,16 +248,7 @@ def _pack_compact(raw: bytes) -> tuple[bytes, int]:
 
 
 def _unpack_compact(blob: bytes, zipped: int, limit: int) -> bytes:
-    if not zipped:
-        return blob
-    try:
-        dec = zstandard.ZstdDecompressor(format=zstandard.FORMAT_ZSTD1_MAGICLESS)
-        out = dec.decompress(blob, max_output_size=limit)
-    except zstandard.ZstdError as exc:
-        raise ArtifactError(f"rans side data: {exc}") from None
-    if len(out) > limit:
-        raise ArtifactError("rans side data larger than declared")
-    return out
+    return bounded_zstd.decompress(blob, limit, "rans side data", magicless=True) if zipped else blob
 
 
 def _read_varint(body: bytes, pos: int) -> tuple[int, int]:
@@ -273,12 +265,7 @@ def _read_varint(body: bytes, pos: int) -> tuple[int, int]:
 
 
 def _unpack_blob(blob: bytes, limit: int) -> bytes:
-    if not blob:
-        return b""
-    try:
-        return zstandard.ZstdDecompressor().decompress(blob, max_output_size=limit)
-    except zstandard.ZstdError as exc:
-        raise ArtifactError(f"rans side data: {exc}") from None
+    return bounded_zstd.decompress(blob, limit, "rans side data") if blob else b""
 
 
 def _context_order(ctx: np.ndarray, k: int) -> np.ndarray:
