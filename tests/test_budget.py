@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 import subprocess
 import sys
@@ -77,11 +76,9 @@ def test_deterministic_across_processes():
 
 def _resign(data: bytes, edit) -> bytes:
     """Apply edit to the parsed manifest and write valid checksums: a forged artifact."""
-    _, _, _, mlen, _ = fmt.HEADER.unpack_from(data, 0)
-    manifest = json.loads(data[fmt.HEADER_SIZE : fmt.HEADER_SIZE + mlen])
-    payload = data[fmt.HEADER_SIZE + mlen :]
+    manifest, payload = fmt.split_container(data)
     edit(manifest)
-    m = fmt.dumps(manifest)
+    m = fmt.dumps(manifest)  # stored plain (flags 0): the reader takes both forms
     return fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, 0, len(m), hashlib.sha256(m).digest()) + m + payload
 
 
@@ -130,3 +127,22 @@ def test_budget_counts_code_files(tmp_path):
     assert verify_bytes(data, Budget(len(data) - 1)).exit_code == 3
     assert verify_bytes(data).exit_code == 0
     assert verify_bytes(data[:-3]).exit_code == 4
+
+
+def test_manifest_is_stored_compressed_and_plain_manifests_still_read():
+    data = pack_qtensors(_qts(5))
+    flags, mlen = fmt.HEADER.unpack_from(data, 0)[2:4]
+    manifest, payload = fmt.split_container(data)
+    plain = fmt.dumps(manifest)
+    assert flags == fmt.FLAG_ZSTD_MANIFEST and mlen < 0.5 * len(plain)
+    # The same artifact with its manifest stored plain (flags 0) decodes to the same tensors.
+    old = fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, 0, len(plain), hashlib.sha256(plain).digest()) + plain + payload
+    a, b = read_artifact(data), read_artifact(old)
+    assert a.manifest == b.manifest
+    assert all(np.array_equal(a.qtensors[k].codes, b.qtensors[k].codes) for k in a.qtensors)
+    for bad_flags, body, why in ((2, plain, "unsupported artifact flags"),
+                                 (fmt.FLAG_ZSTD_MANIFEST, b"\x28\xb5\x2f\xfd" + bytes(20), "manifest: zstd")):
+        forged = fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, bad_flags, len(body),
+                                 hashlib.sha256(body).digest()) + body + payload
+        with pytest.raises(ArtifactError, match=why):
+            read_artifact(forged)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import resource
 import subprocess
 import sys
@@ -70,8 +69,7 @@ sys.path.insert(0, 'tests')
 from test_fuzz_artifact import ART
 from recurnorm.budget import format as fmt, read_artifact
 from recurnorm.errors import ArtifactError
-_, _, _, mlen, _ = fmt.HEADER.unpack_from(ART, 0)
-m = json.loads(ART[48:48 + mlen]); payload = ART[48 + mlen:]
+m, payload = fmt.split_container(ART)
 for t in m['tensors']:
     if t['name'] == 't':
         t['shape'] = [1 << 15, 1 << 14]; t['streams']['codes']['shape'] = [1, 1 << 29]
@@ -92,14 +90,12 @@ else:
     assert resource  # imported for the child's sake
 
 
-MANIFEST_LEN = fmt.HEADER.unpack_from(ART, 0)[3]
-PAYLOAD = ART[fmt.HEADER_SIZE + MANIFEST_LEN :]
+MANIFEST, PAYLOAD = fmt.split_container(ART)
 
 
 def _resigned(payload: bytes) -> bytes:
     """ART with another payload, every hash recomputed: what a hostile file can do."""
-    manifest = json.loads(ART[fmt.HEADER_SIZE : fmt.HEADER_SIZE + MANIFEST_LEN])
-    return fmt.write_container(manifest, payload)
+    return fmt.write_container(MANIFEST, payload)
 
 
 @settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
@@ -125,6 +121,11 @@ def test_forged_zstd_content_size_is_rejected_without_allocating():
     import zstandard
 
     big = zstandard.ZstdCompressor().compress(bytes(10_000))
-    with pytest.raises(ArtifactError, match="larger than"):
+    with pytest.raises(ArtifactError, match="declares 10,000 bytes"):
         bounded_zstd.decompress(big, 9_999, "codes stream")
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(10_000))
+    with pytest.raises(ArtifactError, match="codes stream: zstd"):
+        bounded_zstd.decompress(unsized, 9_999, "codes stream")
+    with pytest.raises(ArtifactError, match="codes stream: zstd"):  # truncated frame
+        bounded_zstd.decompress(unsized[:-3], 10_000, "codes stream")
     assert bounded_zstd.decompress(big, 10_000, "codes stream") == bytes(10_000)

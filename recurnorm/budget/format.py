@@ -4,10 +4,10 @@ Byte layout (docs/FORMAT.md is the normative description):
 
     offset 0   4 bytes  magic b"RNPK"
     offset 4   u16 LE   format version (1)
-    offset 6   u16 LE   flags (0; any other value is unsupported)
-    offset 8   u64 LE   manifest length M
-    offset 16  32 bytes SHA-256 of the manifest bytes
-    offset 48  M bytes  manifest: UTF-8 JSON, sorted keys, no whitespace
+    offset 6   u16 LE   flags (bit 0: the manifest is a zstd frame; other bits unsupported)
+    offset 8   u64 LE   manifest length M (as stored)
+    offset 16  32 bytes SHA-256 of the M stored manifest bytes
+    offset 48  M bytes  manifest: UTF-8 JSON, sorted keys, no whitespace (zstd'd if bit 0)
     offset 48+M         payload: the streams, at the offsets the manifest gives
 
 The manifest records `payload_length` and `payload_sha256`, so the header
@@ -22,14 +22,19 @@ import math
 import struct
 from typing import Any
 
+import zstandard
+
 from ..errors import ArtifactError
+from . import bounded_zstd
 from .codecs import DTYPES, Codec
 
 MAGIC = b"RNPK"
 VERSION = 1
 HEADER = struct.Struct("<4sHHQ32s")
 HEADER_SIZE = HEADER.size  # 48
-MAX_MANIFEST_BYTES = 64 << 20
+MAX_MANIFEST_BYTES = 64 << 20  # stored, and decompressed
+FLAG_ZSTD_MANIFEST = 1  # per-tensor JSON repeats keys and hex hashes: zstd takes ~80% off
+MANIFEST_ZSTD_LEVEL = 19
 MAX_JSON_DEPTH = 32
 MAX_NDIM = 16
 MAX_TOTAL_ELEMENTS = 1 << 28  # 268M weights: far above what 16 MB can hold; bounds decode memory
@@ -44,13 +49,28 @@ def dumps(obj: Any) -> bytes:
 
 
 def write_container(manifest: dict, payload: bytes) -> bytes:
-    """Header + manifest (with payload length and hash filled in) + payload."""
+    """Header + manifest (with payload length and hash filled in) + payload.
+
+    The manifest is stored as a zstd frame when that is shorter (it nearly always is).
+    """
     manifest = dict(manifest)
     manifest["payload_length"] = len(payload)
     manifest["payload_sha256"] = hashlib.sha256(payload).hexdigest()
-    m = dumps(manifest)
-    header = HEADER.pack(MAGIC, VERSION, 0, len(m), hashlib.sha256(m).digest())
+    m, flags = dumps(manifest), 0
+    z = zstandard.ZstdCompressor(level=MANIFEST_ZSTD_LEVEL).compress(m)
+    if len(z) < len(m):
+        m, flags = z, FLAG_ZSTD_MANIFEST
+    header = HEADER.pack(MAGIC, VERSION, flags, len(m), hashlib.sha256(m).digest())
     return header + m + payload
+
+
+def split_container(data: bytes) -> tuple[dict, bytes]:
+    """(manifest, payload) of a well-formed artifact, unvalidated: for tools that re-sign."""
+    _, _, flags, mlen, _ = HEADER.unpack_from(data, 0)
+    m = bytes(data[HEADER_SIZE : HEADER_SIZE + mlen])
+    if flags & FLAG_ZSTD_MANIFEST:
+        m = bounded_zstd.decompress(m, MAX_MANIFEST_BYTES, "manifest")
+    return json.loads(m), bytes(data[HEADER_SIZE + mlen :])
 
 
 def _depth(obj: Any, limit: int) -> int:
@@ -79,13 +99,15 @@ def read_container(data: bytes) -> tuple[dict, memoryview]:
         raise ArtifactError(f"not a recurnorm artifact (magic {bytes(magic)!r}, expected {MAGIC!r})")
     if version != VERSION:
         raise ArtifactError(f"unsupported artifact version {version} (this reader knows {VERSION})")
-    if flags != 0:
+    if flags & ~FLAG_ZSTD_MANIFEST:
         raise ArtifactError(f"unsupported artifact flags {flags:#x}")
     if mlen > MAX_MANIFEST_BYTES or HEADER_SIZE + mlen > len(data):
         raise ArtifactError(f"truncated artifact: manifest of {mlen} bytes does not fit")
     mbytes = bytes(data[HEADER_SIZE : HEADER_SIZE + mlen])
     if hashlib.sha256(mbytes).digest() != msha:
         raise ArtifactError("manifest checksum mismatch (corrupt artifact)")
+    if flags & FLAG_ZSTD_MANIFEST:
+        mbytes = bounded_zstd.decompress(mbytes, MAX_MANIFEST_BYTES, "manifest")
     try:
         manifest = json.loads(mbytes.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
