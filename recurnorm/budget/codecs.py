@@ -47,13 +47,6 @@ def _zstd_probe(raw: bytes) -> float:
     return got * n / (3 * ZSTD_PROBE)
 
 
-def _byte_order0(raw: bytes) -> float:
-    """The order-0 entropy bound of raw's bytes, in bytes."""
-    counts = np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)
-    c = counts[counts > 0].astype(np.float64)
-    return float(-(c * np.log2(c / c.sum())).sum()) / 8
-
-
 @dataclass
 class StreamContext:
     """What encoder and decoder both know about a stream before its bytes."""
@@ -258,7 +251,7 @@ class Zstd(Codec, name="zstd"):
         data, params, raw = min(quick, key=lambda q: len(q[0]))  # first layout on ties
         if len(data) > best * ZSTD_SLOW_RACE:
             return out
-        order0 = _byte_order0(raw)
+        order0 = rans._entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8))) / 8
         if len(data) < ZSTD_REPEATS * order0 or order0 < ZSTD_DENSE * len(raw):
             out.append((zstandard.ZstdCompressor(level=self.level).compress(raw), params))
         return out

@@ -64,12 +64,17 @@ def write_container(manifest: dict, payload: bytes) -> bytes:
     return header + m + payload
 
 
+def _manifest_json(stored: bytes, flags: int) -> bytes:
+    """The manifest's JSON bytes from its stored form."""
+    if flags & FLAG_ZSTD_MANIFEST:
+        return bounded_zstd.decompress(stored, MAX_MANIFEST_BYTES, "manifest")
+    return stored
+
+
 def split_container(data: bytes) -> tuple[dict, bytes]:
     """(manifest, payload) of a well-formed artifact, unvalidated: for tools that re-sign."""
     _, _, flags, mlen, _ = HEADER.unpack_from(data, 0)
-    m = bytes(data[HEADER_SIZE : HEADER_SIZE + mlen])
-    if flags & FLAG_ZSTD_MANIFEST:
-        m = bounded_zstd.decompress(m, MAX_MANIFEST_BYTES, "manifest")
+    m = _manifest_json(bytes(data[HEADER_SIZE : HEADER_SIZE + mlen]), flags)
     return json.loads(m), bytes(data[HEADER_SIZE + mlen :])
 
 
@@ -106,8 +111,7 @@ def read_container(data: bytes) -> tuple[dict, memoryview]:
     mbytes = bytes(data[HEADER_SIZE : HEADER_SIZE + mlen])
     if hashlib.sha256(mbytes).digest() != msha:
         raise ArtifactError("manifest checksum mismatch (corrupt artifact)")
-    if flags & FLAG_ZSTD_MANIFEST:
-        mbytes = bounded_zstd.decompress(mbytes, MAX_MANIFEST_BYTES, "manifest")
+    mbytes = _manifest_json(mbytes, flags)
     try:
         manifest = json.loads(mbytes.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:

@@ -160,14 +160,22 @@ def order0_bits(symbols: np.ndarray) -> float:
 # ----------------------------------------------------------------- contexts
 
 
-def scale_buckets(scales: np.ndarray, k: int) -> np.ndarray:
-    """Bucket id per group: the rank of |log scale| cut into k equal-count bins."""
+def scale_order(scales: np.ndarray) -> np.ndarray:
+    """Groups ordered by |scale| (stable; non-finite counts as 0)."""
     a = np.abs(np.asarray(scales, dtype=np.float64).ravel())
-    a = np.where(np.isfinite(a), a, 0.0)
-    order = np.argsort(a, kind="stable")
-    rank = np.empty(len(a), dtype=np.int64)
-    rank[order] = np.arange(len(a))
-    return (rank * k // max(len(a), 1)).astype(np.int64)
+    return np.argsort(np.where(np.isfinite(a), a, 0.0), kind="stable")
+
+
+def rank_buckets(order: np.ndarray, k: int) -> np.ndarray:
+    """Bucket id per item: its rank in `order` cut into k equal-count runs (rank * k // n)."""
+    ids = np.empty(len(order), dtype=np.int64)
+    ids[order] = np.arange(len(order)) * k // max(len(order), 1)
+    return ids
+
+
+def scale_buckets(scales: np.ndarray, k: int) -> np.ndarray:
+    """Bucket id per group: the rank of |scale| cut into k equal-count bins."""
+    return rank_buckets(scale_order(scales), k)
 
 
 def context_vector(

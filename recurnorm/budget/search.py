@@ -141,15 +141,8 @@ def spread_order(hist: np.ndarray) -> np.ndarray:
     return np.argsort(spread, kind="stable")
 
 
-def rank_classes(order: np.ndarray, k: int) -> np.ndarray:
-    """Class id per item: its rank in `order` cut into k equal-count runs."""
-    ids = np.empty(len(order), dtype=np.int64)
-    ids[order] = np.arange(len(order)) * k // len(order)
-    return ids
-
-
 def ranked_class_sums(hist: np.ndarray, order: np.ndarray, ks) -> list[np.ndarray]:
-    """class_sums of rank_classes(order, k) for every k at once: runs are contiguous in order."""
+    """class_sums of rans.rank_buckets(order, k) for every k at once: runs are contiguous in order."""
     n = len(order)
     run = np.zeros((n + 1, hist.shape[1]))
     np.cumsum(hist[order], axis=0, out=run[1:])
@@ -186,7 +179,7 @@ def cluster_items(hist: np.ndarray, ks, iters: int = 4) -> list[np.ndarray]:
     ks = list(ks)
     K, C = len(ks), sum(ks)
     order = spread_order(hist)
-    ids = np.stack([rank_classes(order, k) for k in ks])  # [K, n_items]
+    ids = np.stack([rans.rank_buckets(order, k) for k in ks])  # [K, n_items]
     coarse = coarse_bins(hist)
     first = np.cumsum([0] + ks[:-1])[:, None]  # first centroid of each k
     # Many items: iterate on an evenly strided sample, then assign every item once.
@@ -297,9 +290,7 @@ def candidates(stream: _Stream, t: int, effort: Effort = EFFORTS["normal"]) -> l
         kk = [k for k in ks if k < G]
         if t == 1:
             ghist, scale = stream.histograms("scale")
-            a = np.abs(np.asarray(scales, dtype=np.float64))
-            order = np.argsort(np.where(np.isfinite(a), a, 0.0), kind="stable")  # as scale_buckets
-            sums = ranked_class_sums(ghist, order, kk)
+            sums = ranked_class_sums(ghist, rans.scale_order(scales), kk)
             out += [Candidate("scale", k, t, c * scale) for k, c in zip(kk, sums, strict=True)]
         else:
             out += [Candidate("scale", k, t, stream.unit_counts(t, "scale", k, None)) for k in kk]
