@@ -113,3 +113,67 @@ def test_effort_max_finds_what_normal_skips():
     assert np.array_equal(read_artifact(full).qtensors["w"].codes, qts["w"].codes)
     with pytest.raises(QuantError, match="effort"):
         pack_qtensors(qts, effort="huge")
+
+
+def _jobs(seed=7):
+    """Streams of several shapes and alphabets, some with column structure."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for rows, cols, span in ((64, 512, 7), (128, 128, 1), (256, 256, 127), (40, 100, 7), (96, 700, 1)):
+        w = rng.normal(size=(rows, cols)) * np.where(rng.random(cols) < 0.3, 0.4, 1.5)
+        codes = np.clip(np.round(w * span / 3), -span, span).astype(np.int8)
+        ctx = _ctx(codes, scales=np.abs(w).max(1))
+        sym, _, nsym = codecs.Rans()._symbols(codes)
+        out.append((codes, ctx, (sym, nsym, codecs.geometry(ctx))))
+    return out
+
+
+def test_plan_of_many_streams_is_plan_of_each():
+    """Batching streams shares numpy calls, not decisions: each choice is the one it gets alone."""
+    jobs = _jobs()
+    together = search.plan([j for *_, j in jobs])
+    for (_, _, job), got in zip(jobs, together, strict=True):
+        alone = search.choose(*job)
+        assert (got.variant, got.k, got.t, got.prec, got.lanes) == (alone.variant, alone.k, alone.t,
+                                                                    alone.prec, alone.lanes)
+        assert (got.ids is None) == (alone.ids is None)
+        assert got.ids is None or np.array_equal(got.ids, alone.ids)
+        assert got.cost == pytest.approx(alone.cost, rel=1e-9)
+    assert {c.variant for c in together} > {"none"}  # the structured streams found contexts
+
+
+def test_search_side_data_is_what_the_encoder_would_make():
+    """Below BIG_SYMBOLS the search counts exactly, so the encoder reuses its tables and blobs:
+    they must equal what it computes from the codes themselves."""
+    for codes, ctx, (sym, nsym, geo) in _jobs(8):
+        c = search.choose(sym, nsym, geo)
+        assert c.side is not None
+        cvec = geo.context_vector(c.variant, c.k, c.ids, c.t)
+        counts = np.bincount(cvec * nsym + sym, minlength=c.k * nsym).reshape(c.k, nsym)
+        tables = rans.normalize_table(counts, c.prec)
+        assert np.array_equal(c.side.tables, tables)
+        fresh = rans.encode(sym, cvec, c.k, nsym, c.ids, tables, c.lanes, c.prec)
+        assert rans.encode(sym, cvec, c.k, nsym, c.ids, c.side.tables, c.lanes, c.prec, c.side.blobs) == fresh
+        data, params = codecs.Rans().encode(codes, ctx)
+        assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes)
+
+
+def test_lanes_for_is_the_fewest_the_step_bound_allows_plus_ilp():
+    n = np.array([10, 1 << 16, (1 << 16) + 1, 1 << 20, 1 << 20])
+    payload = np.array([1e3, 1e9, 10.0, 10.0, 1e9])
+    assert rans.lanes_for(n, payload).tolist() == [1, rans.ILP_LANES, 2, 16, 16]
+    assert rans.lanes_for(100, 8 * rans.FLUSH_SHARE) == 2  # 8 flush bytes fit, 16 do not
+    with pytest.raises(ValueError, match="exceed"):
+        rans.lanes_for(rans.MAX_LANES * rans.MAX_STEPS + 1, 1.0)
+
+
+def test_kmeans_batches_agree_with_single_problems():
+    rng = np.random.default_rng(9)
+    hists = [rng.poisson(rng.exponential(3, size=(n, m)) * (1 + (np.arange(n) % 3 == 0)[:, None]))
+             .astype(np.float32) for n, m in ((20, 5), (300, 40), (600, 255), (9, 3))]
+    kss = [[2, 4], [2, 4, 8, 16], [2, 16], [2, 4, 8]]
+    together = search.cluster_many(hists, kss)
+    for h, ks, got in zip(hists, kss, together, strict=True):
+        alone = search.cluster_items(h, ks)
+        assert all(np.array_equal(a, b) for a, b in zip(got, alone, strict=True))
+        assert all(g.max() < k for g, k in zip(got, ks, strict=True))

@@ -63,7 +63,8 @@ def pack_qtensors(
     """Entropy-pack QTensors into artifact bytes; one QTensor under two names is stored once.
 
     effort: "normal" (fast), or "max": a wider codec search for the last bytes (several
-    times slower; readers need nothing different).
+    times slower; readers need nothing different). The search ranks codings by estimates,
+    so "max" also packs at "normal" and keeps the smaller artifact: it is never larger.
     """
     if effort not in EFFORTS:
         raise QuantError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
@@ -72,10 +73,15 @@ def pack_qtensors(
         fmt.dumps(metadata)
     except (TypeError, ValueError) as exc:
         raise QuantError(f"metadata is not JSON-serializable: {exc}") from None
+    if effort == "max":
+        return min(_pack(qtensors, metadata, codecs, "normal"), _pack(qtensors, metadata, codecs, "max"), key=len)
+    return _pack(qtensors, metadata, codecs, effort)
+
+
+def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str) -> bytes:
     first_name: dict[int, str] = {}
     entries, aliases = [], []
-    chunks: list[bytes] = []
-    offset = 0
+    items: list[tuple[np.ndarray, StreamContext]] = []
     # Sorted names: the artifact must not depend on the dict's insertion order.
     for name in sorted(qtensors):
         qt = qtensors[name]
@@ -93,25 +99,28 @@ def pack_qtensors(
                 continue
             arr = np.ascontiguousarray(arr)
             dtype = _stream_dtype(arr, f"tensor {name} {kind}")
-            ctx = StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape),
-                                qt.scales if kind == "codes" and qt.scales is not None else None,
-                                effort)
-            if ctx.scales is not None:
-                ctx.scales = np.asarray(ctx.scales)
-            codec, params, data = codecs_mod.encode_best(arr, ctx, codecs)
-            streams[kind] = {
-                "codec": codec, "params": params, "offset": offset, "length": len(data),
-                "dtype": dtype, "shape": list(arr.shape), "sha256": _sha(arr, dtype),
-            }
-            chunks.append(data)
-            offset += len(data)
+            scales = np.asarray(qt.scales) if kind == "codes" and qt.scales is not None else None
+            items.append((arr, StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort)))
+            streams[kind] = {"dtype": dtype, "shape": list(arr.shape), "sha256": _sha(arr, dtype)}
         entries.append({
             "name": name, "shape": [int(d) for d in qt.shape], "dtype": str(qt.dtype),
             "format": qt.format, "params": qt.params, "streams": streams,
         })
+    # All streams are encoded together: codecs search the whole model in one go.
+    encoded = iter(codecs_mod.encode_all(items, codecs))
+    chunks: list[bytes] = []
+    offset = 0
+    for entry in entries:
+        for kind, stream in entry["streams"].items():
+            codec, params, data = next(encoded)
+            entry["streams"][kind] = {"codec": codec, "params": params, "offset": offset,
+                                      "length": len(data), **stream}
+            chunks.append(data)
+            offset += len(data)
     manifest = {"format": "rnpk", "version": fmt.VERSION, "metadata": metadata,
                 "tensors": entries + aliases}
-    return fmt.write_container(manifest, b"".join(chunks))
+    level = fmt.MANIFEST_ZSTD_LEVEL if effort == "max" else fmt.MANIFEST_QUICK_LEVEL
+    return fmt.write_container(manifest, b"".join(chunks), level)
 
 
 def _decode_stream(payload: memoryview, s: dict, kind: str, tensor: dict,

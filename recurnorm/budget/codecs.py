@@ -57,6 +57,7 @@ class StreamContext:
     tensor_shape: tuple[int, ...] = ()
     scales: np.ndarray | None = None
     effort: str = "normal"  # encoder only: how hard codecs search ("normal" or "max")
+    plan: Any = None  # encoder only: what a codec's prepare() worked out for this stream
 
     @property
     def numel(self) -> int:
@@ -77,6 +78,9 @@ class Codec:
         super().__init_subclass__(**kw)
         cls.name = name
         Codec.registry[name] = cls
+
+    def prepare(self, items: list[tuple[np.ndarray, StreamContext]]) -> None:
+        """Work out, for many streams at once, what candidates() needs (kept in ctx.plan)."""
 
     def candidates(self, arr: np.ndarray, ctx: StreamContext, best: int) -> list[tuple[bytes, dict]]:
         """Encodings worth trying (best = smallest size found so far)."""
@@ -343,18 +347,34 @@ class Rans(Codec, name="rans"):
             sym = flat.astype(np.int64) - rng[0]
         return sym, rng[0], rng[1] - rng[0] + 1
 
+    def prepare(self, items):
+        """One search for all codes streams (search.plan): small tensors share its calls."""
+        jobs, ctxs = [], []
+        for arr, ctx in items:
+            got = self._symbols(arr) if ctx.kind == "codes" else None
+            if got is not None:
+                jobs.append((got[0], got[2], geometry(ctx)))
+                ctxs.append(ctx)
+        for effort in sorted({c.effort for c in ctxs}):
+            picked = [i for i, c in enumerate(ctxs) if c.effort == effort]
+            for i, choice in zip(picked, search.plan([jobs[i] for i in picked], effort), strict=True):
+                ctxs[i].plan = choice
+
     def candidates(self, arr, ctx, best):
         got = self._symbols(arr)
         if got is None:
             return []
         sym, offset, nsym = got
         geo = geometry(ctx)
-        c = search.choose(sym, nsym, geo, ctx.effort)
+        c = ctx.plan if isinstance(ctx.plan, search.Choice) else search.choose(sym, nsym, geo, ctx.effort)
         cvec = geo.context_vector(c.variant, c.k, c.ids, c.t)
         tsym, nt = rans.to_tuples(sym, nsym, c.t), nsym ** c.t
-        counts = np.bincount(cvec * nt + tsym, minlength=c.k * nt).reshape(c.k, nt)
-        tables = rans.normalize_table(counts, c.prec)
-        body = rans.encode(tsym, cvec, c.k, nt, c.ids, tables, c.lanes, c.prec)
+        if c.side is not None:  # the search counted this stream exactly and made its side data
+            body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, c.lanes, c.prec, c.side.blobs)
+        else:
+            counts = np.bincount(cvec * nt + tsym, minlength=c.k * nt).reshape(c.k, nt)
+            tables = rans.normalize_table(counts, c.prec)
+            body = rans.encode(tsym, cvec, c.k, nt, c.ids, tables, c.lanes, c.prec)
         # Defaults stay out of the manifest: every byte of it counts against the cap.
         params = {"offset": offset, "nsym": nsym, "prec": c.prec, "lanes": c.lanes}
         if c.variant != "none":
@@ -419,6 +439,14 @@ class Rans(Codec, name="rans"):
 # ----------------------------------------------------------------- selection
 
 DEFAULT_CODECS = ("rans", "zstd", "raw")
+
+
+def encode_all(items: list[tuple[np.ndarray, StreamContext]], names=None) -> list[tuple[str, dict, bytes]]:
+    """encode_best of every (array, context), after each codec has prepared for all of them."""
+    names = list(names or DEFAULT_CODECS)
+    for name in names:
+        get(name).prepare(items)
+    return [encode_best(arr, ctx, names) for arr, ctx in items]
 
 
 def encode_best(arr: np.ndarray, ctx: StreamContext, names=None) -> tuple[str, dict, bytes]:

@@ -18,6 +18,7 @@ bit streams); `decode` still reads them."""
 from __future__ import annotations
 
 import struct
+import threading
 import warnings
 
 import constriction
@@ -249,9 +250,14 @@ _COMPACT_PARAMS = zstandard.ZstdCompressionParameters.from_level(
     19, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=False)
 
 
+_local = threading.local()
+
+
 def _pack_compact(raw: bytes) -> tuple[bytes, int]:
     """(blob, 1) as a magicless zstd frame when that is shorter, else (raw, 0)."""
-    z = zstandard.ZstdCompressor(compression_params=_COMPACT_PARAMS).compress(raw) if raw else b""
+    if not hasattr(_local, "zc"):  # one compressor per thread: making one costs more than small inputs
+        _local.zc = zstandard.ZstdCompressor(compression_params=_COMPACT_PARAMS)
+    z = _local.zc.compress(raw) if raw else b""
     return (z, 1) if len(z) < len(raw) else (raw, 0)
 
 
@@ -284,15 +290,18 @@ def _context_order(ctx: np.ndarray, k: int) -> np.ndarray:
 
 
 def encode(sym: np.ndarray, ctx: np.ndarray, k: int, nsym: int, ids: np.ndarray | None,
-           tables: np.ndarray, lanes: int = 0, prec: int = 0) -> bytes:
+           tables: np.ndarray, lanes: int = 0, prec: int = 0, side=None) -> bytes:
     """Encode symbols in [0, nsym) with the stored table [k, nsym] of each context id.
 
     lanes = 0: constriction, symbols grouped by context; else ilv_encode at 2**prec.
-    prec > 0 selects the compact header (varint lengths, side data raw or magicless zstd).
+    prec > 0 selects the compact header (varint lengths, side data raw or magicless zstd);
+    side: its ((table blob, zipped), (ids blob, zipped)) when already made (search.SideData).
     """
     if prec:
-        tblob, tz = _pack_compact(varint_encode(tables.ravel()))
-        iblob, iz = _pack_compact(ids.astype(np.uint8).tobytes()) if ids is not None else (b"", 0)
+        if side is None:
+            side = (_pack_compact(varint_encode(tables.ravel())),
+                    _pack_compact(ids.astype(np.uint8).tobytes()) if ids is not None else (b"", 0))
+        (tblob, tz), (iblob, iz) = side
         head = varint_encode(np.array([2 * len(tblob) + tz, 2 * len(iblob) + iz])) + tblob + iblob
     else:
         table_blob = _pack_blob(varint_encode(tables.ravel()))
@@ -370,16 +379,18 @@ def decode(tables: np.ndarray, ctx: np.ndarray, words: bytes, nsym: int) -> np.n
 _L = 1 << 16  # state lower bound; states live in [2**16, 2**32)
 
 
-def choose_lanes(n: int, payload_bytes: float) -> int:
-    """Lane count for n units: as few as the step bound allows (each costs 4 flush bytes),
-    up to ILP_LANES while those bytes stay under payload / FLUSH_SHARE."""
-    lanes = 1
-    while lanes < ILP_LANES and 4 * (2 * lanes) <= payload_bytes / FLUSH_SHARE:
-        lanes *= 2
-    while -(-n // lanes) > MAX_STEPS:
-        lanes *= 2
-    if lanes > MAX_LANES:
-        raise ValueError(f"{n} units exceed the interleaved coder's {MAX_LANES * MAX_STEPS}")
+def lanes_for(n, payload_bytes) -> np.ndarray:
+    """Lane counts for n units (arrays broadcast): as few as the step bound allows (each
+    lane costs 4 flush bytes), up to ILP_LANES while those bytes stay under payload / FLUSH_SHARE."""
+    n = np.asarray(n, dtype=np.int64)
+    budget = np.asarray(payload_bytes, dtype=np.float64) / FLUSH_SHARE
+    lanes = np.ones(np.broadcast(n, budget).shape, dtype=np.int64)
+    while np.any(grow := (lanes < ILP_LANES) & (8 * lanes <= budget)):
+        lanes = np.where(grow, 2 * lanes, lanes)
+    while np.any(grow := -(-n // lanes) > MAX_STEPS):
+        lanes = np.where(grow, 2 * lanes, lanes)
+    if np.any(lanes > MAX_LANES):
+        raise ValueError(f"{int(n.max())} units exceed the interleaved coder's {MAX_LANES * MAX_STEPS}")
     return lanes
 
 

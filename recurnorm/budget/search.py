@@ -1,17 +1,20 @@
 """How a rans stream is coded: its context, classes, tuple size and table precision.
 
-`choose(sym, nsym, geometry)` scores every candidate by an estimate of its
+`plan(jobs)` scores every candidate of every stream by an estimate of its
 bytes: order-0; the code row's scale bucket; row or column classes of the
 tensor's 2-D view (k-means on code length), each for several class counts k.
-Candidates are built and scored together, vectorized across k and across
-table precisions, because on small tensors numpy's per-call overhead, not
-arithmetic, is what a search spends. Only the leaders are scored at every
-precision, and only the finalists get their side data (tables, class ids)
-compacted for real. `EFFORTS` sets how wide it looks.
+All of a model's streams are searched together: their k-means problems run as
+padded batches and their candidates are scored in the same arrays, vectorized
+across k and table precisions, because on small tensors numpy's per-call
+overhead, not arithmetic, is what a search spends. A first pass ranks every
+candidate by ideal code lengths; the leaders are scored at every precision,
+and the finalists get their side data (tables, class ids) made for real,
+which the encoder then writes as is. `EFFORTS` sets how wide it looks.
 
 Counts of big streams come from a strided sample (scaled up): they only rank
-the candidates; the encoder counts the chosen one exactly.
-"""
+the candidates; the encoder counts the chosen one exactly. Matrix products
+run on integer-valued arrays whose sums are exact, so a BLAS's summation order
+never changes a choice: the same bytes on every machine."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import numpy as np
 from . import rans
 
 PRECS = (8, 10, 12, 14, 16)
-FIRST_PREC = 12  # the first pass scores every candidate at this one precision
+FIRST_PREC = 12  # the first pass prices every candidate's tables at this one precision
 FIT_SLOTS = 2  # a table needs this many slots per used symbol (but the finest is always tried)
 MIN_CONTEXT_SYMBOLS = 4096  # below this, contexts never pay for their tables
 MID_SYMBOLS = 1 << 15  # from here on Effort.ks are tried (below: Effort.small_ks)
@@ -34,6 +37,7 @@ KMEANS_ITEMS = 256  # cluster on at most this many items, then assign all
 KMEANS_BINS = 16  # k-means compares items over at most this many symbol bins
 HEADER_BYTES = 8  # the compact header's two varints, about
 _LOG_PRIOR = 0.5  # add-half prior when estimating class costs
+LENGTH_BITS = 10  # k-means code lengths in 1/1024 bits (integers: exact sums)
 
 
 @dataclass(frozen=True)
@@ -46,17 +50,19 @@ class Effort:
     leaders: int  # candidates scored at every precision
     finalists: int  # (candidate, precision) pairs whose side data is compacted for real
     kmeans_iters: int
+    per_symbol: int  # contexts are tried on streams of at least this many codes per alphabet symbol
 
 
 EFFORTS = {
     # Measured on trained checkpoints: below 32K codes a second table is all a context
-    # can pay for; big streams have cheap tables, so more classes win there; 4 k-means
-    # iterations find the classes 8 do.
+    # can pay for, and with fewer than 128 codes per symbol not even that (0 of 32 int8
+    # tensors of 16K codes took one); big streams have cheap tables, so more classes win
+    # there; 4 k-means iterations find the classes 8 do.
     "normal": Effort(small_ks=(2,), ks=(2, 4, 8, 16), big_ks=(4, 16), leaders=3, finalists=3,
-                     kmeans_iters=4),
+                     kmeans_iters=4, per_symbol=128),
     # The last bytes under a hard cap: every k everywhere, every candidate scored fully.
     "max": Effort(small_ks=(2, 4, 8, 16), ks=(2, 4, 8, 16), big_ks=(2, 4, 8, 16), leaders=64,
-                  finalists=8, kmeans_iters=8),
+                  finalists=8, kmeans_iters=8, per_symbol=0),
 }
 
 
@@ -100,6 +106,7 @@ class Choice:
     prec: int
     lanes: int
     cost: float  # estimated bytes
+    side: SideData | None = None  # measured side data, when the search counted exactly
 
 
 # ----------------------------------------------------------------- clustering
@@ -114,22 +121,23 @@ def axis_histograms(part: np.ndarray, axis: int, nsym: int) -> np.ndarray:
     return hist.reshape(n_items, nsym).astype(np.float32)
 
 
-def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b via einsum: BLAS thread start-up thrashes busy machines, and einsum's bits never vary."""
-    return np.einsum("ij,jk->ik", a, b)
+def class_sums_all(hist: np.ndarray, ids_list, ks) -> list[np.ndarray]:
+    """[k, nsym] sums of the item histograms in each class, for several clusterings at once.
+
+    One 0/1 membership matrix product. Histograms hold integer counts (below 2**24), so
+    the sums are exact in any order a BLAS adds them: the same on every machine.
+    """
+    n_items = hist.shape[0]
+    first = np.cumsum([0] + list(ks))
+    keys = np.concatenate([np.asarray(ids, dtype=np.int64) + a for ids, a in zip(ids_list, first, strict=False)])
+    member = np.zeros((first[-1], n_items), dtype=hist.dtype)
+    member[keys, np.tile(np.arange(n_items), len(ks))] = 1
+    return np.split(member @ hist, first[1:-1])
 
 
 def class_sums(hist: np.ndarray, ids: np.ndarray, k: int) -> np.ndarray:
     """[k, nsym] sums of the item histograms in each class."""
-    # Sort + reduceat: no BLAS (thread start-up thrashes busy machines), no slow ufunc.at.
-    order = np.argsort(ids, kind="stable")
-    sizes = np.bincount(ids, minlength=k)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    out = np.zeros((k, hist.shape[1]), dtype=hist.dtype)
-    full = sizes > 0
-    if full.any():
-        out[full] = np.add.reduceat(hist[order], starts[full], axis=0)
-    return out
+    return class_sums_all(hist, [ids], [k])[0]
 
 
 def spread_order(hist: np.ndarray) -> np.ndarray:
@@ -144,13 +152,10 @@ def spread_order(hist: np.ndarray) -> np.ndarray:
 def ranked_class_sums(hist: np.ndarray, order: np.ndarray, ks) -> list[np.ndarray]:
     """class_sums of rans.rank_buckets(order, k) for every k at once: runs are contiguous in order."""
     n = len(order)
-    run = np.zeros((n + 1, hist.shape[1]))
-    np.cumsum(hist[order], axis=0, out=run[1:])
-    out = []
-    for k in ks:
-        bounds = -(-np.arange(k + 1) * n // k)  # first rank of each run: ceil(j * n / k)
-        out.append(np.diff(run[bounds], axis=0))
-    return out
+    bounds = [-(-np.arange(k + 1) * n // k) for k in ks]  # first rank of each run: ceil(j * n / k)
+    cuts = np.unique(np.concatenate(bounds))  # every k's runs are unions of these (non-empty) runs
+    fine = np.add.reduceat(hist[order], cuts[:-1], axis=0)
+    return [np.add.reduceat(fine, np.searchsorted(cuts, b[:-1]), axis=0) for b in bounds]
 
 
 def coarse_bins(hist: np.ndarray, bins: int | None = None) -> np.ndarray:
@@ -168,48 +173,113 @@ def coarse_bins(hist: np.ndarray, bins: int | None = None) -> np.ndarray:
     return np.add.reduceat(hist, edges[edges < nsym], axis=1)
 
 
-def cluster_items(hist: np.ndarray, ks, iters: int = 4) -> list[np.ndarray]:
-    """Group items into k classes by their symbol histograms, for every k in ks.
+def _code_lengths(sums: np.ndarray, bins: np.ndarray) -> np.ndarray:
+    """Integer-valued -log2 p * 2**LENGTH_BITS of each class's bins (0 on padding bins).
 
-    k-means on code length, started from spread-ranked classes (deterministic), over
-    coarse symbol bins; all ks share one assignment product per iteration, since on
-    small tensors the number of numpy calls, not their size, is what costs.
+    Integers, so that the cost products below are exact in float64 whatever order a
+    BLAS sums them in: k-means gives the same classes on every machine.
     """
-    n_items = hist.shape[0]
-    ks = list(ks)
-    K, C = len(ks), sum(ks)
-    order = spread_order(hist)
-    ids = np.stack([rans.rank_buckets(order, k) for k in ks])  # [K, n_items]
-    coarse = coarse_bins(hist)
-    first = np.cumsum([0] + ks[:-1])[:, None]  # first centroid of each k
-    # Many items: iterate on an evenly strided sample, then assign every item once.
-    sample = np.arange(0, n_items, max(1, n_items // KMEANS_ITEMS))
-    sub, sid = coarse[sample], ids[:, sample]
-    stacked = np.tile(sub, (K, 1))
+    cls = sums + _LOG_PRIOR * bins
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bits = -np.log2(cls / cls.sum(axis=-1, keepdims=True))
+    return np.where(bins > 0, np.rint(bits * (1 << LENGTH_BITS)), 0.0)
 
-    def assign(h: np.ndarray, logp: np.ndarray) -> np.ndarray:
-        cost = _matmul(h, -logp.T)
-        return np.stack([cost[:, a : a + k].argmin(axis=1) for a, k in zip(first[:, 0], ks, strict=True)])
 
-    logp = None
+def _relabel(ids: np.ndarray, kmax: int) -> np.ndarray:
+    """Class ids [S, items] renumbered by first appearance (equal clusterings, equal bytes)."""
+    seen = ids[:, :, None] == np.arange(kmax)
+    first = np.where(seen.any(axis=1), seen.argmax(axis=1), ids.shape[1])  # [S, kmax]
+    rank = np.argsort(np.argsort(first, axis=1, kind="stable"), axis=1, kind="stable")
+    return np.take_along_axis(rank, ids, axis=1)
+
+
+def _ranked_start(hist: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """[S, items] spread-ranked classes: rans.rank_buckets(spread_order(hist), k) for each k."""
+    rank = np.empty(len(hist), dtype=np.int64)
+    rank[spread_order(hist)] = np.arange(len(hist))
+    return rank[None, :] * slots[:, None] // max(len(hist), 1)
+
+
+def _kmeans(hists: list[np.ndarray], slots: list[int], iters: int) -> list[np.ndarray]:
+    """[S, items] classes of every problem for every k in slots: one padded batch.
+
+    Exact integer costs (see _code_lengths) make each matmul's result independent of
+    how BLAS sums it; each centroid's index in its block is folded into the low bits
+    of its cost, so a block's minimum is its argmin (lowest index on ties).
+    """
+    P, B = len(hists), KMEANS_BINS
+    ks = np.asarray(slots)
+    first = np.cumsum([0] + slots)
+    block = np.repeat(np.arange(len(slots)), slots)  # the k slot of each centroid
+    local = (np.arange(first[-1]) - first[block])[:, None].astype(np.float64)
+    fold = float(1 << int(slots[-1]).bit_length())
+    coarse = [coarse_bins(h) for h in hists]
+    samples = [np.arange(0, len(h), max(1, len(h) // KMEANS_ITEMS)) for h in hists]
+    imax = max(len(smp) for smp in samples)
+    X = np.zeros((P, imax, B))  # sampled coarse histograms, zero-padded (items and bins)
+    bins = np.zeros((P, 1, B))
+    ids = np.zeros((P, len(slots), imax), dtype=np.int64)
+    starts = []
+    for p, (h, c, smp) in enumerate(zip(hists, coarse, samples, strict=True)):
+        X[p, : len(smp), : c.shape[1]] = c[smp]
+        bins[p, 0, : c.shape[1]] = 1
+        starts.append(_ranked_start(h, ks))
+        ids[p, :, : len(smp)] = starts[-1][:, smp]
+
+    def lengths(cur: np.ndarray) -> np.ndarray:  # [P, C, B]: code lengths of each class
+        member = (cur[:, block, :] == local[None]).astype(np.float64)  # [P, C, items]
+        return _code_lengths(np.matmul(member, X), bins)
+
+    def assign(h: np.ndarray, ln: np.ndarray) -> np.ndarray:  # [.., items, B], [.., C, B] -> [.., S, items]
+        cost = np.matmul(ln, np.swapaxes(h, -1, -2)) * fold + local  # [.., C, items]
+        low = np.stack([cost[..., a:b, :].min(axis=-2) for a, b in zip(first[:-1], first[1:], strict=True)],
+                       axis=-2)  # (a min across rows is fast; minimum.reduceat is not)
+        return (low % fold).astype(np.int64)
+
+    ln = None
     for _ in range(iters):
-        cls = class_sums(stacked, (sid + first).ravel(), C) + _LOG_PRIOR
-        logp = np.log2(cls / cls.sum(axis=1, keepdims=True))
-        new = assign(sub, logp)
-        if np.array_equal(new, sid):
+        ln = lengths(ids)
+        new = assign(X, ln)
+        if np.array_equal(new, ids):
             break
-        sid = new
-    if len(sample) == n_items:
-        ids = sid
-    elif logp is not None:
-        ids = assign(coarse, logp)
+        ids = new
     out = []
-    for k, row in zip(ks, ids, strict=True):  # relabel by first appearance so equal clusterings give equal bytes
-        _, at = np.unique(row, return_index=True)
-        remap = np.zeros(k, dtype=np.int64)
-        remap[row[np.sort(at)]] = np.arange(len(at))
-        out.append(remap[row])
+    for p, (c, smp) in enumerate(zip(coarse, samples, strict=True)):
+        if len(smp) == len(c):
+            got = ids[p, :, : len(smp)]
+        elif ln is None:  # no iterations: the ranked start
+            got = starts[p]
+        else:  # iterated on a strided sample: now assign every item once
+            full = np.zeros((len(c), B))
+            full[:, : c.shape[1]] = c
+            got = assign(full, ln[p])
+        out.append(_relabel(got, slots[-1]))
     return out
+
+
+def cluster_many(hists: list[np.ndarray], kss: list, iters: int = 4) -> list[list[np.ndarray]]:
+    """Group each problem's items into k classes by their symbol histograms, for every k.
+
+    hists[p]: [items, nsym] histograms of problem p (a stream's rows or columns); kss[p]:
+    the class counts it wants. k-means on code length, started from spread-ranked
+    classes (deterministic), over coarse symbol bins. Problems that want the same ks
+    run as one padded batch, a few array calls per iteration for all of them, because
+    on small tensors the number of numpy calls, not their size, is what a search spends.
+    """
+    out: list[list[np.ndarray]] = [[] for _ in hists]
+    batches: dict[tuple[int, ...], list[int]] = {}
+    for p, ks in enumerate(kss):
+        if len(ks):
+            batches.setdefault(tuple(sorted(set(ks))), []).append(p)
+    for slots, members in batches.items():
+        for p, got in zip(members, _kmeans([hists[p] for p in members], list(slots), iters), strict=True):
+            out[p] = [got[slots.index(k)] for k in kss[p]]
+    return out
+
+
+def cluster_items(hist: np.ndarray, ks, iters: int = 4) -> list[np.ndarray]:
+    """cluster_many for one problem."""
+    return cluster_many([hist], [list(ks)], iters)[0]
 
 
 # ----------------------------------------------------------------- candidates
@@ -225,6 +295,9 @@ class _Stream:
 
     def __init__(self, sym: np.ndarray, nsym: int, geo: Geometry):
         self.sym, self.nsym, self.geo = sym, nsym, geo
+        self.t = tuple_size(nsym, sym.size)
+        self.units = -(-sym.size // self.t)
+        self.big = self.units >= BIG_SYMBOLS
         self._units: dict[int, np.ndarray] = {}
         self._totals: dict[int, np.ndarray] = {}
         self._hists: dict[str, tuple[np.ndarray, float]] = {}
@@ -277,36 +350,59 @@ class _Stream:
         return counts
 
 
-def candidates(stream: _Stream, t: int, effort: Effort = EFFORTS["normal"]) -> list[Candidate]:
-    """Every context worth scoring for units of t symbols."""
-    sym, nsym, geo = stream.sym, stream.nsym, stream.geo
-    out = [Candidate("none", 1, t, stream.total(t)[None, :].astype(np.float64))]
-    if sym.size < MIN_CONTEXT_SYMBOLS or nsym < 2:
-        return out
-    ks = (effort.big_ks if sym.size >= BIG_SYMBOLS else effort.small_ks if sym.size < MID_SYMBOLS
-          else effort.ks)
-    G, scales = geo.code_rows, geo.scales
-    if scales is not None and G >= 4 and len(scales) == G and G * nsym <= CLUSTER_MAX_CELLS:
-        kk = [k for k in ks if k < G]
-        if t == 1:
-            ghist, scale = stream.histograms("scale")
-            sums = ranked_class_sums(ghist, rans.scale_order(scales), kk)
-            out += [Candidate("scale", k, t, c * scale) for k, c in zip(kk, sums, strict=True)]
-        else:
-            out += [Candidate("scale", k, t, stream.unit_counts(t, "scale", k, None)) for k in kk]
+def _class_problems(stream: _Stream, ks) -> list[tuple[str, np.ndarray, float, list[int]]]:
+    """(variant, item histograms, sample factor, class counts) of each row/col clustering."""
+    geo = stream.geo
     numel = geo.rows * geo.cols
-    if numel == 0 or numel > sym.size or not geo.matrix:
-        return out
+    if numel == 0 or numel > stream.sym.size or not geo.matrix:
+        return []
+    out = []
     for variant, n_items in (("row", geo.rows), ("col", geo.cols)):
-        if n_items < 4 or n_items * nsym > CLUSTER_MAX_CELLS or n_items > 255 * 4096:
+        if n_items < 4 or n_items * stream.nsym > CLUSTER_MAX_CELLS or n_items > 255 * 4096:
             continue
         hist, scale = stream.histograms(variant)
-        kk = [k for k in ks if k < n_items]
-        for k, ids in zip(kk, cluster_items(hist, kk, effort.kmeans_iters), strict=True):
-            counts = (stream.class_counts(class_sums(hist, ids, k), scale) if t == 1
-                      else stream.unit_counts(t, variant, k, ids))
-            out.append(Candidate(variant, k, t, counts, ids))
+        out.append((variant, hist, scale, [k for k in ks if k < n_items]))
     return out
+
+
+def candidates_many(streams: list[_Stream], effort: Effort = EFFORTS["normal"]) -> list[list[Candidate]]:
+    """Every context worth scoring, per stream: order-0, scale buckets, row/col classes.
+
+    The row/col clusterings of all streams run as one batch (cluster_many).
+    """
+    out, problems = [], []
+    for j, st in enumerate(streams):
+        sym, nsym, geo, t = st.sym, st.nsym, st.geo, st.t
+        cands = [Candidate("none", 1, t, st.total(t)[None, :].astype(np.float64))]
+        out.append(cands)
+        if sym.size < max(MIN_CONTEXT_SYMBOLS, effort.per_symbol * nsym) or nsym < 2:
+            continue
+        ks = (effort.big_ks if sym.size >= BIG_SYMBOLS else effort.small_ks if sym.size < MID_SYMBOLS
+              else effort.ks)
+        G, scales = geo.code_rows, geo.scales
+        if scales is not None and G >= 4 and len(scales) == G and G * nsym <= CLUSTER_MAX_CELLS:
+            kk = [k for k in ks if k < G]
+            if t == 1:
+                ghist, scale = st.histograms("scale")
+                sums = ranked_class_sums(ghist, rans.scale_order(scales), kk)
+                cands += [Candidate("scale", k, t, c * scale) for k, c in zip(kk, sums, strict=True)]
+            else:
+                cands += [Candidate("scale", k, t, st.unit_counts(t, "scale", k, None)) for k in kk]
+        problems += [(j, *prob) for prob in _class_problems(st, ks) if prob[3]]
+    clusterings = cluster_many([p[2] for p in problems], [p[4] for p in problems], effort.kmeans_iters)
+    for (j, variant, hist, scale, kk), idsets in zip(problems, clusterings, strict=True):
+        st = streams[j]
+        if st.t == 1:
+            counts = [st.class_counts(c, scale) for c in class_sums_all(hist, idsets, kk)]
+        else:
+            counts = [st.unit_counts(st.t, variant, k, ids) for k, ids in zip(kk, idsets, strict=True)]
+        out[j] += [Candidate(variant, k, st.t, c, ids) for k, c, ids in zip(kk, counts, idsets, strict=True)]
+    return out
+
+
+def candidates(stream: _Stream, effort: Effort = EFFORTS["normal"]) -> list[Candidate]:
+    """candidates_many for one stream."""
+    return candidates_many([stream], effort)[0]
 
 
 # ----------------------------------------------------------------- scoring
@@ -330,10 +426,44 @@ class Scores:
         return np.where(self.fits, self.payload + self.side + 4 * self.lanes + HEADER_BYTES, np.inf)
 
 
-def score(cands: list[Candidate], units: int, precs, big: bool) -> Scores:
-    """All candidates' rows at every precision in one vectorized pass."""
-    counts = np.concatenate([c.counts for c in cands])
-    starts = np.cumsum([0] + [c.counts.shape[0] for c in cands[:-1]])
+def _stacked_counts(cands: list[Candidate]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(all candidates' count rows, zero-padded to one width; first row of each; row widths)."""
+    rows = [c.counts.shape[0] for c in cands]
+    starts = np.cumsum([0] + rows[:-1])
+    width = max(c.counts.shape[1] for c in cands)
+    counts = np.zeros((sum(rows), width))
+    for c, a in zip(cands, starts, strict=True):
+        counts[a : a + c.counts.shape[0], : c.counts.shape[1]] = c.counts
+    widths = np.repeat([c.counts.shape[1] for c in cands], rows)
+    return counts, starts, widths
+
+
+def rough_total(cands: list[Candidate], units, big) -> np.ndarray:
+    """Estimated bytes of each candidate for the first pass: ideal code lengths of its counts
+    plus its tables' varints at FIRST_PREC (no table normalization: that is for the leaders)."""
+    big = np.broadcast_to(np.asarray(big, dtype=bool), (len(cands),))
+    counts, starts, widths = _stacked_counts(cands)
+    tot = counts.sum(axis=1)
+    # sum c log2(T / c) = T log2 T - sum c log2 c (counts below 1, from scaled samples, count as 1)
+    bits = tot * np.log2(np.maximum(tot, 1)) - (counts * np.log2(np.maximum(counts, 1))).sum(axis=1)
+    # A slot count of at least 128 takes a second varint byte (FIRST_PREC < 14: never a third).
+    two_byte = ((counts > 0) & (counts >= (127.5 / (1 << FIRST_PREC)) * tot[:, None])).sum(axis=1)
+    tbytes = np.add.reduceat(widths + two_byte, starts)
+    payload = np.add.reduceat(bits, starts) / 8
+    id_bytes = np.array([0.0 if c.ids is None else len(c.ids) * np.log2(c.k) / 8 for c in cands])
+    lanes = rans.lanes_for(np.asarray(units, dtype=np.int64), payload)
+    return payload + tbytes * np.where(big, 0.75, 1.0) + id_bytes + 4 * lanes + HEADER_BYTES
+
+
+def score(cands: list[Candidate], units, precs, big) -> Scores:
+    """All candidates' rows at every precision in one vectorized pass.
+
+    units, big: each candidate's stream size in coded units and whether it is big
+    (one value for all, or one per candidate: candidates of many streams score together).
+    """
+    units = np.broadcast_to(np.asarray(units, dtype=np.int64), (len(cands),))
+    big = np.broadcast_to(np.asarray(big, dtype=bool), (len(cands),))
+    counts, starts, widths = _stacked_counts(cands)
     icounts = np.rint(counts).astype(np.int64)
     used_rows = (icounts > 0).sum(axis=1)
     P, R = len(precs), len(counts)
@@ -350,23 +480,49 @@ def score(cands: list[Candidate], units: int, precs, big: bool) -> Scores:
     bits = -(np.tile(counts, (P, 1)) * np.where(tables > 0, logp, -30.0)).sum(axis=1)
     offsets = (np.arange(P)[:, None] * R + starts[None, :]).ravel()
     payload = np.add.reduceat(bits, offsets).reshape(P, -1) / 8
-    tbytes = np.add.reduceat(_varint_bytes(tables).sum(axis=1), offsets).reshape(P, -1)
+    # Padding columns hold 0 and would add one varint byte each: count the real ones only.
+    vb = np.where(np.arange(counts.shape[1]) < np.tile(widths, P)[:, None],
+                  _varint_bytes(tables), 0)
+    tbytes = np.add.reduceat(vb.sum(axis=1), offsets).reshape(P, -1)
     id_bytes = np.array([0.0 if c.ids is None else len(c.ids) * np.log2(c.k) / 8 for c in cands])
-    side = tbytes * (0.75 if big else 1.0) + id_bytes[None, :]
-    lanes = np.array([[rans.choose_lanes(units, p) for p in row] for row in payload], dtype=np.int64)
+    side = tbytes * np.where(big, 0.75, 1.0)[None, :] + id_bytes[None, :]
+    lanes = rans.lanes_for(units[None, :], payload)
     used = np.maximum.reduceat(used_rows, starts)
     fits = used[None, :] * FIT_SLOTS <= np.left_shift(1, np.asarray(precs, dtype=np.int64))[:, None]
     fits[-1] |= used <= 1 << precs[-1]  # the finest table is always allowed
     return Scores(payload, side, lanes, fits)
 
 
-def side_bytes(c: Candidate, prec: int) -> int:
-    """Measured side data: the compacted table and class ids, as the encoder writes them."""
-    tables = rans.normalize_table(np.rint(c.counts).astype(np.int64), prec)
-    n = len(rans._pack_compact(rans.varint_encode(tables.ravel()))[0])
-    if c.ids is not None:
-        n += len(rans._pack_compact(c.ids.astype(np.uint8).tobytes())[0])
-    return n
+@dataclass(frozen=True)
+class SideData:
+    """A candidate's side data exactly as the encoder writes it (rans.encode's side=)."""
+
+    tables: np.ndarray  # [k, nsym**t] normalized
+    blobs: tuple[tuple[bytes, int], tuple[bytes, int]]  # (blob, zipped) of the tables and the class ids
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.blobs[0][0]) + len(self.blobs[1][0])
+
+
+def side_data_many(pairs: list[tuple[Candidate, int]]) -> list[SideData]:
+    """Side data of (candidate, precision) pairs: normalized, varint-coded and compacted as
+    the encoder does it (one normalization and one varint pass for all)."""
+    if not pairs:
+        return []
+    cands = [c for c, _ in pairs]
+    counts, starts, widths = _stacked_counts(cands)
+    precs = np.repeat([p for _, p in pairs], [c.counts.shape[0] for c in cands])
+    tables = rans.normalize_table(np.rint(counts).astype(np.int64), precs)
+    real = np.arange(tables.shape[1])[None, :] < widths[:, None]
+    raw = rans.varint_encode(tables[real])  # row-major: each candidate's table, in order
+    ends = np.cumsum(np.add.reduceat(np.where(real, _varint_bytes(tables), 0).sum(axis=1), starts))
+    out = []
+    for c, a, b, r in zip(cands, np.concatenate([[0], ends[:-1]]), ends, starts, strict=True):
+        ids = rans._pack_compact(c.ids.astype(np.uint8).tobytes()) if c.ids is not None else (b"", 0)
+        table = tables[r : r + c.counts.shape[0], : c.counts.shape[1]]
+        out.append(SideData(table, (rans._pack_compact(raw[a:b]), ids)))
+    return out
 
 
 def tuple_size(nsym: int, n: int) -> int:
@@ -383,32 +539,76 @@ def tuple_size(nsym: int, n: int) -> int:
     return t
 
 
-def choose(sym: np.ndarray, nsym: int, geo: Geometry, effort: str = "normal") -> Choice:
-    """The cheapest coding found for symbols in [0, nsym) laid out as `geo` says."""
-    how = EFFORTS[effort]
-    stream = _Stream(sym, nsym, geo)
-    t = tuple_size(nsym, sym.size)
-    units = -(-sym.size // t)
-    big = units >= BIG_SYMBOLS
-    cands = candidates(stream, t, how)
+def _flat(streams, per_job: dict[int, list[Candidate]]):
+    """Candidates of several streams in one list, with each one's stream size and job."""
+    jobs = list(per_job)
+    flat = [c for j in jobs for c in per_job[j]]
+    units = [streams[j].units for j in jobs for _ in per_job[j]]
+    big = [streams[j].big for j in jobs for _ in per_job[j]]
+    bounds = np.cumsum([0] + [len(per_job[j]) for j in jobs])
+    return jobs, flat, units, big, bounds
+
+
+def _choose_group(streams: list[_Stream], cands: list[list[Candidate]], group: list[int],
+                  how: Effort) -> dict[int, Choice]:
+    """Choices for streams whose unit alphabets are about as wide: scored together."""
     # First pass at one precision; every precision for the leaders only.
-    leaders = cands
-    if len(cands) > how.leaders:
-        first = score(cands, units, (FIRST_PREC,), big).total()[0]
-        leaders = [cands[i] for i in np.argsort(first, kind="stable")[: how.leaders]]
-    s = score(leaders, units, PRECS, big)
+    leaders = {j: cands[j] for j in group}
+    wide = {j: cands[j] for j in group if len(cands[j]) > how.leaders}
+    if wide:
+        jobs, flat, units, big, bounds = _flat(streams, wide)
+        first = rough_total(flat, units, big)
+        for j, a, b in zip(jobs, bounds, bounds[1:], strict=False):
+            leaders[j] = [cands[j][i] for i in np.argsort(first[a:b], kind="stable")[: how.leaders]]
+    jobs, flat, units, big, bounds = _flat(streams, leaders)
+    s = score(flat, units, PRECS, big)
     total = s.total()
-    pairs = sorted((float(total[j, i]), i, j) for i in range(len(leaders)) for j in range(len(PRECS))
-                   if np.isfinite(total[j, i]))
-    best = None
-    for cost, i, j in pairs[: how.finalists] if not big else pairs[:1]:
-        fixed = float(s.payload[j, i]) + 4 * int(s.lanes[j, i]) + HEADER_BYTES
-        if not big:  # small streams: side data decides close calls, so measure it
-            if best is not None and fixed >= best[0]:
-                continue  # loses even with free side data
-            cost = fixed + side_bytes(leaders[i], PRECS[j])
-        if best is None or (cost, i, j) < best[:3]:
-            best = (cost, i, j)
-    cost, i, j = best
-    c = leaders[i]
-    return Choice(c.variant, c.k, c.t, c.ids, PRECS[j], int(s.lanes[j, i]), cost)
+    fixed = s.payload + 4 * s.lanes + HEADER_BYTES
+    finalists = {}
+    for j, a, b in zip(jobs, bounds, bounds[1:], strict=False):
+        pairs = sorted((float(total[q, i]), i - a, q) for i in range(a, b) for q in range(len(PRECS))
+                       if np.isfinite(total[q, i]))
+        finalists[j] = pairs[:1] if streams[j].big else pairs[: how.finalists]
+    # Small streams: side data decides close calls, so it is measured; round r measures every
+    # stream's r-th finalist at once, unless even free side data could not beat its best so far.
+    # Their counts are exact (no sampling below BIG_SYMBOLS), so the encoder reuses what the
+    # winner's measurement made.
+    best = {j: (*finalists[j][0], None) for j in jobs if streams[j].big}
+    start = dict(zip(jobs, bounds, strict=False))
+    for r in range(max(len(f) for f in finalists.values())):
+        measure = [(j, a + i, q) for j, a in zip(jobs, bounds, strict=False) if not streams[j].big
+                   for _, i, q in finalists[j][r : r + 1]
+                   if j not in best or float(fixed[q, a + i]) < best[j][0]]
+        sides = side_data_many([(flat[i], PRECS[q]) for _, i, q in measure])
+        for (j, i, q), side in zip(measure, sides, strict=True):
+            got = (float(fixed[q, i]) + side.nbytes, i - start[j], q, side)
+            best[j] = min(best.get(j, got), got, key=lambda b: b[:3])
+    out = {}
+    for j, a in zip(jobs, bounds, strict=False):
+        cost, i, q, side = best[j]
+        c = leaders[j][i]
+        out[j] = Choice(c.variant, c.k, c.t, c.ids, PRECS[q], int(s.lanes[q, a + i]), cost, side)
+    return out
+
+
+def plan(jobs: list[tuple[np.ndarray, int, Geometry]], effort: str = "normal") -> list[Choice]:
+    """The cheapest coding found for each stream (symbols in [0, nsym), laid out as geo says).
+
+    All streams are searched together, so a model's many small tensors share each numpy
+    call instead of paying its overhead once per tensor.
+    """
+    how = EFFORTS[effort]
+    streams = [_Stream(sym, nsym, geo) for sym, nsym, geo in jobs]
+    cands = candidates_many(streams, how)
+    groups: dict[int, list[int]] = {}
+    for j, st in enumerate(streams):  # unit alphabets of about one width share a padded array
+        groups.setdefault((st.nsym ** st.t - 1).bit_length(), []).append(j)
+    out: dict[int, Choice] = {}
+    for group in groups.values():
+        out.update(_choose_group(streams, cands, group, how))
+    return [out[j] for j in range(len(streams))]
+
+
+def choose(sym: np.ndarray, nsym: int, geo: Geometry, effort: str = "normal") -> Choice:
+    """The cheapest coding found for one stream."""
+    return plan([(sym, nsym, geo)], effort)[0]
