@@ -88,17 +88,41 @@ def test_kernel_reads_hostile_tables_as_the_reference():
         rans.ilv_encode(sym, ctx, np.zeros_like(freq), 8, 2)
 
 
+@kernel
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), rows=st.integers(0, 70), cols=st.integers(1, 90),
+       nsym=st.sampled_from([1, 3, 15, 255, 4096]), axis=st.integers(0, 1), stride=st.integers(1, 4))
+def test_kernel_histograms_equal_numpy_reference(seed, rows, cols, nsym, axis, stride):
+    from recurnorm.budget import search
+
+    sym = np.random.default_rng(seed).integers(0, nsym, rows * cols + 5)
+    mat = sym[: rows * cols].reshape(rows, cols)
+    part = mat[:, ::stride] if axis == 0 else mat[::stride]
+    got = np.zeros(((rows, cols)[axis], nsym), np.float32)
+    rans._ransc.histograms(sym.astype(np.uint16), rows, cols, nsym, axis, stride, got)
+    assert np.array_equal(got, search.axis_histograms(part, axis, nsym))
+    if rows * cols:  # a symbol past the alphabet is refused, not counted out of bounds
+        with pytest.raises(ValueError, match="out of range"):
+            rans._ransc.histograms(np.full(rows * cols, nsym, np.uint16), rows, cols, nsym, axis, stride,
+                                   np.zeros_like(got))
+
+
 def test_fallback_writes_the_same_artifact(monkeypatch):
-    """Without the compiled kernel the numpy reference writes and reads identical bytes."""
+    """Without the compiled kernel the numpy reference (coder and search histograms) writes
+    and reads identical bytes."""
     rng = np.random.default_rng(3)
-    w = rng.normal(size=(48, 96)) * rng.uniform(0.3, 2.0, size=(1, 96))
-    s = np.abs(w).max(1) / 7
-    qts = {"w": QTensor("int4", w.shape, "float32", np.round(w / s[:, None]).astype(np.int8),
-                        s.astype(np.float16))}
+    qts = {}
+    for name, (rows, cols, span) in {"a": (48, 96, 7), "b": (256, 160, 7), "c": (200, 192, 127)}.items():
+        w = rng.normal(size=(rows, cols)) * rng.uniform(0.3, 2.0, size=(1, cols))
+        s = np.abs(w).max(1) / span
+        qts[name] = QTensor("int4" if span == 7 else "int8", w.shape, "float32",
+                            np.round(w / s[:, None]).astype(np.int8), s.astype(np.float16))
     fast = pack_qtensors(qts)
+    manifest = read_artifact(fast).manifest
+    assert any(t["streams"]["codes"]["params"].get("context") == "col" for t in manifest["tensors"])
     monkeypatch.setattr(rans, "_ransc", None)
     assert pack_qtensors(qts) == fast
-    assert np.array_equal(read_artifact(fast).qtensors["w"].codes, qts["w"].codes)
+    assert all(np.array_equal(read_artifact(fast).qtensors[k].codes, q.codes) for k, q in qts.items())
 
 
 def test_fallback_warns_once_on_big_streams(monkeypatch):

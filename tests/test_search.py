@@ -153,7 +153,7 @@ def test_search_side_data_is_what_the_encoder_would_make():
         tables = rans.normalize_table(counts, c.prec)
         assert np.array_equal(c.side.tables, tables)
         fresh = rans.encode(sym, cvec, c.k, nsym, c.ids, tables, c.lanes, c.prec)
-        assert rans.encode(sym, cvec, c.k, nsym, c.ids, c.side.tables, c.lanes, c.prec, c.side.blobs) == fresh
+        assert rans.encode(sym, cvec, c.k, nsym, c.ids, c.side.tables, c.lanes, c.prec, c.side.blobs()) == fresh
         data, params = codecs.Rans().encode(codes, ctx)
         assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes)
 

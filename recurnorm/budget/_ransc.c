@@ -6,6 +6,8 @@
  * this module is not built; tests check that both give identical bytes and
  * accept or reject the same streams.
  *
+ * Also the context search's exact-integer histograms (search.axis_histograms).
+ *
  * Only the Python C API and the buffer protocol: no numpy headers, so the module
  * builds wherever Python's headers and a C compiler are present. The GIL is
  * released while coding.
@@ -238,12 +240,54 @@ done:
     Py_RETURN_NONE;
 }
 
+/* histograms(sym: u16[>= rows*cols], rows, cols, nsym, axis, stride, out: f32[items*nsym]) -> None
+ * Adds the symbol counts of each row (axis 0; every stride-th column) or column (axis 1;
+ * every stride-th row) of sym viewed as [rows, cols] to out. Integer counts held exactly in
+ * float32 (below 2^24), so equal to search.axis_histograms, the numpy reference. */
+static PyObject *histograms(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *sym_o, *out_o;
+    Py_ssize_t rows, cols, stride;
+    int nsym, axis;
+    if (!PyArg_ParseTuple(args, "OnniinO", &sym_o, &rows, &cols, &nsym, &axis, &stride, &out_o)) return NULL;
+    if (rows < 0 || cols < 0 || stride < 1 || nsym < 1 || nsym > MAX_NSYM || (axis != 0 && axis != 1)) {
+        PyErr_SetString(PyExc_ValueError, "histograms: arguments out of range");
+        return NULL;
+    }
+    Py_buffer sb, ob;
+    if (get_buffer(sym_o, &sb, "sym", 0) < 0) return NULL;
+    if (get_buffer(out_o, &ob, "out", 1) < 0) { PyBuffer_Release(&sb); return NULL; }
+    const Py_ssize_t items = axis == 0 ? rows : cols;
+    const char *err = NULL;
+    if ((cols && rows > sb.len / 2 / cols) || items > ob.len / 4 / nsym || ob.len != (Py_ssize_t)(4 * items * nsym))
+        err = "histograms: buffer sizes disagree"; /* (divisions first: no overflow) */
+    const uint16_t *sym = sb.buf;
+    float *out = ob.buf;
+    if (!err) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t r = 0; r < rows && !err; r += axis == 0 ? 1 : stride) {
+            const uint16_t *row = sym + r * cols;
+            float *o = axis == 0 ? out + r * nsym : out;
+            const Py_ssize_t step = axis == 0 ? stride : 1, jump = axis == 0 ? 0 : nsym;
+            for (Py_ssize_t c = 0; c < cols; c += step) {
+                if (row[c] >= (uint16_t)nsym) { err = "histograms: symbol out of range"; break; }
+                o[c * jump + row[c]] += 1.0f;
+            }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    if (err) PyErr_SetString(PyExc_ValueError, err);
+    PyBuffer_Release(&sb); PyBuffer_Release(&ob);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"encode", ilv_encode, METH_VARARGS, "Interleaved rANS encode: (sym u16, ctx u8|None, freq u32, nsym, prec, lanes) -> bytes."},
     {"decode", ilv_decode, METH_VARARGS, "Interleaved rANS decode into out (u16): (data, ctx u8|None, freq u32, nsym, prec, lanes, out)."},
+    {"histograms", histograms, METH_VARARGS, "Per-row or per-column symbol counts added to out (f32): (sym u16, rows, cols, nsym, axis, stride, out)."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ransc", "Compiled interleaved rANS kernels.", -1, methods, NULL, NULL, NULL, NULL};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ransc", "Compiled interleaved rANS kernels and search histograms.", -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__ransc(void) { return PyModule_Create(&module); }

@@ -250,15 +250,28 @@ _COMPACT_PARAMS = zstandard.ZstdCompressionParameters.from_level(
     19, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=False)
 
 
+# A quicker level for estimates: on tables it averages 1.5% more bytes, at a quarter of the time.
+_MEASURE_PARAMS = zstandard.ZstdCompressionParameters.from_level(
+    9, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=False)
 _local = threading.local()
+
+
+def _compressor(name: str, params) -> zstandard.ZstdCompressor:
+    """One compressor per thread and kind: making one costs more than compressing side data."""
+    if not hasattr(_local, name):
+        setattr(_local, name, zstandard.ZstdCompressor(compression_params=params))
+    return getattr(_local, name)
 
 
 def _pack_compact(raw: bytes) -> tuple[bytes, int]:
     """(blob, 1) as a magicless zstd frame when that is shorter, else (raw, 0)."""
-    if not hasattr(_local, "zc"):  # one compressor per thread: making one costs more than small inputs
-        _local.zc = zstandard.ZstdCompressor(compression_params=_COMPACT_PARAMS)
-    z = _local.zc.compress(raw) if raw else b""
+    z = _compressor("pack", _COMPACT_PARAMS).compress(raw) if raw else b""
     return (z, 1) if len(z) < len(raw) else (raw, 0)
+
+
+def compact_size(raw: bytes) -> int:
+    """About len(_pack_compact(raw)[0]), sooner (a quicker zstd level): for ranking candidates."""
+    return min(len(_compressor("measure", _MEASURE_PARAMS).compress(raw)), len(raw)) if raw else 0
 
 
 def _unpack_compact(blob: bytes, zipped: int, limit: int) -> bytes:
