@@ -119,8 +119,7 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str) -> 
             offset += len(data)
     manifest = {"format": "rnpk", "version": fmt.VERSION, "metadata": metadata,
                 "tensors": entries + aliases}
-    level = fmt.MANIFEST_ZSTD_LEVEL if effort == "max" else fmt.MANIFEST_QUICK_LEVEL
-    return fmt.write_container(manifest, b"".join(chunks), level)
+    return fmt.write_container(manifest, b"".join(chunks))
 
 
 def _decode_stream(payload: memoryview, s: dict, kind: str, tensor: dict,

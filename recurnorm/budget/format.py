@@ -35,9 +35,6 @@ HEADER_SIZE = HEADER.size  # 48
 MAX_MANIFEST_BYTES = 64 << 20  # stored, and decompressed
 FLAG_ZSTD_MANIFEST = 1  # per-tensor JSON repeats keys and hex hashes: zstd takes ~80% off
 MANIFEST_ZSTD_LEVEL = 19
-# Level 19 takes ~0.3 us a byte on manifests (13 ms for 79 tensors); 15 takes a fifth of
-# that for ~0.6% more manifest bytes (measured): packs use it unless effort is "max".
-MANIFEST_QUICK_LEVEL = 15
 MAX_JSON_DEPTH = 32
 MAX_NDIM = 16
 MAX_TOTAL_ELEMENTS = 1 << 28  # 268M weights: far above what 16 MB can hold; bounds decode memory
@@ -51,17 +48,16 @@ def dumps(obj: Any) -> bytes:
                       allow_nan=False).encode("utf-8")
 
 
-def write_container(manifest: dict, payload: bytes, level: int = MANIFEST_ZSTD_LEVEL) -> bytes:
+def write_container(manifest: dict, payload: bytes) -> bytes:
     """Header + manifest (with payload length and hash filled in) + payload.
 
-    The manifest is stored as a zstd frame (of this level) when that is shorter (it nearly
-    always is).
+    The manifest is stored as a zstd frame when that is shorter (it nearly always is).
     """
     manifest = dict(manifest)
     manifest["payload_length"] = len(payload)
     manifest["payload_sha256"] = hashlib.sha256(payload).hexdigest()
     m, flags = dumps(manifest), 0
-    z = zstandard.ZstdCompressor(level=level).compress(m)
+    z = zstandard.ZstdCompressor(level=MANIFEST_ZSTD_LEVEL).compress(m)
     if len(z) < len(m):
         m, flags = z, FLAG_ZSTD_MANIFEST
     header = HEADER.pack(MAGIC, VERSION, flags, len(m), hashlib.sha256(m).digest())

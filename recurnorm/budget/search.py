@@ -413,11 +413,6 @@ def candidates_many(streams: list[_Stream], effort: Effort = EFFORTS["normal"]) 
     return out
 
 
-def candidates(stream: _Stream, effort: Effort = EFFORTS["normal"]) -> list[Candidate]:
-    """candidates_many for one stream."""
-    return candidates_many([stream], effort)[0]
-
-
 # ----------------------------------------------------------------- scoring
 
 
