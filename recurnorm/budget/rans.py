@@ -42,7 +42,7 @@ def _note_fallback(units: int) -> None:
     if units >= _FALLBACK_NOTE_UNITS:
         _FALLBACK_NOTE_UNITS = 1 << 62
         warnings.warn("recurnorm: the compiled rANS kernel is not built, so the numpy reference "
-                      "codes (the same bytes, ~1 MB/s); install a C compiler and Python's headers "
+                      "codes (the same bytes, at 0.1-1 MB/s); install a C compiler and Python's headers "
                       "(python3-dev), then reinstall recurnorm", RuntimeWarning, stacklevel=3)
 
 MAX_ALPHABET = 1 << 12  # larger alphabets go to zstd/raw
