@@ -4,20 +4,21 @@ Cases (same codes for every coder, measured in one run): synthetic Gaussian
 int8 per-row, int4 group-64 and ternary codes of 4M weights; "golf-shaped"
 weights (one Parameter Golf sized block, d=512, MLP 1024, and a 1024 x 512
 embedding: heavy-tailed, rows and columns scaled like trained weights,
-2.6M weights in tensors of 262K-524K); and a trained checkpoint (a
-tiny-preset model trained here, or --ckpt PATH, 16K-64K per tensor). Both
+2.6M weights in tensors of 262K-524K); and trained checkpoints (a
+tiny-preset model trained here, or each --ckpt PATH, 16K-64K per tensor). Both
 go through recurnorm.quant's int8 / int4 / ternary. Anchors: zlib-9 over the
 plain layout (the Parameter Golf baseline), zstd-22, lzma-9e and brotli-11
 each in its best layout (plain or packed), per tensor. recurnorm = the codes
 streams of `pack_qtensors`.
 
-    python benchmarks/pack.py [--ckpt DIR] [--steps 600] [--n 4000000] [--repeats 3]
+    python benchmarks/pack.py [--ckpt DIR ...] [--steps 600] [--n 4000000] [--repeats 3]
                               [--effort normal|max] [--quick]
 
 Speeds are codes MB/s on one thread (torch and BLAS), best of --repeats runs;
 the header says whether the compiled rANS kernel or the numpy reference ran.
 --quick: 256K-weight synthetic cases, one repeat, no golf-shaped case, no
-trained case unless --ckpt. Without --ckpt the trained case uses
+trained case unless --ckpt. --ckpt may be given several times (rows are
+named by checkpoint). Without --ckpt the trained case uses the first
 runs/*/model.safetensors when present, else trains the tiny preset for
 --steps steps (a few minutes on 2 cores).
 """
@@ -93,7 +94,7 @@ def golf_shaped(seed: int = 0) -> dict[str, dict[str, QTensor]]:
     return quantized("golf", weights)
 
 
-def trained(ckpt: str | None, steps: int) -> dict[str, dict[str, QTensor]]:
+def trained(ckpt: str | None, steps: int, label: str = "trained") -> dict[str, dict[str, QTensor]]:
     """A trained checkpoint's 2-D weights through quant's int8 / int4 / ternary."""
     import torch
 
@@ -116,8 +117,8 @@ def trained(ckpt: str | None, steps: int) -> dict[str, dict[str, QTensor]]:
         res = train(ModelConfig(**PRESETS["tiny"].model), load_corpus("default"), steps=steps,
                     progress=False, log_every=10_000)
         state = {k: v.detach() for k, v in res.model.state_dict().items()}
-    return quantized("trained", {k: v.float() for k, v in state.items()
-                                 if v.is_floating_point() and v.dim() == 2})
+    return quantized(label, {k: v.float() for k, v in state.items()
+                             if v.is_floating_point() and v.dim() == 2})
 
 
 def anchor_bytes(qts: dict[str, QTensor]) -> dict[str, int]:
@@ -168,7 +169,8 @@ def _label(s: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ckpt", help="checkpoint (dir, .safetensors, .pt) instead of training one")
+    ap.add_argument("--ckpt", action="append", default=[],
+                    help="checkpoint (dir, .safetensors, .pt) instead of training one; repeatable")
     ap.add_argument("--steps", type=int, default=600, help="training steps for the tiny model")
     ap.add_argument("--n", type=int, default=4_000_000, help="synthetic weights per case")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per case (best counts)")
@@ -184,19 +186,20 @@ def main() -> None:
     cases = synthetic(n)
     if not args.quick:
         cases.update(golf_shaped())
-    if not args.quick or args.ckpt:
-        cases.update(trained(args.ckpt, args.steps))
+    for ckpt in args.ckpt or ([] if args.quick else [None]):
+        label = "trained" if len(args.ckpt) < 2 else os.path.basename(os.path.normpath(ckpt))
+        cases.update(trained(ckpt, args.steps, label))
     coder = "compiled kernel" if rans._ransc is not None else "numpy reference (kernel not built)"
     print(f"recurnorm rANS: {coder}; effort {args.effort}")
     cols = ["recurnorm", *ANCHORS]
-    print(f"{'case':<16} {'weights':>9} {'order0 B':>10} " + " ".join(f"{c:>10}" for c in cols)
+    print(f"{'case':<20} {'weights':>9} {'order0 B':>10} " + " ".join(f"{c:>10}" for c in cols)
           + f" {'pack MB/s':>9} {'unpk MB/s':>9}  codecs")
     for name, qts in cases.items():
         r = run_case(name, qts, repeats, args.effort)
         ratios = " ".join(f"{r[c] / r['bound']:>10.4f}" for c in cols)
         best_anchor = min(r[c] for c in ANCHORS)
         flag = "" if r["recurnorm"] < best_anchor else "  (anchor wins)"
-        print(f"{name:<16} {r['weights']:>9,} {r['bound']:>10,.0f} {ratios} {r['pack_MBps']:>9.1f} "
+        print(f"{name:<20} {r['weights']:>9,} {r['bound']:>10,.0f} {ratios} {r['pack_MBps']:>9.1f} "
               f"{r['unpack_MBps']:>9.1f}  {r['codecs']}{flag}", flush=True)
     print("ratios = codes bytes / order-0 bound (tables and class ids included for recurnorm); "
           f"MB/s = codes bytes per second, one thread, best of {repeats}")
