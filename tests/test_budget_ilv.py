@@ -89,16 +89,22 @@ def test_mid_size_streams_pick_the_smaller_coder():
     assert len(data) < 1.002 * rans.order0_bits(codes) / 8
 
 
-@pytest.mark.parametrize("variant", ["none", "scale", "row", "col"])
-@pytest.mark.parametrize("t", [1, 2, 5])
+@pytest.mark.parametrize("variant", ["none", "scale", "row", "col", "grid"])
+@pytest.mark.parametrize("t", [1, 2, 5, 7])
 def test_context_vector_step_matches_full(variant, t):
     rng = np.random.default_rng(3)
     rows, cols, L = 30, 50, 50
     scales = rng.normal(size=rows)
-    ids = rng.integers(0, 4, size=rows if variant == "row" else cols)
-    full = rans.context_vector(variant, 4, rows * cols, rows, cols, L, scales, ids)
-    step = rans.context_vector(variant, 4, rows * cols, rows, cols, L, scales, ids, t)
+    n_ids = {"row": rows, "col": cols, "grid": rows + cols}.get(variant, cols)
+    ids = rng.integers(0, 4, size=n_ids)
+    n = rows * cols + (0 if variant == "scale" else 9)  # 9 padding codes past the tensor
+    full = rans.context_vector(variant, 8, n, rows, cols, L, scales, ids, kc=2)
+    step = rans.context_vector(variant, 8, n, rows, cols, L, scales, ids, t, kc=2)
     assert np.array_equal(step, full[::t])
+    pos = np.arange(rows * cols)
+    if variant == "grid":  # row class * kc + column class; padding positions in context 0
+        assert np.array_equal(full[: rows * cols], ids[pos // cols] * 2 + ids[rows + pos % cols])
+        assert not full[rows * cols :].any()
 
 
 def test_hostile_ilv_streams_raise_artifact_error():

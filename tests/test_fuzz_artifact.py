@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_search import _embedding_like
 
 from recurnorm.budget import format as fmt
 from recurnorm.budget import pack_qtensors, read_artifact
@@ -26,10 +27,17 @@ def _artifact() -> bytes:
         "t": QTensor("ternary", (40, 100), "float32", rng.integers(-1, 2, size=(1, 4000)).astype(np.int8),
                      np.array([0.5], np.float32)),
         "b": QTensor("raw", (9,), "int64", np.arange(9, dtype=np.int64).reshape(1, 9)),
+        "e": QTensor("ternary", (256, 128), "float32", _embedding_like().reshape(1, -1),  # a grid context
+                     np.array([0.5], np.float32)),
     }, {"config": {"d": 1}})
 
 
 ART = _artifact()
+
+
+def test_fuzzed_artifact_holds_a_grid_context():
+    manifest, _ = fmt.split_container(ART)
+    assert "grid" in {t["streams"]["codes"]["params"].get("context") for t in manifest["tensors"]}
 
 
 @st.composite

@@ -177,3 +177,54 @@ def test_kmeans_batches_agree_with_single_problems():
         alone = search.cluster_items(h, ks)
         assert all(np.array_equal(a, b) for a, b in zip(got, alone, strict=True))
         assert all(g.max() < k for g, k in zip(got, ks, strict=True))
+
+
+def _embedding_like(seed=10, rows=256, cols=128):
+    """Ternary codes whose columns lean to one sign and whose rows differ in spread (a trained
+    byte embedding looks so): row classes and column classes each pay, and together more."""
+    rng = np.random.default_rng(seed)
+    lean = np.where(rng.random(cols) < 0.5, 0.8, -0.8)
+    spread = np.where(rng.random(rows) < 0.3, 0.4, 2.0)
+    w = rng.normal(size=(rows, cols)) * spread[:, None] + lean[None, :] * spread[:, None]
+    return np.clip(np.round(w / np.abs(w).mean()), -1, 1).astype(np.int8)
+
+
+def test_grid_context_finds_row_and_column_structure_together():
+    codes = _embedding_like()
+    choice, ctx = _choice(codes.reshape(1, -1), tensor_shape=codes.shape)
+    assert choice.variant == "grid" and choice.kc >= 2 and choice.k // choice.kc >= 2
+    data, params = codecs.Rans().encode(codes.reshape(1, -1), ctx)
+    assert params["context"] == "grid" and params["kc"] == choice.kc
+    assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes.reshape(1, -1))
+    # Better than either axis alone, by more than the grid's extra tables and ids.
+    sym, _, nsym = codecs.Rans()._symbols(codes)
+    stream = search._Stream(sym, nsym, codecs.geometry(ctx))
+    alone = search.candidates_many([stream])[0]
+    best_axis = min(search.score([c], stream.units, search.PRECS, False).total().min()
+                    for c in alone if c.variant in ("row", "col"))
+    assert len(data) < 0.9 * best_axis
+
+
+def test_hostile_grid_params_and_ids_are_refused():
+    from recurnorm.errors import ArtifactError
+
+    codes = _embedding_like(11).reshape(1, -1)
+    ctx = _ctx(codes, (256, 128))
+    data, params = codecs.Rans().encode(codes, ctx)
+    assert params["context"] == "grid"
+    k, kc = params["k"], params["kc"]
+    for bad in ({"kc": kc + 1} if k % (kc + 1) else {"kc": 3}, {"kc": k}, {"kc": 1}, {"kc": True},
+                {"context": "row"}, {"kc": 0}):
+        with pytest.raises(ArtifactError):
+            codecs.Rans().decode(data, {**params, **bad}, ctx)
+    no_kc = {key: v for key, v in params.items() if key != "kc"}
+    with pytest.raises(ArtifactError, match="grid"):
+        codecs.Rans().decode(data, no_kc, ctx)
+    # Row ids that reach past the row classes (but not past k) are caught, not read as columns.
+    tables, ids, words = rans.split_body(data, k, params["nsym"], 256 + 128, 2, compact=True)
+    forged = ids.copy()
+    forged[0] = k // kc
+    side = (rans._pack_compact(rans.varint_encode(tables.ravel())), rans._pack_compact(forged.astype(np.uint8).tobytes()))
+    head = rans.varint_encode(np.array([2 * len(side[0][0]) + side[0][1], 2 * len(side[1][0]) + side[1][1]]))
+    with pytest.raises(ArtifactError, match="grid class ids"):
+        codecs.Rans().decode(head + side[0][0] + side[1][0] + words, params, ctx)

@@ -337,7 +337,8 @@ def geometry(ctx: StreamContext) -> search.Geometry:
 class Rans(Codec, name="rans"):
     """rANS over the codes with stored integer tables, one per context.
 
-    Contexts: none, the code row's scale bucket, or stored row/column classes;
+    Contexts: none, the code row's scale bucket, stored row or column classes, or
+    both (grid: row class x column class);
     big streams of alphabets of at most 16 symbols code tuples of `tuple`
     symbols as one joint symbol. `search.choose` picks all of it by estimated size.
     """
@@ -373,7 +374,7 @@ class Rans(Codec, name="rans"):
         sym, offset, nsym = got
         geo = geometry(ctx)
         c = ctx.plan if isinstance(ctx.plan, search.Choice) else search.choose(sym, nsym, geo, ctx.effort)
-        cvec = geo.context_vector(c.variant, c.k, c.ids, c.t)
+        cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, kc=c.kc)
         tsym, nt = rans.to_tuples(sym, nsym, c.t), nsym ** c.t
         if c.side is not None:  # the search counted this stream exactly and made its side data
             body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, c.lanes, c.prec,
@@ -386,6 +387,8 @@ class Rans(Codec, name="rans"):
         params = {"offset": offset, "nsym": nsym, "prec": c.prec, "lanes": c.lanes}
         if c.variant != "none":
             params.update(context=c.variant, k=c.k)
+        if c.variant == "grid":
+            params["kc"] = c.kc
         if c.t > 1:
             params["tuple"] = c.t
         return [(body, params)]
@@ -398,11 +401,12 @@ class Rans(Codec, name="rans"):
 
     def decode(self, data, params, ctx):
         offset, nsym = params.get("offset"), params.get("nsym")
-        variant, k = params.get("context", "none"), params.get("k", 1)
+        variant, k, kc = params.get("context", "none"), params.get("k", 1), params.get("kc", 1)
         t, lanes, prec = params.get("tuple", 1), params.get("lanes", 0), params.get("prec", 0)
         for key, v, lo, hi in (("offset", offset, -(1 << 64), 1 << 64),
                                ("nsym", nsym, 1, rans.MAX_ALPHABET),
                                ("k", k, 1, rans.MAX_CONTEXTS),
+                               ("kc", kc, 1, rans.MAX_CONTEXTS),
                                ("tuple", t, 1, 8),
                                ("lanes", lanes, 0, rans.MAX_LANES),
                                ("prec", prec, 1 if lanes else 0, rans.MAX_PREC)):
@@ -413,19 +417,23 @@ class Rans(Codec, name="rans"):
         nt = nsym ** t
         if nt > rans.MAX_ALPHABET:
             raise ArtifactError("rans tuple alphabet too large")
-        if variant not in ("none", "scale", "row", "col"):
+        if variant not in ("none", "scale", "row", "col", "grid"):
             raise ArtifactError(f"unknown rans context {variant!r}")
+        if (variant == "grid") != ("kc" in params) or (variant == "grid" and (k % kc or k // kc < 2 or kc < 2)):
+            raise ArtifactError(f"rans grid context: k={k} must be (row classes >= 2) x (kc={kc} >= 2)")
         rows, cols = _view_2d(ctx.tensor_shape)
         n = ctx.numel
-        n_ids = {"row": rows, "col": cols}.get(variant, 0)
-        if variant in ("row", "col") and (rows * cols > n or len(ctx.tensor_shape) < 2):
+        n_ids = {"row": rows, "col": cols, "grid": rows + cols}.get(variant, 0)
+        if variant in ("row", "col", "grid") and (rows * cols > n or len(ctx.tensor_shape) < 2):
             raise ArtifactError("rans class context does not fit the tensor shape")
         if variant == "scale" and (len(ctx.shape) != 2 or ctx.scales is None):
             raise ArtifactError("rans scale context needs scales")
         if variant == "none" and k != 1:
             raise ArtifactError("rans context none has one table")
         tables, ids, words = rans.split_body(data, k, nt, n_ids, 2 if lanes else 4, compact=prec > 0)
-        cvec = geometry(ctx).context_vector(variant, k, ids, t, np.uint8)
+        if variant == "grid" and (ids[:rows].max() >= k // kc or ids[rows:].max() >= kc):
+            raise ArtifactError("rans grid class ids do not match the declared classes")
+        cvec = geometry(ctx).context_vector(variant, k, ids, t, np.uint8, kc)
         try:
             if lanes:
                 used = np.bincount(cvec, minlength=k) > 0

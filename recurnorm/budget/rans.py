@@ -181,10 +181,12 @@ def scale_buckets(scales: np.ndarray, k: int) -> np.ndarray:
 
 def context_vector(
     variant: str, k: int, n: int, rows: int, cols: int, L: int,
-    scales: np.ndarray | None, ids: np.ndarray | None, step: int = 1, dtype=np.int64,
+    scales: np.ndarray | None, ids: np.ndarray | None, step: int = 1, dtype=np.int64, kc: int = 1,
 ) -> np.ndarray:
     """Context id of code positions 0, step, 2*step, ... < n (= G*L).
 
+    row / col: the class id of the position's row / column (ids: one per row / column).
+    grid: row class * kc + column class (ids: the rows' classes, then the columns').
     Decoders ask for uint8 (k <= 64): one byte per declared position, not eight.
     """
     m = -(-n // step)
@@ -197,18 +199,27 @@ def context_vector(
         if L % step == 0:
             return np.repeat(buckets, L // step)
         return buckets[np.arange(0, n, step, dtype=np.int64) // L]
-    if variant not in ("row", "col"):
+    if variant not in ("row", "col", "grid"):
         raise ArtifactError(f"unknown rans context {variant!r}")
     numel = rows * cols
     ctx = np.zeros(m, dtype=dtype)
     inside = -(-numel // step)  # positions below numel; padding positions stay in context 0
     ids = np.asarray(ids).astype(dtype)
+    if variant == "grid":
+        row_part, col_part = ids[:rows] * dtype(kc), ids[rows:]
+    else:
+        row_part, col_part = (ids, None) if variant == "row" else (None, ids)
     if cols % step == 0:  # repeat/tile: no per-position division
-        per = cols // step
-        ctx[:inside] = np.repeat(ids, per) if variant == "row" else np.tile(ids[::step], rows)
+        if row_part is not None:
+            ctx[:inside] = np.repeat(row_part, cols // step)
+        if col_part is not None:
+            ctx[:inside] += np.tile(col_part[::step], rows)
         return ctx
     pos = np.arange(0, inside * step, step, dtype=np.int64)
-    ctx[:inside] = ids[pos // cols] if variant == "row" else ids[pos % cols]
+    if row_part is not None:
+        ctx[:inside] = row_part[pos // cols]
+    if col_part is not None:
+        ctx[:inside] += col_part[pos % cols]
     return ctx
 
 

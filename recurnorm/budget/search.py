@@ -33,7 +33,7 @@ BIG_SYMBOLS = 1 << 17  # from here on: fewer k trials, side data by proxy (table
 SEARCH_SAMPLE = 1 << 20  # the context search looks at about this many positions
 TUPLE_SYMBOLS = 1 << 20  # from here on small alphabets code joint tuples
 CLUSTER_MAX_CELLS = 1 << 23  # items x alphabet for the histogram matrix
-KMEANS_ITEMS = 256  # cluster on at most this many items, then assign all
+KMEANS_ITEMS = 128  # cluster on at most this many items, then assign all
 KMEANS_BINS = 16  # k-means compares items over at most this many symbol bins
 HEADER_BYTES = 8  # the compact header's two varints, about
 _LOG_PRIOR = 0.5  # add-half prior when estimating class costs
@@ -51,6 +51,7 @@ class Effort:
     finalists: int  # (candidate, precision) pairs whose side data is compacted for real
     kmeans_iters: int
     per_symbol: int  # contexts are tried on streams of at least this many codes per alphabet symbol
+    all_grids: bool  # grid contexts from every row k x column k (else from the best of each)
 
 
 EFFORTS = {
@@ -59,10 +60,10 @@ EFFORTS = {
     # tensors of 16K codes took one); big streams have cheap tables, so more classes win
     # there; 4 k-means iterations find the classes 8 do.
     "normal": Effort(small_ks=(2,), ks=(2, 4, 8, 16), big_ks=(4, 16), leaders=3, finalists=3,
-                     kmeans_iters=4, per_symbol=128),
+                     kmeans_iters=4, per_symbol=128, all_grids=False),
     # The last bytes under a hard cap: every k everywhere, every candidate scored fully.
     "max": Effort(small_ks=(2, 4, 8, 16), ks=(2, 4, 8, 16), big_ks=(2, 4, 8, 16), leaders=64,
-                  finalists=8, kmeans_iters=8, per_symbol=0),
+                  finalists=8, kmeans_iters=8, per_symbol=0, all_grids=True),
 }
 
 
@@ -78,21 +79,31 @@ class Geometry:
     matrix: bool  # the tensor has >= 2 dims (row/col classes apply)
     scales: np.ndarray | None = None  # one per code row (scale buckets)
 
-    def context_vector(self, variant: str, k: int, ids, step: int = 1, dtype=np.int64) -> np.ndarray:
+    def context_vector(self, variant: str, k: int, ids, step: int = 1, dtype=np.int64, kc: int = 1) -> np.ndarray:
         """Context id of positions 0, step, 2*step, ..."""
         return rans.context_vector(variant, k, self.n, self.rows, self.cols, self.row_len,
-                                   self.scales, ids, step, dtype)
+                                   self.scales, ids, step, dtype, kc)
 
 
 @dataclass(frozen=True)
 class Candidate:
     """One way to split a stream into contexts, with its (maybe sampled) unit counts."""
 
-    variant: str  # none | scale | row | col
+    variant: str  # none | scale | row | col | grid
     k: int
     t: int  # symbols per coded unit
     counts: np.ndarray  # [k, nsym**t]
-    ids: np.ndarray | None = None  # class of each row / column
+    ids: np.ndarray | None = None  # class of each row / column (grid: the rows', then the columns')
+    kc: int = 1  # grid: column classes (k = row classes * kc)
+    rows: int = 0  # grid: how many of ids are the rows'
+
+    def id_bytes(self) -> float:
+        """What storing the class ids costs at best (log2 of the class count each)."""
+        if self.ids is None:
+            return 0.0
+        if self.variant == "grid":
+            return (self.rows * np.log2(self.k // self.kc) + (len(self.ids) - self.rows) * np.log2(self.kc)) / 8
+        return len(self.ids) * np.log2(self.k) / 8
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,7 @@ class Choice:
     lanes: int
     cost: float  # estimated bytes
     side: SideData | None = None  # measured side data, when the search counted exactly
+    kc: int = 1  # grid: column classes
 
 
 # ----------------------------------------------------------------- clustering
@@ -347,11 +359,12 @@ class _Stream:
             self._sym16 = np.ascontiguousarray(self.sym, dtype=np.uint16)
         return self._sym16
 
-    def unit_counts(self, t: int, variant: str, k: int, ids) -> np.ndarray:
-        """[k, nsym**t] counts of coded units per context, from every us-th unit (scaled)."""
+    def unit_counts(self, t: int, variant: str, k: int, ids, kc: int = 1) -> np.ndarray:
+        """[k, nsym**t] counts of coded units per context, from every us-th unit (scaled;
+        exact below SEARCH_SAMPLE // 2 units)."""
         tsym, nt = self.tuples(t), self.nsym ** t
         us = max(1, tsym.size // (SEARCH_SAMPLE // 2))
-        cvec = self.geo.context_vector(variant, k, ids, t * us)
+        cvec = self.geo.context_vector(variant, k, ids, t * us, kc=kc)
         counts = np.bincount(cvec * nt + tsym[::us], minlength=k * nt).reshape(k, nt)
         return counts * (tsym.size / len(cvec))
 
@@ -458,7 +471,7 @@ def rough_total(cands: list[Candidate], units, big) -> np.ndarray:
     two_byte = ((counts > 0) & (counts >= (127.5 / (1 << FIRST_PREC)) * tot[:, None])).sum(axis=1)
     tbytes = np.add.reduceat(widths + two_byte, starts)
     payload = np.add.reduceat(bits, starts) / 8
-    id_bytes = np.array([0.0 if c.ids is None else len(c.ids) * np.log2(c.k) / 8 for c in cands])
+    id_bytes = np.array([c.id_bytes() for c in cands])
     lanes = rans.lanes_for(np.asarray(units, dtype=np.int64), payload)
     return payload + tbytes * np.where(big, 0.75, 1.0) + id_bytes + 4 * lanes + HEADER_BYTES
 
@@ -474,30 +487,36 @@ def score(cands: list[Candidate], units, precs, big) -> Scores:
     counts, starts, widths = _stacked_counts(cands)
     icounts = np.rint(counts).astype(np.int64)
     used_rows = (icounts > 0).sum(axis=1)
+    used = np.maximum.reduceat(used_rows, starts)
+    all_precs = np.asarray(precs, dtype=np.int64)
+    fits = used[None, :] * FIT_SLOTS <= np.left_shift(1, all_precs)[:, None]
+    fits[-1] |= used <= 1 << precs[-1]  # the finest table is always allowed
+    live = np.flatnonzero(fits.any(axis=1))  # precisions no candidate fits are not computed
+    precs = all_precs[live]
     P, R = len(precs), len(counts)
-    prec_rows = np.repeat(np.asarray(precs, dtype=np.int64), R)
+    prec_rows = np.repeat(precs, R)
     m = np.left_shift(1, prec_rows)
     tiled = np.tile(icounts, (P, 1))
     # Tables under 2 slots per used symbol squeeze the tails and lose (and cost the most to
-    # normalize): left empty here, and their candidate is marked unfit below.
-    finest = prec_rows == precs[-1]
+    # normalize): left empty here, and their candidate is marked unfit.
+    finest = prec_rows == all_precs[-1]
     tiled[(np.tile(used_rows, P) * np.where(finest, 1, FIT_SLOTS)) > m] = 0
     tables = rans.normalize_table(tiled, prec_rows)
     with np.errstate(divide="ignore"):
         logp = np.log2(np.where(tables > 0, tables, 1) / m[:, None])
     bits = -(np.tile(counts, (P, 1)) * np.where(tables > 0, logp, -30.0)).sum(axis=1)
     offsets = (np.arange(P)[:, None] * R + starts[None, :]).ravel()
-    payload = np.add.reduceat(bits, offsets).reshape(P, -1) / 8
+    payload = np.full(fits.shape, np.inf)
+    payload[live] = np.add.reduceat(bits, offsets).reshape(P, -1) / 8
     # Padding columns hold 0 and would add one varint byte each: count the real ones only.
     vb = np.where(np.arange(counts.shape[1]) < np.tile(widths, P)[:, None],
                   _varint_bytes(tables), 0)
-    tbytes = np.add.reduceat(vb.sum(axis=1), offsets).reshape(P, -1)
-    id_bytes = np.array([0.0 if c.ids is None else len(c.ids) * np.log2(c.k) / 8 for c in cands])
+    tbytes = np.zeros(fits.shape)
+    tbytes[live] = np.add.reduceat(vb.sum(axis=1), offsets).reshape(P, -1)
+    id_bytes = np.array([c.id_bytes() for c in cands])
     side = tbytes * np.where(big, 0.75, 1.0)[None, :] + id_bytes[None, :]
-    lanes = rans.lanes_for(units[None, :], payload)
-    used = np.maximum.reduceat(used_rows, starts)
-    fits = used[None, :] * FIT_SLOTS <= np.left_shift(1, np.asarray(precs, dtype=np.int64))[:, None]
-    fits[-1] |= used <= 1 << precs[-1]  # the finest table is always allowed
+    lanes = np.ones(fits.shape, dtype=np.int64)
+    lanes[live] = rans.lanes_for(units[None, :], payload[live])
     return Scores(payload, side, lanes, fits)
 
 
@@ -561,6 +580,38 @@ def _flat(streams, per_job: dict[int, list[Candidate]]):
     return jobs, flat, units, big, bounds
 
 
+def grid_candidates(stream: _Stream, cands: list[Candidate], rough: np.ndarray, how: Effort) -> list[Candidate]:
+    """Row class x column class contexts, from the row and column clusterings already made.
+
+    Tried only where rows and columns each pay on their own (their gains then add up:
+    e.g. embeddings, whose columns differ in sign and whose rows differ in spread); from
+    the best k of each (and the smallest, where tables are dear), or every pair at max effort.
+    """
+    best = {}
+    for c, r in zip(cands, rough, strict=True):
+        if c.variant in ("row", "col") and r < rough[0] and r < best.get(c.variant, (np.inf,))[0]:
+            best[c.variant] = (r, c.k)
+    if len(best) < 2:
+        return []
+    ids = {(c.variant, c.k): c.ids for c in cands if c.variant in ("row", "col")}
+    rks = sorted(k for v, k in ids if v == "row")
+    cks = sorted(k for v, k in ids if v == "col")
+    if how.all_grids:
+        pairs = [(kr, kc) for kr in rks for kc in cks]
+    else:
+        kr, kc = best["row"][1], best["col"][1]
+        pairs = [(kr, kc)]
+    rows = len(ids["row", rks[0]])
+    out = []
+    for kr, kc in pairs:
+        if kr * kc > rans.MAX_CONTEXTS:
+            continue
+        both = np.concatenate([ids["row", kr], ids["col", kc]])
+        counts = stream.unit_counts(stream.t, "grid", kr * kc, both, kc)
+        out.append(Candidate("grid", kr * kc, stream.t, counts, both, kc, rows))
+    return out
+
+
 def _choose_group(streams: list[_Stream], cands: list[list[Candidate]], group: list[int],
                   how: Effort) -> dict[int, Choice]:
     """Choices for streams whose unit alphabets are about as wide: scored together."""
@@ -570,8 +621,19 @@ def _choose_group(streams: list[_Stream], cands: list[list[Candidate]], group: l
     if wide:
         jobs, flat, units, big, bounds = _flat(streams, wide)
         first = rough_total(flat, units, big)
+        grids = {j: grid_candidates(streams[j], cands[j], first[a:b], how)
+                 for j, a, b in zip(jobs, bounds, bounds[1:], strict=False)}
+        grids = {j: g for j, g in grids.items() if g}
+        if grids:
+            gjobs, gflat, gunits, gbig, gbounds = _flat(streams, grids)
+            gfirst = rough_total(gflat, gunits, gbig)
         for j, a, b in zip(jobs, bounds, bounds[1:], strict=False):
-            leaders[j] = [cands[j][i] for i in np.argsort(first[a:b], kind="stable")[: how.leaders]]
+            pool, scores = cands[j], first[a:b]
+            if j in grids:
+                g = gjobs.index(j)
+                pool = pool + grids[j]
+                scores = np.concatenate([scores, gfirst[gbounds[g] : gbounds[g + 1]]])
+            leaders[j] = [pool[i] for i in np.argsort(scores, kind="stable")[: how.leaders]]
     jobs, flat, units, big, bounds = _flat(streams, leaders)
     s = score(flat, units, PRECS, big)
     total = s.total()
@@ -599,7 +661,7 @@ def _choose_group(streams: list[_Stream], cands: list[list[Candidate]], group: l
     for j, a in zip(jobs, bounds, strict=False):
         cost, i, q, side = best[j]
         c = leaders[j][i]
-        out[j] = Choice(c.variant, c.k, c.t, c.ids, PRECS[q], int(s.lanes[q, a + i]), cost, side)
+        out[j] = Choice(c.variant, c.k, c.t, c.ids, PRECS[q], int(s.lanes[q, a + i]), cost, side, c.kc)
     return out
 
 
