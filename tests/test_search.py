@@ -193,11 +193,12 @@ def test_grid_context_finds_row_and_column_structure_together():
     codes = _embedding_like()
     choice, ctx = _choice(codes.reshape(1, -1), tensor_shape=codes.shape)
     assert choice.variant == "grid" and choice.kc >= 2 and choice.k // choice.kc >= 2
+    sym, _, nsym = codecs.Rans()._symbols(codes)
+    assert search.choose(sym, nsym, codecs.geometry(ctx), "max").variant == "grid"  # max looks wider
     data, params = codecs.Rans().encode(codes.reshape(1, -1), ctx)
     assert params["context"] == "grid" and params["kc"] == choice.kc
     assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes.reshape(1, -1))
     # Better than either axis alone, by more than the grid's extra tables and ids.
-    sym, _, nsym = codecs.Rans()._symbols(codes)
     stream = search._Stream(sym, nsym, codecs.geometry(ctx))
     alone = search.candidates_many([stream])[0]
     best_axis = min(search.score([c], stream.units, search.PRECS, False).total().min()

@@ -59,19 +59,26 @@ FLUSH_SHARE = 2000  # extra lanes only while their 4 flush bytes stay under payl
 
 
 def varint_encode(values: np.ndarray) -> bytes:
-    """LEB128 varints of non-negative integers (vectorized)."""
-    v = np.asarray(values, dtype=np.uint64).ravel()
-    nbytes = np.ones(len(v), dtype=np.int64)
-    rest = v >> np.uint64(7)
-    while rest.any():
-        nbytes += rest > 0
-        rest = rest >> np.uint64(7)
-    width = int(nbytes.max()) if len(v) else 1
-    shifts = (np.arange(width, dtype=np.uint64) * np.uint64(7))[None, :]
-    groups = ((v[:, None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)
-    col = np.arange(width)[None, :]
-    groups |= ((col < nbytes[:, None] - 1).astype(np.uint8) << 7)
-    return groups[col < nbytes[:, None]].tobytes()
+    """LEB128 varints of non-negative integers (vectorized; a plain loop for a handful)."""
+    v = np.asarray(values).ravel()
+    if len(v) <= 16:  # headers: numpy's per-call cost would dominate
+        out = bytearray()
+        for x in v.tolist():
+            while x >= 0x80:
+                out.append(x & 0x7F | 0x80)
+                x >>= 7
+            out.append(x)
+        return bytes(out)
+    v = v.astype(np.uint64)
+    nbytes = (1 + (v >= 1 << 7) + (v >= 1 << 14) + (v >= 1 << 21) + (v >= 1 << 28)).astype(np.int64)
+    ends = np.cumsum(nbytes)
+    out = np.empty(int(ends[-1]), dtype=np.uint8)
+    pos = ends - nbytes  # where each value's first byte goes
+    for j in range(int(nbytes.max())):  # byte j of every value that has one
+        has = nbytes > j
+        out[pos[has] + j] = ((v[has] >> np.uint64(7 * j)) & np.uint64(0x7F)).astype(np.uint8) | (
+            (nbytes[has] - 1 > j).astype(np.uint8) << 7)
+    return out.tobytes()
 
 
 def varint_decode(data: bytes, count: int) -> np.ndarray:

@@ -615,9 +615,10 @@ def grid_candidates(stream: _Stream, cands: list[Candidate], rough: np.ndarray, 
 def _choose_group(streams: list[_Stream], cands: list[list[Candidate]], group: list[int],
                   how: Effort) -> dict[int, Choice]:
     """Choices for streams whose unit alphabets are about as wide: scored together."""
-    # First pass at one precision; every precision for the leaders only.
+    # First pass by ideal code lengths (it also picks the grids to try); every precision for
+    # the leaders only.
     leaders = {j: cands[j] for j in group}
-    wide = {j: cands[j] for j in group if len(cands[j]) > how.leaders}
+    wide = {j: cands[j] for j in group if len(cands[j]) > 1}
     if wide:
         jobs, flat, units, big, bounds = _flat(streams, wide)
         first = rough_total(flat, units, big)
