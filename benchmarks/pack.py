@@ -18,9 +18,9 @@ Speeds are codes MB/s on one thread (torch and BLAS), best of --repeats runs;
 the header says whether the compiled rANS kernel or the numpy reference ran.
 --quick: 256K-weight synthetic cases, one repeat, no golf-shaped case, no
 trained case unless --ckpt. --ckpt may be given several times (rows are
-named by checkpoint). Without --ckpt the trained case uses the first
-runs/*/model.safetensors when present, else trains the tiny preset for
---steps steps (a few minutes on 2 cores).
+named by checkpoint). Without --ckpt every runs/*/model.safetensors is a
+case, or when there is none the tiny preset is trained for --steps steps (a
+few minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -100,9 +100,6 @@ def trained(ckpt: str | None, steps: int, label: str = "trained") -> dict[str, d
 
     from recurnorm.budget import load_checkpoint_state
 
-    if not ckpt:
-        found = sorted(glob.glob("runs/*/model.safetensors"))
-        ckpt = os.path.dirname(found[0]) if found else None
     if ckpt:
         print(f"trained case: {ckpt}", flush=True)
         state, _ = load_checkpoint_state(ckpt)
@@ -186,8 +183,10 @@ def main() -> None:
     cases = synthetic(n)
     if not args.quick:
         cases.update(golf_shaped())
-    for ckpt in args.ckpt or ([] if args.quick else [None]):
-        label = "trained" if len(args.ckpt) < 2 else os.path.basename(os.path.normpath(ckpt))
+    ckpts = args.ckpt or ([] if args.quick else
+                          [os.path.dirname(f) for f in sorted(glob.glob("runs/*/model.safetensors"))] or [None])
+    for ckpt in ckpts:
+        label = "trained" if len(ckpts) < 2 else os.path.basename(os.path.normpath(ckpt))
         cases.update(trained(ckpt, args.steps, label))
     coder = "compiled kernel" if rans._ransc is not None else "numpy reference (kernel not built)"
     print(f"recurnorm rANS: {coder}; effort {args.effort}")
