@@ -79,19 +79,22 @@ def split_container(data: bytes) -> tuple[dict, bytes]:
 
 
 def _depth(obj: Any, limit: int) -> int:
-    """Nesting depth of parsed JSON, stopping once past limit."""
-    stack = [(obj, 1)]
-    deepest = 0
-    while stack:
-        o, d = stack.pop()
-        deepest = max(deepest, d)
-        if deepest > limit:
-            return deepest
-        if isinstance(o, dict):
-            stack.extend((v, d + 1) for v in o.values())
-        elif isinstance(o, list):
-            stack.extend((v, d + 1) for v in o)
-    return deepest
+    """Nesting depth of parsed JSON (a scalar is 1, a list of scalars 2), stopping once past
+    limit. Level by level, and only containers are walked into: manifests are wide, not deep."""
+    level, depth = [obj], 1
+    while True:
+        children: list = []
+        for o in level:
+            if isinstance(o, dict):
+                children.extend(o.values())
+            elif isinstance(o, list):
+                children.extend(o)
+        if not children:
+            return depth
+        depth += 1
+        level = [c for c in children if isinstance(c, (dict, list))]
+        if depth > limit or not level:
+            return depth
 
 
 def read_container(data: bytes) -> tuple[dict, memoryview]:

@@ -83,6 +83,19 @@ def varint_encode(values: np.ndarray) -> bytes:
 
 def varint_decode(data: bytes, count: int) -> np.ndarray:
     """Decode exactly `count` LEB128 varints (each < 2**35) filling `data`."""
+    if count <= 64 and len(data) <= 5 * count:  # small tables: numpy's per-call cost would dominate
+        vals, val, shift = [], 0, 0
+        for byte in data:
+            val |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                vals.append(val)
+                val = shift = 0
+            elif shift >= 35:
+                raise ArtifactError("frequency table: count too large")
+        if len(vals) != count or shift:
+            raise ArtifactError("frequency table: wrong number of varints")
+        return np.array(vals, dtype=np.int64)
     b = np.frombuffer(data, dtype=np.uint8)
     ends = np.flatnonzero(b < 0x80)
     if len(ends) != count or (count and ends[-1] != len(b) - 1) or (count == 0 and len(b)):
