@@ -93,14 +93,14 @@ def test_kernel_reads_hostile_tables_as_the_reference():
 @given(seed=st.integers(0, 2**31), rows=st.integers(0, 70), cols=st.integers(1, 90),
        nsym=st.sampled_from([1, 3, 15, 255, 4096]), axis=st.integers(0, 1), stride=st.integers(1, 4))
 def test_kernel_histograms_equal_numpy_reference(seed, rows, cols, nsym, axis, stride):
-    from recurnorm.budget import search
+    from recurnorm.budget import cluster
 
     sym = np.random.default_rng(seed).integers(0, nsym, rows * cols + 5)
     mat = sym[: rows * cols].reshape(rows, cols)
     part = mat[:, ::stride] if axis == 0 else mat[::stride]
     got = np.zeros(((rows, cols)[axis], nsym), np.float32)
     rans._ransc.histograms(sym.astype(np.uint16), rows, cols, nsym, axis, stride, got)
-    assert np.array_equal(got, search.axis_histograms(part, axis, nsym))
+    assert np.array_equal(got, cluster.axis_histograms(part, axis, nsym))
     if rows * cols:  # a symbol past the alphabet is refused, not counted out of bounds
         with pytest.raises(ValueError, match="out of range"):
             rans._ransc.histograms(np.full(rows * cols, nsym, np.uint16), rows, cols, nsym, axis, stride,

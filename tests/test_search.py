@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import zstandard
 
-from recurnorm.budget import codecs, rans, search
+from recurnorm.budget import cluster, codecs, rans, search
 from recurnorm.budget.codecs import StreamContext
 
 
@@ -40,17 +40,17 @@ def test_normalize_table_per_row_precision_and_crowded_rows():
 def test_ranked_class_sums_equal_class_sums_of_ranked_classes():
     rng = np.random.default_rng(1)
     hist = rng.integers(0, 20, size=(37, 9)).astype(np.float64)
-    order = search.spread_order(hist)
-    for k, got in zip((2, 4, 8, 16), search.ranked_class_sums(hist, order, (2, 4, 8, 16)), strict=True):
-        assert np.allclose(got, search.class_sums(hist, rans.rank_buckets(order, k), k))
+    order = cluster.spread_order(hist)
+    for k, got in zip((2, 4, 8, 16), cluster.ranked_class_sums(hist, order, (2, 4, 8, 16)), strict=True):
+        assert np.allclose(got, cluster.class_sums(hist, rans.rank_buckets(order, k), k))
 
 
 def test_coarse_bins_keep_every_count():
     rng = np.random.default_rng(2)
     hist = rng.poisson(rng.exponential(3, size=255), size=(20, 255)).astype(np.float64)
-    coarse = search.coarse_bins(hist, 16)
+    coarse = cluster.coarse_bins(hist, 16)
     assert coarse.shape[1] <= 16 and np.allclose(coarse.sum(axis=1), hist.sum(axis=1))
-    assert search.coarse_bins(hist[:, :10], 16) is not None and search.coarse_bins(hist[:, :10], 16).shape[1] == 10
+    assert cluster.coarse_bins(hist[:, :10], 16) is not None and cluster.coarse_bins(hist[:, :10], 16).shape[1] == 10
 
 
 def test_cluster_items_separates_groups_by_any_difference():
@@ -58,11 +58,11 @@ def test_cluster_items_separates_groups_by_any_difference():
     rng = np.random.default_rng(3)
     shift = np.where(np.arange(64) % 3 == 0, 2, -2)
     codes = np.clip(np.round(rng.normal(size=(256, 64)) + shift), -7, 7).astype(np.int64) + 7
-    hist = search.axis_histograms(codes, 1, 15)
-    ids2, ids4 = search.cluster_items(hist, [2, 4])
+    hist = cluster.axis_histograms(codes, 1, 15)
+    ids2, ids4 = cluster.cluster_items(hist, [2, 4])
     assert np.array_equal(ids2, (shift != shift[0]).astype(np.int64))  # first item gets class 0
     assert ids4.max() < 4
-    again = search.cluster_items(hist, [2, 4])
+    again = cluster.cluster_items(hist, [2, 4])
     assert all(np.array_equal(a, b) for a, b in zip(again, (ids2, ids4), strict=True))
 
 
@@ -172,9 +172,9 @@ def test_kmeans_batches_agree_with_single_problems():
     hists = [rng.poisson(rng.exponential(3, size=(n, m)) * (1 + (np.arange(n) % 3 == 0)[:, None]))
              .astype(np.float32) for n, m in ((20, 5), (300, 40), (600, 255), (9, 3))]
     kss = [[2, 4], [2, 4, 8, 16], [2, 16], [2, 4, 8]]
-    together = search.cluster_many(hists, kss)
+    together = cluster.cluster_many(hists, kss)
     for h, ks, got in zip(hists, kss, together, strict=True):
-        alone = search.cluster_items(h, ks)
+        alone = cluster.cluster_items(h, ks)
         assert all(np.array_equal(a, b) for a, b in zip(got, alone, strict=True))
         assert all(g.max() < k for g, k in zip(got, ks, strict=True))
 
