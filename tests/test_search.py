@@ -229,3 +229,15 @@ def test_hostile_grid_params_and_ids_are_refused():
     head = rans.varint_encode(np.array([2 * len(side[0][0]) + side[0][1], 2 * len(side[1][0]) + side[1][1]]))
     with pytest.raises(ArtifactError, match="grid class ids"):
         codecs.Rans().decode(head + side[0][0] + side[1][0] + words, params, ctx)
+
+
+def test_inspect_names_the_grid_shape():
+    from recurnorm.budget import pack_qtensors, read_artifact
+    from recurnorm.budget.api import tensor_stats
+    from recurnorm.quant.qtensor import QTensor
+
+    codes = _embedding_like(13)
+    art = read_artifact(pack_qtensors({"e": QTensor("ternary", codes.shape, "float32", codes.reshape(1, -1),
+                                                    np.ones(1, np.float32))}))
+    p = art.manifest["tensors"][0]["streams"]["codes"]["params"]
+    assert f"rans[grid{p['k'] // p['kc']}x{p['kc']}]" in tensor_stats(art.manifest)[0]["codec"]

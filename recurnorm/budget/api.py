@@ -186,6 +186,8 @@ def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> 
 
 def _codec_label(s: dict) -> str:
     p = s["params"]
+    if s["codec"] == "rans" and p.get("context") == "grid":  # row classes x column classes
+        return f"rans[grid{p['k'] // p['kc']}x{p['kc']}]"
     if s["codec"] == "rans":
         return f"rans[{p.get('context', 'none')}{'x' + str(p.get('k')) if p.get('k', 1) > 1 else ''}]"
     if s["codec"] == "zstd":
