@@ -9,7 +9,7 @@ scales, which the rans scale-bucket context uses as side information.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -57,7 +57,7 @@ class StreamContext:
     tensor_shape: tuple[int, ...] = ()
     scales: np.ndarray | None = None
     effort: str = "normal"  # encoder only: how hard codecs search ("normal" or "max")
-    plan: Any = None  # encoder only: what a codec's prepare() worked out for this stream
+    plans: dict[str, Any] = field(default_factory=dict)  # encoder only: each codec's prepare() result
 
     @property
     def numel(self) -> int:
@@ -80,7 +80,7 @@ class Codec:
         Codec.registry[name] = cls
 
     def prepare(self, items: list[tuple[np.ndarray, StreamContext]]) -> None:
-        """Work out, for many streams at once, what candidates() needs (kept in ctx.plan)."""
+        """Work out, for many streams at once, what candidates() needs (kept in ctx.plans[name])."""
 
     def candidates(self, arr: np.ndarray, ctx: StreamContext, best: int) -> list[tuple[bytes, dict]]:
         """Encodings worth trying (best = smallest size found so far)."""
@@ -356,24 +356,28 @@ class Rans(Codec, name="rans"):
 
     def prepare(self, items):
         """One search for all codes streams (search.plan): small tensors share its calls."""
-        jobs, ctxs = [], []
+        jobs, ctxs, syms = [], [], []
         for arr, ctx in items:
             got = self._symbols(arr) if ctx.kind == "codes" else None
             if got is not None:
                 jobs.append((got[0], got[2], geometry(ctx)))
                 ctxs.append(ctx)
+                syms.append(got)
         for effort in sorted({c.effort for c in ctxs}):
             picked = [i for i, c in enumerate(ctxs) if c.effort == effort]
             for i, choice in zip(picked, search.plan([jobs[i] for i in picked], effort), strict=True):
-                ctxs[i].plan = choice
+                ctxs[i].plans[self.name] = (syms[i], jobs[i][2], choice)
 
     def candidates(self, arr, ctx, best):
-        got = self._symbols(arr)
-        if got is None:
-            return []
-        sym, offset, nsym = got
-        geo = geometry(ctx)
-        c = ctx.plan if isinstance(ctx.plan, search.Choice) else search.choose(sym, nsym, geo, ctx.effort)
+        if self.name in ctx.plans:  # prepare() already has the symbols, geometry and choice
+            (sym, offset, nsym), geo, c = ctx.plans[self.name]
+        else:
+            got = self._symbols(arr)
+            if got is None:
+                return []
+            sym, offset, nsym = got
+            geo = geometry(ctx)
+            c = search.choose(sym, nsym, geo, ctx.effort)
         cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, kc=c.kc)
         tsym, nt = rans.to_tuples(sym, nsym, c.t), nsym ** c.t
         if c.side is not None:  # the search counted this stream exactly and made its side data

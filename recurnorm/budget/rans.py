@@ -58,6 +58,11 @@ FLUSH_SHARE = 2000  # extra lanes only while their 4 flush bytes stay under payl
 # ----------------------------------------------------------------- varints
 
 
+def varint_lengths(v: np.ndarray) -> np.ndarray:
+    """LEB128 length in bytes of each non-negative value (< 2**35)."""
+    return 1 + (v >= 1 << 7) + (v >= 1 << 14) + (v >= 1 << 21) + (v >= 1 << 28)
+
+
 def varint_encode(values: np.ndarray) -> bytes:
     """LEB128 varints of non-negative integers (vectorized; a plain loop for a handful)."""
     v = np.asarray(values).ravel()
@@ -70,7 +75,7 @@ def varint_encode(values: np.ndarray) -> bytes:
             out.append(x)
         return bytes(out)
     v = v.astype(np.uint64)
-    nbytes = (1 + (v >= 1 << 7) + (v >= 1 << 14) + (v >= 1 << 21) + (v >= 1 << 28)).astype(np.int64)
+    nbytes = varint_lengths(v).astype(np.int64)
     ends = np.cumsum(nbytes)
     out = np.empty(int(ends[-1]), dtype=np.uint8)
     pos = ends - nbytes  # where each value's first byte goes

@@ -252,9 +252,15 @@ def candidates_many(streams: list[_Stream], effort: Effort = EFFORTS["normal"]) 
 # ----------------------------------------------------------------- scoring
 
 
-def _varint_bytes(v: np.ndarray) -> np.ndarray:
-    """LEB128 length of each non-negative value (< 2**35)."""
-    return 1 + (v >= 1 << 7) + (v >= 1 << 14) + (v >= 1 << 21) + (v >= 1 << 28)
+def _coder_bytes(payload, lanes):
+    """Payload plus what the coder adds to it: 4 flush bytes a lane and the compact header."""
+    return payload + 4 * lanes + HEADER_BYTES
+
+
+def _table_bytes(tables: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """Varint bytes of each table row; the zero padding past a row's width does not count."""
+    real = np.arange(tables.shape[1])[None, :] < widths[:, None]
+    return np.where(real, rans.varint_lengths(tables), 0).sum(axis=1)
 
 
 @dataclass(frozen=True)
@@ -266,8 +272,12 @@ class Scores:
     lanes: np.ndarray  # [P, C]
     fits: np.ndarray  # [P, C] every used symbol has a table slot
 
+    def fixed(self) -> np.ndarray:
+        """The bytes that do not depend on how the side data compresses."""
+        return _coder_bytes(self.payload, self.lanes)
+
     def total(self) -> np.ndarray:
-        return np.where(self.fits, self.payload + self.side + 4 * self.lanes + HEADER_BYTES, np.inf)
+        return np.where(self.fits, self.fixed() + self.side, np.inf)
 
 
 def _stacked_counts(cands: list[Candidate]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -296,7 +306,7 @@ def rough_total(cands: list[Candidate], units, big) -> np.ndarray:
     payload = np.add.reduceat(bits, starts) / 8
     id_bytes = np.array([c.id_bytes() for c in cands])
     lanes = rans.lanes_for(np.asarray(units, dtype=np.int64), payload)
-    return payload + tbytes * np.where(big, 0.75, 1.0) + id_bytes + 4 * lanes + HEADER_BYTES
+    return _coder_bytes(payload, lanes) + tbytes * np.where(big, 0.75, 1.0) + id_bytes
 
 
 def score(cands: list[Candidate], units, precs, big) -> Scores:
@@ -331,11 +341,8 @@ def score(cands: list[Candidate], units, precs, big) -> Scores:
     offsets = (np.arange(P)[:, None] * R + starts[None, :]).ravel()
     payload = np.full(fits.shape, np.inf)
     payload[live] = np.add.reduceat(bits, offsets).reshape(P, -1) / 8
-    # Padding columns hold 0 and would add one varint byte each: count the real ones only.
-    vb = np.where(np.arange(counts.shape[1]) < np.tile(widths, P)[:, None],
-                  _varint_bytes(tables), 0)
     tbytes = np.zeros(fits.shape)
-    tbytes[live] = np.add.reduceat(vb.sum(axis=1), offsets).reshape(P, -1)
+    tbytes[live] = np.add.reduceat(_table_bytes(tables, np.tile(widths, P)), offsets).reshape(P, -1)
     id_bytes = np.array([c.id_bytes() for c in cands])
     side = tbytes * np.where(big, 0.75, 1.0)[None, :] + id_bytes[None, :]
     lanes = np.ones(fits.shape, dtype=np.int64)
@@ -370,7 +377,7 @@ def side_data_many(pairs: list[tuple[Candidate, int]]) -> list[SideData]:
     tables = rans.normalize_table(np.rint(counts).astype(np.int64), precs)
     real = np.arange(tables.shape[1])[None, :] < widths[:, None]
     raw = rans.varint_encode(tables[real])  # row-major: each candidate's table, in order
-    ends = np.cumsum(np.add.reduceat(np.where(real, _varint_bytes(tables), 0).sum(axis=1), starts))
+    ends = np.cumsum(np.add.reduceat(_table_bytes(tables, widths), starts))
     out = []
     for c, a, b, r in zip(cands, np.concatenate([[0], ends[:-1]]), ends, starts, strict=True):
         ids = c.ids.astype(np.uint8).tobytes() if c.ids is not None else None
@@ -403,12 +410,21 @@ def _flat(streams, per_job: dict[int, list[Candidate]]):
     return jobs, flat, units, big, bounds
 
 
+def _rough_by_job(streams: list[_Stream], per_job: dict[int, list[Candidate]]) -> dict[int, np.ndarray]:
+    """rough_total of several streams' candidates in one call, split back per stream."""
+    if not per_job:
+        return {}
+    jobs, flat, units, big, bounds = _flat(streams, per_job)
+    first = rough_total(flat, units, big)
+    return {j: first[a:b] for j, a, b in zip(jobs, bounds, bounds[1:], strict=False)}
+
+
 def grid_candidates(stream: _Stream, cands: list[Candidate], rough: np.ndarray, how: Effort) -> list[Candidate]:
     """Row class x column class contexts, from the row and column clusterings already made.
 
     Tried only where rows and columns each pay on their own (their gains then add up:
     e.g. embeddings, whose columns differ in sign and whose rows differ in spread); from
-    the best k of each (and the smallest, where tables are dear), or every pair at max effort.
+    the best k of each, or every pair at max effort.
     """
     best = {}
     for c, r in zip(cands, rough, strict=True):
@@ -441,27 +457,17 @@ def _choose_group(streams: list[_Stream], cands: list[list[Candidate]], group: l
     # First pass by ideal code lengths (it also picks the grids to try); every precision for
     # the leaders only.
     leaders = {j: cands[j] for j in group}
-    wide = {j: cands[j] for j in group if len(cands[j]) > 1}
-    if wide:
-        jobs, flat, units, big, bounds = _flat(streams, wide)
-        first = rough_total(flat, units, big)
-        grids = {j: grid_candidates(streams[j], cands[j], first[a:b], how)
-                 for j, a, b in zip(jobs, bounds, bounds[1:], strict=False)}
-        grids = {j: g for j, g in grids.items() if g}
-        if grids:
-            gjobs, gflat, gunits, gbig, gbounds = _flat(streams, grids)
-            gfirst = rough_total(gflat, gunits, gbig)
-        for j, a, b in zip(jobs, bounds, bounds[1:], strict=False):
-            pool, scores = cands[j], first[a:b]
-            if j in grids:
-                g = gjobs.index(j)
-                pool = pool + grids[j]
-                scores = np.concatenate([scores, gfirst[gbounds[g] : gbounds[g + 1]]])
-            leaders[j] = [pool[i] for i in np.argsort(scores, kind="stable")[: how.leaders]]
+    pools = {j: cands[j] for j in group if len(cands[j]) > 1}
+    rough = _rough_by_job(streams, pools)
+    grids = {j: g for j in pools if (g := grid_candidates(streams[j], pools[j], rough[j], how))}
+    for j, scores in _rough_by_job(streams, grids).items():
+        pools[j], rough[j] = pools[j] + grids[j], np.concatenate([rough[j], scores])
+    for j, pool in pools.items():
+        leaders[j] = [pool[i] for i in np.argsort(rough[j], kind="stable")[: how.leaders]]
     jobs, flat, units, big, bounds = _flat(streams, leaders)
     s = score(flat, units, PRECS, big)
     total = s.total()
-    fixed = s.payload + 4 * s.lanes + HEADER_BYTES
+    fixed = s.fixed()
     finalists = {}
     for j, a, b in zip(jobs, bounds, bounds[1:], strict=False):
         pairs = sorted((float(total[q, i]), i - a, q) for i in range(a, b) for q in range(len(PRECS))
