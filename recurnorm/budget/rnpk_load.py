@@ -247,6 +247,7 @@ def load(src, max_bytes=1 << 30):
 
     arrays, seen = decode(src, max_bytes)[0], {}
     for v in arrays.values():  # uint16 holds bfloat16 bits (no torch dtype here is uint16)
-        seen[id(v)] = seen.get(id(v)) or (torch.from_numpy(v.view(np.int16)).view(torch.bfloat16)
-                                          if v.dtype == np.uint16 else torch.from_numpy(np.ascontiguousarray(v)))
+        if id(v) not in seen:
+            seen[id(v)] = (torch.from_numpy(v.view(np.int16)).view(torch.bfloat16) if v.dtype == np.uint16
+                           else torch.from_numpy(np.ascontiguousarray(v)))
     return {k: seen[id(v)] for k, v in arrays.items()}

@@ -71,6 +71,7 @@ def _pack_checkpoint(ckpt: Path, quant: str, keep_float_max_numel, quantize_cont
 @click.option("-o", "--out", type=click.Path(path_type=Path), help="artifact path (default: CKPT stem + .rnpk)")
 @click.option("--max-bytes", type=int, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
 @click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help="code file counted against the cap")
+@click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help="the artifact's loader (recurnorm loader -o FILE): counted against the cap like code")
 @click.option("--force", is_flag=True, help="overwrite OUT")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @click.option("--quantize-controls", is_flag=True, help="quantize gains/gates too (fragility probe)")
@@ -78,8 +79,8 @@ def _pack_checkpoint(ckpt: Path, quant: str, keep_float_max_numel, quantize_cont
 @click.option("--effort", type=click.Choice(["normal", "max"]), default="normal", show_default=True,
               help="codec search: max tries every context size and zstd layout at its slow level "
                    "for the last bytes (several times slower; the artifact reads the same)")
-def pack(ckpt, quant, out, max_bytes, code_files, force, as_json, quantize_controls, keep_float_max_numel,
-         effort):
+def pack(ckpt, quant, out, max_bytes, code_files, loader, force, as_json, quantize_controls,
+         keep_float_max_numel, effort):
     """Quantize and entropy-pack any checkpoint into one .rnpk artifact."""
     from ..budget import Budget, report
     from ..io import atomic_write_bytes, check_writable
@@ -87,7 +88,7 @@ def pack(ckpt, quant, out, max_bytes, code_files, force, as_json, quantize_contr
     out = out or ckpt.with_name((ckpt.stem if ckpt.is_file() else ckpt.name) + ".rnpk")
     check_writable(out, force)
     data, rows = _pack_checkpoint(ckpt, quant, keep_float_max_numel, quantize_controls, effort)
-    budget = Budget(max_bytes=max_bytes, code_files=list(code_files))
+    budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
     try:
         cap = budget.check(len(data), rows)
     except OverCapError as exc:
@@ -146,6 +147,7 @@ OUT_FILE = click.Path(dir_okay=False, path_type=Path)
 @click.argument("artifacts", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--max-bytes", type=int, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
 @click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help="code file counted against the cap")
+@click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help="the artifact's loader (recurnorm loader -o FILE): counted against the cap like code")
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report to stdout")
 @click.option("--report", "report_path", type=OUT_FILE, help="write the JSON report to FILE")
 @click.option("--junit", "junit_path", type=OUT_FILE, help="write JUnit XML (one testcase per check) to FILE")
@@ -156,7 +158,7 @@ OUT_FILE = click.Path(dir_okay=False, path_type=Path)
 @click.option("--max-loss-delta", type=float, default=None, help="allowed bpb increase over the reference (needed with --reference)")
 @click.option("--model-factory", default=None, metavar="MODULE:FUNCTION",
               help="build foreign models with FUNCTION(config or None) -> nn.Module; imports and runs that code")
-def verify(artifacts, max_bytes, code_files, as_json, report_path, junit_path, summary_path,
+def verify(artifacts, max_bytes, code_files, loader, as_json, report_path, junit_path, summary_path,
            reference, data, tokenizer, max_loss_delta, model_factory):
     """Integrity, byte cap and (with --reference) loss gate for each artifact.
 
@@ -183,7 +185,7 @@ def verify(artifacts, max_bytes, code_files, as_json, report_path, junit_path, s
 
         factory = load_factory(model_factory)  # fail before any artifact work on a bad spec
 
-    budget = Budget(max_bytes=max_bytes, code_files=list(code_files))
+    budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
     corpus = None
     outcomes = []
     for artifact in artifacts:
@@ -242,8 +244,11 @@ def _print_outcome(out, report) -> None:
 @click.option("-q", "--quant", "quant", default="int8", show_default=True, help="quantizer for a checkpoint")
 @click.option("--max-bytes", type=int, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-def inspect(target, quant, max_bytes, as_json):
-    """Per-tensor bytes, bits/weight and order-0 bound of an artifact (or a checkpoint, packed in memory)."""
+@click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False),
+              help="count this loader file (default: the compact loader's bytes, as shipped)")
+def inspect(target, quant, max_bytes, as_json, loader):
+    """Per-tensor bytes, bits/weight and order-0 bound of an artifact (or a checkpoint, packed in
+    memory), and the budget line counting the loader that ships with it."""
     from ..budget import Budget, api, report
 
     if _is_artifact(target):
@@ -256,7 +261,9 @@ def inspect(target, quant, max_bytes, as_json):
     else:
         data, rows = _pack_checkpoint(target, quant, None, False)
         metadata = {}
-    budget = Budget(max_bytes=max_bytes)
+    from ..budget.loader import loader_source
+
+    budget = Budget(max_bytes=max_bytes, loader=loader or len(loader_source(compact=True).encode()))
     try:
         cap = budget.check(len(data), rows)
     except OverCapError as exc:
