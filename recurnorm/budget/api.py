@@ -15,6 +15,7 @@ from ..errors import ArtifactError, CheckpointError, QuantError
 from ..quant.qtensor import QTensor
 from . import codecs as codecs_mod
 from . import format as fmt
+from . import validate
 from .codecs import DTYPES, StreamContext
 from .rans import order0_bits
 from .search import EFFORTS
@@ -38,7 +39,8 @@ def _stream_dtype(arr: np.ndarray, what: str) -> str:
 
 
 def _sha(arr: np.ndarray, dtype: str) -> str:
-    return hashlib.sha256(codecs_mod.to_le_bytes(arr, dtype)).hexdigest()
+    # Hashed in place when already contiguous little-endian: no copy of a big stream.
+    return hashlib.sha256(np.ascontiguousarray(arr, dtype=DTYPES[dtype]).reshape(-1).view(np.uint8)).hexdigest()
 
 
 def _check_qtensor(name: str, qt: QTensor) -> None:
@@ -132,9 +134,13 @@ def _decode_stream(payload: memoryview, s: dict, kind: str, tensor: dict,
     return arr
 
 
-def read_artifact(data: bytes) -> Artifact:
-    """Validate and decode artifact bytes (ArtifactError on anything wrong)."""
-    manifest, payload = fmt.read_container(data)
+def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact:
+    """Validate and decode artifact bytes (ArtifactError on anything wrong).
+
+    max_decoded_bytes: refuse artifacts whose tensors decode to more than this many bytes
+    (default validate.DEFAULT_MAX_DECODED_BYTES, 1 GiB), checked before decoding.
+    """
+    manifest, payload = fmt.read_container(data, max_decoded_bytes)
     qtensors: dict[str, QTensor] = {}
     aliases: dict[str, str] = {}
     for t in manifest["tensors"]:
@@ -151,6 +157,7 @@ def read_artifact(data: bytes) -> Artifact:
             format=t["format"], shape=tuple(t["shape"]), dtype=t["dtype"], codes=dec["codes"],
             scales=dec.get("scales"), zeros=dec.get("zeros"), params=t["params"],
         )
+        validate.check_decoded(t["name"], qtensors[t["name"]])
     return Artifact(manifest, manifest.get("metadata", {}), qtensors, aliases)
 
 
@@ -295,9 +302,9 @@ def dequantize_all(qtensors: dict[str, QTensor]) -> dict[str, Any]:
     return out
 
 
-def unpack(data: bytes) -> dict[str, Any]:
+def unpack(data: bytes, max_decoded_bytes: int | None = None) -> dict[str, Any]:
     """Artifact bytes to a dequantized state dict in the original dtypes."""
-    return dequantize_all(read_artifact(data).qtensors)
+    return dequantize_all(read_artifact(data, max_decoded_bytes).qtensors)
 
 
 def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
@@ -364,14 +371,18 @@ class VerifyReport:
                 "cap": self.cap, "tensors": self.tensors, "metadata": self.metadata}
 
 
-def verify_bytes(data: bytes, budget=None, path: str = "<bytes>") -> VerifyReport:
-    """Decode everything, check every checksum, then the cap; never raises for a bad artifact."""
+def verify_bytes(data: bytes, budget=None, path: str = "<bytes>",
+                 max_decoded_bytes: int | None = None) -> VerifyReport:
+    """Decode everything, check every checksum, then the cap; never raises for a bad artifact.
+
+    ok means `unpack` succeeds: read_artifact checks what each quantizer needs.
+    """
     from ..errors import OverCapError
     from .cap import Budget
 
     budget = budget or Budget()
     try:
-        art = read_artifact(data)
+        art = read_artifact(data, max_decoded_bytes)
     except ArtifactError as exc:
         return VerifyReport(path, False, 4, str(exc))
     rows = tensor_stats(art.manifest, art.qtensors)
@@ -382,10 +393,10 @@ def verify_bytes(data: bytes, budget=None, path: str = "<bytes>") -> VerifyRepor
     return VerifyReport(path, True, 0, "valid and under the cap", cap, rows, art.metadata)
 
 
-def verify_artifact(path: str | Path, budget=None) -> VerifyReport:
+def verify_artifact(path: str | Path, budget=None, max_decoded_bytes: int | None = None) -> VerifyReport:
     """verify_bytes on a file (a missing/unreadable file is reported as corrupt)."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         return VerifyReport(str(path), False, 4, f"cannot read {path}: {exc.strerror}")
-    return verify_bytes(data, budget, str(path))
+    return verify_bytes(data, budget, str(path), max_decoded_bytes)

@@ -48,6 +48,7 @@ class GridQuantizer(Quantizer):
     code_dtype: ClassVar[type] = np.int8
     scale_dtype: ClassVar[type] = np.float16
     per_tensor_default: ClassVar[bool] = False  # group=None: whole tensor (else per row)
+    side_streams: ClassVar[dict[str, bool]] = {"scales": True}
 
     # -- layout ------------------------------------------------------------
 

@@ -60,6 +60,7 @@ class NF4(Quantizer, name="nf4"):
     """QLoRA NormalFloat4 with a float32 absmax per block of `group` elements."""
 
     defaults: ClassVar[dict[str, Any]] = {"group": 64}
+    side_streams: ClassVar[dict[str, bool]] = {"scales": True}
 
     def _validate(self) -> None:
         g = self.params["group"]
@@ -68,6 +69,9 @@ class NF4(Quantizer, name="nf4"):
 
     def code_bits(self) -> float:
         return 4.0
+
+    def code_range(self) -> tuple[int, int]:
+        return (0, len(NF4_TABLE) - 1)  # indices into the 16-entry table
 
     def _quantize(self, t: Tensor, name: str) -> QTensor:
         bnbf = _bnb_functional()
