@@ -268,7 +268,7 @@ def to_tuples(sym: np.ndarray, nsym: int, t: int) -> np.ndarray:
 def from_tuples(tsym: np.ndarray, nsym: int, t: int, n: int) -> np.ndarray:
     """Inverse of to_tuples for n symbols."""
     if t == 1:
-        return tsym.astype(np.int64)
+        return tsym  # already the decoder's narrow type: no int64 copy of the stream
     nt = nsym ** t
     # Digit table per tuple value: one gather instead of t divisions per tuple.
     lut = (np.arange(nt, dtype=np.int64)[:, None] // (nsym ** np.arange(t, dtype=np.int64)) % nsym)

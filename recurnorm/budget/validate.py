@@ -96,7 +96,7 @@ def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
         raise ArtifactError("manifest metadata is not an object")
     tensors = manifest.get("tensors")
     if not isinstance(tensors, list) or len(tensors) > fmt.MAX_TENSORS:
-        raise ArtifactError("manifest tensors is not a list")
+        raise ArtifactError(f"manifest tensors must be a list of at most {fmt.MAX_TENSORS:,} entries")
     plen = manifest["payload_length"]
     stored: dict[str, int] = {}  # name -> decoded bytes
     names: set[str] = set()
