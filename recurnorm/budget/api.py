@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import pickle
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -330,13 +332,24 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
         if cfg_path.exists():
             try:
                 config = json.loads(cfg_path.read_text(encoding="utf-8"))
-            except ValueError as exc:
+            except (OSError, ValueError) as exc:
                 raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from None
+            if not isinstance(config, dict):
+                raise CheckpointError(f"{cfg_path}: expected a JSON object of model settings, "
+                                      f"got {type(config).__name__}")
     elif path.suffix in (".pt", ".pth", ".bin"):
         try:
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's concern
+                warnings.simplefilter("ignore")
+                obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            # torch's own text runs to several lines and suggests weights_only=False: never.
+            raise CheckpointError(
+                f"{path}: holds Python objects besides tensors; recurnorm never unpickles them "
+                "(unpickling runs the file's code): save a plain state dict or .safetensors") from None
         except Exception as exc:
-            raise CheckpointError(f"{path}: cannot load as a weights-only state dict: {exc}") from None
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"{path}: cannot load as a weights-only state dict: {first}") from None
         for key in ("state_dict", "model"):
             if isinstance(obj, dict) and isinstance(obj.get(key), dict):
                 obj = obj[key]
@@ -347,7 +360,20 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
         raise CheckpointError(f"{path}: expected a directory, .safetensors, .pt, .pth or .bin")
     if not state:
         raise CheckpointError(f"{path}: holds no tensors")
+    _check_dtypes(state, path)
     return state, config
+
+
+def _check_dtypes(state: dict, path: Path) -> None:
+    """CheckpointError naming the first tensor of a dtype no format stores (float8, complex)."""
+    from ..quant.registry import _DTYPES
+
+    known = set(_DTYPES.values())
+    for name in sorted(state):
+        if state[name].dtype not in known:
+            dt = str(state[name].dtype).removeprefix("torch.")
+            raise CheckpointError(f"{path}: tensor {name!r} has dtype {dt}, which recurnorm cannot "
+                                  f"store (supported: {', '.join(sorted(_DTYPES))})")
 
 
 # ----------------------------------------------------------------- verify
@@ -393,10 +419,31 @@ def verify_bytes(data: bytes, budget=None, path: str = "<bytes>",
     return VerifyReport(path, True, 0, "valid and under the cap", cap, rows, art.metadata)
 
 
+def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -> bytes:
+    """An artifact file's bytes: regular files only (not /dev/zero or a FIFO), and no larger
+    than its decoded bytes allow (no stream is longer than its raw form plus the manifest)."""
+    import stat
+
+    limit = ((validate.DEFAULT_MAX_DECODED_BYTES if max_decoded_bytes is None else max_decoded_bytes)
+             + fmt.MAX_MANIFEST_BYTES + fmt.HEADER_SIZE)
+    path = Path(path)
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ArtifactError(f"{path} is not a regular file")
+        if st.st_size > limit:
+            raise ArtifactError(f"{path}: {st.st_size:,} bytes, more than an artifact decoding to at "
+                                f"most {limit - fmt.MAX_MANIFEST_BYTES - fmt.HEADER_SIZE:,} bytes can hold")
+        with open(path, "rb") as f:
+            return f.read(limit + 1)
+    except OSError as exc:
+        raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
 def verify_artifact(path: str | Path, budget=None, max_decoded_bytes: int | None = None) -> VerifyReport:
     """verify_bytes on a file (a missing/unreadable file is reported as corrupt)."""
     try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        return VerifyReport(str(path), False, 4, f"cannot read {path}: {exc.strerror}")
+        data = read_artifact_file(path, max_decoded_bytes)
+    except ArtifactError as exc:
+        return VerifyReport(str(path), False, 4, str(exc))
     return verify_bytes(data, budget, str(path), max_decoded_bytes)
