@@ -80,7 +80,10 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     path = Path(path)
     tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise WriteError(f"cannot write {path}: a parent of it is a file, not a folder") from None
         clean_stale_temps(path)
         # The writer's pid in the name: the next write can tell a killed write's leftovers.
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")

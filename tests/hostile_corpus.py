@@ -90,17 +90,32 @@ def _bomb(shape: list[int], dtype: str, lanes: int = 4096, fmt_name: str = "int8
     return resign(m, body + b"\x00\x3c")
 
 
-def _manifest_bomb(count: int) -> bytes:
-    """A zstd manifest that decompresses to `count` empty JSON objects (~21 bytes of Python
-    each once parsed), signed; quick zstd level: the frame is tiny either way."""
+def _sign_fast(text: bytes, payload: bytes = b"") -> bytes:
+    """Manifest JSON bytes and payload signed, the manifest at a quick zstd level (big
+    manifests at the writer's level 19 take seconds; readers take either)."""
     import hashlib
 
     import zstandard
 
-    text = b'{"format":"rnpk","metadata":{"x":[' + b",".join([b"{}"] * count) + b']},"tensors":[]}'
-    z = zstandard.ZstdCompressor(level=3).compress(text)
+    z = zstandard.ZstdCompressor(level=1).compress(text)
     return fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, fmt.FLAG_ZSTD_MANIFEST, len(z),
-                           hashlib.sha256(z).digest()) + z
+                           hashlib.sha256(z).digest()) + z + payload
+
+
+def _manifest_bomb(count: int) -> bytes:
+    """A zstd manifest that decompresses to `count` empty JSON objects (~21 bytes of Python
+    each once parsed)."""
+    return _sign_fast(b'{"format":"rnpk","metadata":{"x":[' + b",".join([b"{}"] * count) + b']},"tensors":[]}')
+
+
+def _many_aliases(count: int) -> bytes:
+    """The base artifact plus `count` aliases of one tensor (~40 bytes of manifest each)."""
+    import hashlib
+
+    m, payload = fmt.split_container(BASE)
+    m["tensors"] += [{"name": f"a{i:07d}", "alias_of": "int8"} for i in range(count)]
+    m["payload_sha256"] = hashlib.sha256(payload).hexdigest()
+    return _sign_fast(fmt.dumps(m), payload)
 
 
 def _packed(qts: dict[str, QTensor]) -> bytes:
@@ -184,12 +199,13 @@ def _move_alias_first(m: dict) -> None:
 
 CASES: dict[str, Callable[[], bytes]] = {
     # bombs: a few KB declaring GBs
-    "bomb/rans-one-symbol-4096-lanes-float64": lambda: _bomb([1 << 14, 1 << 14], "float64"),
+    "bomb/rans-one-symbol-4096-lanes-float64": lambda: _bomb([1 << 14, (1 << 14) - 1], "float64"),
     "bomb/rans-one-symbol-float32-2^28": lambda: _bomb([1 << 14, 1 << 14], "float32"),
     "bomb/rans-one-symbol-raw-int64": lambda: _bomb([1 << 28], "int64", fmt_name="raw"),
     "bomb/int8-declares-float64-2^28": _edit(lambda m: (_set(("int8", "dtype"), "float64")(m),
-                                                        _set(("int8", "shape"), [1 << 14, 1 << 14])(m))),
-    "bomb/2^20-aliases": _edit(_aliases(1 << 20)),
+                                                        _set(("int8", "shape"), [1 << 14, (1 << 14) - 1])(m))),
+    "bomb/2^20-aliases": lambda: _many_aliases(1 << 20),
+    "bomb/2^16-aliases": lambda: _many_aliases(1 << 16),
     "bomb/two-aliases-of-one": _edit(_aliases(9)),
     "bomb/manifest-64MiB-of-empty-objects": lambda: _manifest_bomb(22 << 20),
     "bomb/excess-padding": _edit(_set(("raw", "streams", "codes", "shape"), [1 << 14, 1 << 14])),
@@ -279,6 +295,139 @@ def write(out_dir: str | Path) -> list[Path]:
     return paths
 
 
+# ------------------------------------------------------------------ random mutations
+
+_NAMES = ["rans", "zstd", "raw", "none", "scale", "row", "col", "grid", "plain", "shuffle", "trit5",
+          "bits2", "nib4", "pack6", "byte", "bool", "uint8", "int8", "uint16", "int16", "int32",
+          "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16", "complex64",
+          "int2", "int4", "int8_pg", "nf4", "ternary", "fp16", "fp32", "bf16", "codes", "scales",
+          "zeros", "int4", "nf4", "tied", ""]
+_INTS = [0, 1, 2, 3, 7, 8, 15, 16, 64, 127, 128, 255, 256, 4096, 4097, 65536, 2**16 + 1, 2**28,
+         2**31, 2**32, 2**39, 2**40, 2**63, 2**64, 2**70]
+
+
+def _random_value(rng, depth: int = 0):
+    kind = rng.randrange(8 if depth < 2 else 5)
+    if kind == 0:
+        return rng.choice(_INTS) * rng.choice([1, 1, -1])
+    if kind == 1:
+        return rng.choice(_NAMES)
+    if kind == 2:
+        return rng.choice([None, True, False, 0.5, -0.0, 1e308, 3.0])
+    if kind == 3:
+        return rng.randrange(-300, 5000)
+    if kind == 4:
+        return rng.choice(["", "x" * rng.randrange(1, 80), "a\x00b", "é"])
+    if kind == 5:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    if kind == 6:
+        return {rng.choice(_NAMES + ["k", "kc", "lanes", "prec", "tuple", "nsym", "offset", "layout",
+                                     "context", "group", "asymmetric"]): _random_value(rng, depth + 1)
+                for _ in range(rng.randrange(4))}
+    return rng.choice([[], {}, [0], [1, 1], [0, 5], [1 << 20, 1 << 20], [2, 0, 3]])
+
+
+def _nodes(obj, path=()):
+    """(path, value) of every node below the top level of a manifest."""
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for key, value in items:
+        yield path + (key,), value
+        yield from _nodes(value, path + (key,))
+
+
+def _parent(m, path):
+    obj = m
+    for key in path[:-1]:
+        obj = obj[key]
+    return obj
+
+
+def mutate_manifest(m: dict, rng) -> dict:
+    """A copy of manifest m with 1-3 random edits (replace, tweak, delete, insert, swap)."""
+    m = copy.deepcopy(m)
+    for _ in range(rng.randrange(1, 4)):
+        nodes = [p for p, _ in _nodes(m) if p[0] not in ("payload_length", "payload_sha256")]
+        if not nodes:
+            break
+        path = rng.choice(nodes)
+        parent, key = _parent(m, path), path[-1]
+        value = parent[key]
+        op = rng.randrange(6)
+        if op == 0:
+            parent[key] = _random_value(rng)
+        elif op == 1 and isinstance(value, int) and not isinstance(value, bool):
+            parent[key] = rng.choice([value + 1, value - 1, value * 2, value // 2, -value, value * 1000,
+                                      value + (1 << rng.choice([8, 16, 31, 32, 63]))])
+        elif op == 2:
+            if isinstance(parent, dict) or len(parent) > 1:
+                del parent[key]
+        elif op == 3 and isinstance(value, dict):
+            value[rng.choice(list(value) + ["alias_of", "context", "kc", "tuple", "scales", "zeros",
+                                            "k", "lanes"])] = _random_value(rng)
+        elif op == 4 and isinstance(value, list):
+            if value and rng.random() < 0.5:
+                value.append(copy.deepcopy(rng.choice(value)))
+            else:
+                value.insert(rng.randrange(len(value) + 1), _random_value(rng))
+        else:  # copy another node of the same kind here (a stream, a params object, a shape)
+            same = [p for p, v in _nodes(m) if p[-1] == key and p != path]
+            if same:
+                parent[key] = copy.deepcopy(_parent(m, (src := rng.choice(same)))[src[-1]])
+            else:
+                parent[key] = _random_value(rng)
+    return m
+
+
+def mutate_payload(payload: bytes, rng) -> bytes:
+    """payload with 1-4 random byte flips, insertions or deletions."""
+    data = bytearray(payload)
+    for _ in range(rng.randrange(1, 5)):
+        pos = rng.randrange(max(len(data), 1))
+        op = rng.randrange(4)
+        if op < 2 and data:
+            data[pos] ^= rng.randrange(1, 256)
+        elif op == 2:
+            data[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 5)))
+        elif data:
+            del data[pos : pos + rng.randrange(1, 5)]
+    return bytes(data)
+
+
+def mutated(rng, base: bytes | None = None) -> bytes:
+    """A re-signed mutation of base: its manifest, its payload, or both."""
+    m, payload = fmt.split_container(base or BASE)
+    which = rng.randrange(3)
+    if which != 1:
+        m = mutate_manifest(m, rng)
+    if which != 0:
+        payload = mutate_payload(payload, rng)
+    try:
+        return resign(m, payload)
+    except (TypeError, ValueError):  # a mutation JSON cannot hold (NaN): write it by hand
+        return resign({"format": "rnpk"}, payload)
+
+
+def unpack_in_memory(data: bytes, max_decoded_bytes: int | None = None) -> dict:
+    """What `recurnorm unpack` does, without the files: read, dequantize, serialize."""
+    import json
+
+    from safetensors.torch import save
+
+    from recurnorm.budget import api
+
+    art = api.read_artifact(data, max_decoded_bytes)
+    tensors = api.dequantize_all(art.qtensors)
+    seen: set[int] = set()
+    flat = {}
+    for name in sorted(tensors):
+        t = tensors[name]
+        flat[name] = t.clone() if id(t) in seen else t.contiguous()
+        seen.add(id(t))
+    save(flat)
+    json.dumps(art.metadata.get("config"))
+    return flat
+
+
 def run_cli(argv: list[str], mem_bytes: int = 1 << 30, alarm_s: int = 10) -> dict:
     """Run `recurnorm ARGV` in a forked child (this process's imports are reused) whose
     address space may grow by at most mem_bytes, killed by SIGALRM after alarm_s.
@@ -295,6 +444,9 @@ def run_cli(argv: list[str], mem_bytes: int = 1 << 30, alarm_s: int = 10) -> dic
             os.dup2(err.fileno(), 2)
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
+            # Real files on fds 1 and 2, whatever the parent (pytest) put in sys.stdout/stderr.
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
             size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
             resource.setrlimit(resource.RLIMIT_AS, (size + mem_bytes, resource.RLIM_INFINITY))
             signal.alarm(alarm_s)

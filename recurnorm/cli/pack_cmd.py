@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import ArtifactError, OverCapError
+from ..errors import ArtifactError, CheckpointError, OverCapError
 from .exitcodes import OVER_CAP
 
 MAX_BYTES_HELP = "byte cap (decimal), counting the artifact plus --code files"
@@ -58,6 +58,8 @@ def _pack_checkpoint(ckpt: Path, quant: str, keep_float_max_numel, quantize_cont
     state, config = api.load_checkpoint_state(ckpt)
     policy = _policy(quant, keep_float_max_numel, quantize_controls)
     qat = (config or {}).get("qat")
+    if qat is not None and not isinstance(qat, dict):
+        raise CheckpointError(f"{ckpt}: config.json field qat must be an object, got {type(qat).__name__}")
     if qat and not qat.get("exported", False):
         # A QAT checkpoint ships exactly the codes its training saw: its
         # projections use the recorded QAT quantizer, whatever -q says.
@@ -99,12 +101,14 @@ def pack(ckpt, quant, out, max_bytes, code_files, force, as_json, quantize_contr
          effort):
     """Quantize and entropy-pack any checkpoint into one .rnpk artifact."""
     from ..budget import Budget, report
+    from ..budget.cap import code_bytes
     from ..io import atomic_write_bytes, check_writable
 
     out = out or ckpt.with_name((ckpt.stem if ckpt.is_file() else ckpt.name) + ".rnpk")
     check_writable(out, force, _inputs(ckpt, *code_files))
-    data, rows = _pack_checkpoint(ckpt, quant, keep_float_max_numel, quantize_controls, effort)
+    code_bytes(list(code_files), max_bytes)  # a bad --code fails now, not after the packing
     budget = Budget(max_bytes=max_bytes, code_files=list(code_files))
+    data, rows = _pack_checkpoint(ckpt, quant, keep_float_max_numel, quantize_controls, effort)
     try:
         cap = budget.check(len(data), rows)
     except OverCapError as exc:
