@@ -72,8 +72,9 @@ def _rans_body(prec: int, lanes: int, table: list[int]) -> bytes:
             + struct.pack(f"<{lanes}I", *([1 << 16] * lanes)))
 
 
-def _bomb(shape: list[int], dtype: str, lanes: int = 4096, fmt_name: str = "int8") -> bytes:
-    """One tensor of shape, output dtype, whose codes are a 16 KB one-symbol rans stream."""
+def _bomb(shape: list[int], dtype: str, lanes: int = 4096, fmt_name: str = "int8", valid: bool = False) -> bytes:
+    """One tensor of shape, output dtype, whose codes are a 16 KB one-symbol rans stream
+    (valid: with the true checksums, so that it decodes)."""
     body = _rans_body(1, lanes, [2])
     numel = int(np.prod(shape))
     m = {"format": "rnpk", "version": fmt.VERSION, "metadata": {}, "tensors": [{
@@ -87,6 +88,16 @@ def _bomb(shape: list[int], dtype: str, lanes: int = 4096, fmt_name: str = "int8
         }}]}
     if fmt_name == "raw":
         del m["tensors"][0]["streams"]["scales"]
+    if valid:  # the true hashes: all codes 0, one scale of 1.0 (a big but honest artifact)
+        import hashlib
+
+        h, zeros = hashlib.sha256(), bytes(1 << 20)
+        for start in range(0, numel, len(zeros)):
+            h.update(zeros[: min(len(zeros), numel - start)])
+        streams = m["tensors"][0]["streams"]
+        streams["codes"]["sha256"] = h.hexdigest()
+        if "scales" in streams:
+            streams["scales"]["sha256"] = hashlib.sha256(b"\x00\x3c").hexdigest()
     return resign(m, body + b"\x00\x3c")
 
 

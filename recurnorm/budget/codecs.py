@@ -318,7 +318,8 @@ def _symbols_to_array(sym: np.ndarray, offset: int, ctx: StreamContext) -> np.nd
         if (info and (lo < info.min or hi > info.max)) or (info is None and (lo < 0 or hi > 1)):
             raise ArtifactError(f"{ctx.kind} stream: decoded codes do not fit {ctx.dtype}")
     udt = np.dtype(f"u{dt.itemsize}")
-    out = sym.astype(udt)
+    # The decoder's own array is reused when it already has the width: one copy fewer.
+    out = sym.view(udt) if sym.dtype.itemsize == dt.itemsize and sym.flags.writeable else sym.astype(udt)
     out += udt.type(offset % (1 << (8 * dt.itemsize)))
     return out.view(dt).reshape(ctx.shape)
 
@@ -450,12 +451,13 @@ class Rans(Codec, name="rans"):
         cvec = geometry(ctx).context_vector(variant, k, ids, t, np.uint8, kc)
         try:
             if lanes:
-                used = np.bincount(cvec, minlength=k) > 0
+                # One context: its (all-zero) vector is never read, so never touched into memory.
+                used = rans.bincount(cvec, minlength=k) > 0 if k > 1 else np.array([len(cvec) > 0])
                 if np.any(tables.sum(axis=1)[used] != 1 << prec):
                     raise ArtifactError("rans table does not sum to 2**prec")
                 tsym = rans.ilv_decode(words, cvec, tables, prec, lanes, len(cvec))
             else:
-                if prec and np.any(tables.sum(axis=1)[np.bincount(cvec, minlength=k) > 0] != 1 << prec):
+                if prec and np.any(tables.sum(axis=1)[rans.bincount(cvec, minlength=k) > 0] != 1 << prec):
                     raise ArtifactError("rans table does not sum to 2**prec")
                 tsym = rans.decode(tables, cvec, words, nt)
         except ArtifactError:
