@@ -13,7 +13,11 @@ validation pass and the codecs are what stands in the way):
   valid, unpack (read, dequantize, serialize) must succeed. Peak memory is the largest
   growth of a worker over all its cases (an upper bound for each).
 
-    python benchmarks/fuzz.py [--mutations 10000] [--seed 0] [--workers 2] [--json OUT]
+    python benchmarks/fuzz.py [--mutations 10000] [--seed 0] [--workers 2] [--json OUT] [--big]
+
+--big adds honest artifacts at the decode limit (one-symbol rans codes of 2^26-2^28
+int8 weights, float32: 256 MB-1 GiB decoded) through verify and unpack, printing their
+peak memory against 2 x decoded bytes + 64 MB (needs ~4 GB of free memory).
 
 Targets (issue 13): 0 tracebacks, 0 cases over 1 GiB or 10 s, 0 cases where verify says
 valid and unpack fails. The exit status is 1 when a target is missed.
@@ -181,12 +185,31 @@ def summarize(name: str, rows: list[dict], peak: int) -> dict:
     }
 
 
+def run_big(out_dir: Path) -> None:
+    """Valid artifacts at the limit: verify's and unpack's time and peak growth."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print("| decoded MB | command | exit | seconds | peak MB | 2 x decoded + 64 MB |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for rows in (1 << 12, 1 << 13, 1 << 14):
+        shape = [rows, (1 << 14) - 1]
+        decoded = shape[0] * shape[1] * 4
+        path = out_dir / f"big{rows}.rnpk"
+        path.write_bytes(hc._bomb(shape, "float32", valid=True))
+        for cmd in (["verify", str(path)], ["unpack", str(path), "-o", str(path) + ".safetensors", "--force"]):
+            r = hc.run_cli(cmd, 8 << 30, 120)
+            print(f"| {decoded / MB:.0f} | {cmd[0]} | {r['code']} | {r['seconds']:.1f} | "
+                  f"{r['peak_bytes'] / MB:.0f} | {(2 * decoded + 64 * MB) / MB:.0f} |")
+        path.unlink()
+        Path(str(path) + ".safetensors").unlink(missing_ok=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mutations", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, help="write the summary and the failing cases here")
+    ap.add_argument("--big", action="store_true", help="also valid artifacts at the 1 GiB limit")
     args = ap.parse_args()
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -204,8 +227,11 @@ def main() -> None:
         codes = " ".join(f"{k}:{v}" for k, v in s["exit_codes"].items())
         print(f"| {s['set']:<20} | {s['cases']:>6} | {codes:<22} | {s['tracebacks']:>10} | "
               f"{s['verify_ok_unpack_failed']:>24} | {s['over_10s']:>6} | {s['over_1GiB']:>7} | "
-              f"{s['peak_mb']:>7.0f} | {s['slowest_s']:.2f} s ({s['slowest_case']}) |")
+              f"{s['peak_mb']:>7.1f} | {s['slowest_s']:.2f} s ({s['slowest_case']}) |")
     print(f"total {time.perf_counter() - start:.0f} s")
+    if args.big:
+        with tempfile.TemporaryDirectory() as tmp:
+            run_big(Path(tmp))
     bad = [r for r in corpus + mutations if r["traceback"] or r["unpack_failed"] or r.get("timeout")
            or r.get("memory") or r.get("lines", 1) > 1 or (r.get("verify") not in (0, 4) and "/" in r["case"])]
     for r in bad[:20]:
