@@ -28,14 +28,12 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 def check_writable(path: str | os.PathLike, force: bool = False,
                    inputs: Iterable[str | os.PathLike] = ()) -> Path:
-    """Refuse to overwrite an existing output unless force is set, to replace a directory,
+    """Refuse to overwrite an existing output (a file or a run's folder) unless force is set,
     or to write over one of `inputs` (the files the command reads) even with force."""
     path = Path(path)
     for src in inputs:
         if same_file(path, src):
             raise OutputExistsError(f"{path} is an input of this command; write the output elsewhere")
-    if path.is_dir():
-        raise OutputExistsError(f"{path} is a directory; give a file path")
     if (path.exists() or path.is_symlink()) and not force:
         raise OutputExistsError(f"{path} exists; pass --force to overwrite it")
     return path
