@@ -6,8 +6,9 @@ validation pass and the codecs are what stands in the way):
 - corpus: tests/hostile_corpus.py, each case through the real CLI (`recurnorm verify`,
   then `recurnorm unpack` where verify says valid) in a forked child whose address
   space may grow by at most 1 GiB, with a 10 s alarm; peak memory is per case.
-- mutations: --mutations random edits of four base artifacts (manifest fields replaced,
-  tweaked, deleted, copied; payload bytes flipped, inserted, deleted), run by the
+- mutations: --mutations random edits of five base artifacts (every format family, each
+  codec and zstd layout, rans with none/col/grid contexts and 1-4 lanes) (manifest fields
+  replaced, tweaked, deleted, copied; payload bytes flipped, inserted, deleted), run by the
   library in --workers forked children (the same limits, the alarm per case). A
   non-ArtifactError exception is a traceback the CLI would print; when verify says
   valid, unpack (read, dequantize, serialize) must succeed. Peak memory is the largest
@@ -62,8 +63,24 @@ def bases() -> dict[str, bytes]:
     qts = hc.base_qtensors()
     grid = {"e": QTensor("ternary", (256, 128), "float32", _embedding_like().reshape(1, -1),
                             np.array([0.5], np.float32))}
+    # Rows and columns of different spread: the packer picks col and grid contexts, 2-4 lanes.
+    rng = np.random.default_rng(1)
+    R, C = 256, 512
+    w = rng.normal(size=(R, C)) * np.exp(rng.normal(size=(R, 1))) * np.exp(rng.normal(size=(1, C)))
+    s = np.abs(w).max(1) / 7
+    col = rng.normal(size=(R, C)) * np.exp(2 * rng.normal(size=(1, C)))
+    cs = np.abs(col).max() / 7
+    tern = (rng.random((1, 1 << 18)) < 0.3).astype(np.int8) * rng.choice([-1, 1], size=(1, 1 << 18)).astype(np.int8)
+    contexts = {
+        "grid": QTensor("int4", (R, C), "float32", np.clip(np.round(w / s[:, None]), -7, 7).astype(np.int8),
+                        s.astype(np.float16)),
+        "col": QTensor("int4", (R, C), "float32", np.clip(np.round(col / cs), -7, 7).astype(np.int8).reshape(1, -1),
+                       np.array([cs], np.float32)),
+        "lanes": QTensor("ternary", (512, 512), "float32", tern, np.array([0.1], np.float32)),
+    }
     return {"mixed": hc.BASE, "zstd": pack_qtensors(qts, {"config": {}}, codecs=["zstd"]),
-            "raw": pack_qtensors(qts, codecs=["raw"]), "grid": pack_qtensors(grid)}
+            "raw": pack_qtensors(qts, codecs=["raw"]), "grid": pack_qtensors(grid),
+            "contexts": pack_qtensors(contexts)}
 
 
 # ------------------------------------------------------------------ the corpus, through the CLI

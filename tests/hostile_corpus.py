@@ -439,18 +439,33 @@ def unpack_in_memory(data: bytes, max_decoded_bytes: int | None = None) -> dict:
     return flat
 
 
+def _trim_heap() -> None:
+    """Give freed heap back to the OS (glibc), so that a child's allocations show as growth
+    rather than reusing pages its parent had already made resident."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def run_cli(argv: list[str], mem_bytes: int = 1 << 30, alarm_s: int = 10) -> dict:
     """Run `recurnorm ARGV` in a forked child (this process's imports are reused) whose
     address space may grow by at most mem_bytes, killed by SIGALRM after alarm_s.
 
-    Returns exit code (or -signal), stderr, seconds and peak resident growth in bytes.
-    Linux only (fork, /proc)."""
+    Returns exit code (or -signal), stderr, seconds and peak resident growth in bytes
+    (the child's VmHWM at exit less its resident size when it started). Linux only."""
     err = tempfile.TemporaryFile()
+    _trim_heap()
     rss0 = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
+    rpipe, wpipe = os.pipe()
     start = time.perf_counter()
     pid = os.fork()
     if pid == 0:  # the child: limits, then the CLI exactly as a user runs it
         code = 70
+        os.close(rpipe)
+        rss_start = _status_kb("VmRSS")
         try:
             os.dup2(err.fileno(), 2)
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -475,16 +490,29 @@ def run_cli(argv: list[str], mem_bytes: int = 1 << 30, alarm_s: int = 10) -> dic
             code = 71
         finally:
             sys.stderr.flush()
+            os.write(wpipe, f"{rss_start} {_status_kb('VmHWM')}".encode())
             os._exit(code)
+    os.close(wpipe)
     _, status, usage = os.wait4(pid, 0)
     seconds = time.perf_counter() - start
+    with os.fdopen(rpipe, "rb") as f:
+        report = f.read().split()
     code = os.waitstatus_to_exitcode(status)
     err.seek(0)
     text = err.read().decode("utf-8", "replace")
     err.close()
-    # The child starts with this process's resident pages: its growth is what reading cost.
-    return {"code": code, "stderr": text, "seconds": seconds,
-            "peak_bytes": max(usage.ru_maxrss * 1024 - rss0, 0)}
+    if len(report) == 2:
+        peak = (int(report[1]) - int(report[0])) * 1024
+    else:  # killed: its rusage, against what it could have inherited
+        peak = usage.ru_maxrss * 1024 - rss0
+    return {"code": code, "stderr": text, "seconds": seconds, "peak_bytes": max(peak, 0)}
+
+
+def _status_kb(field: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
 
 
 if __name__ == "__main__":

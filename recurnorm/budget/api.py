@@ -435,7 +435,7 @@ def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -
             raise ArtifactError(f"{path}: {st.st_size:,} bytes, more than an artifact decoding to at "
                                 f"most {limit - fmt.MAX_MANIFEST_BYTES - fmt.HEADER_SIZE:,} bytes can hold")
         with open(path, "rb") as f:
-            return f.read(limit + 1)
+            return f.read(st.st_size + 1)  # read(n) allocates n bytes up front: the size, not the limit
     except OSError as exc:
         raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}") from None
 
