@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 from .errors import OutputExistsError, WriteError
 
@@ -75,6 +76,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write data to path via a temp file in the same folder, then rename.
 
     WriteError (one line naming the path) when the folder or file cannot be written."""
+    return atomic_write_stream(path, lambda f: f.write(data))
+
+
+def atomic_write_stream(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
+    """atomic_write_bytes for output made piece by piece: write(f) fills the temp file."""
     path = Path(path)
     tmp = None
     try:
@@ -86,7 +92,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         # The writer's pid in the name: the next write can tell a killed write's leftovers.
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         # mkstemp creates 0600; give the file the mode a plain open() would.

@@ -420,23 +420,16 @@ def mutated(rng, base: bytes | None = None) -> bytes:
 
 def unpack_in_memory(data: bytes, max_decoded_bytes: int | None = None) -> dict:
     """What `recurnorm unpack` does, without the files: read, dequantize, serialize."""
+    import io
     import json
 
-    from safetensors.torch import save
-
-    from recurnorm.budget import api
+    from recurnorm.budget import api, safetensors_out
 
     art = api.read_artifact(data, max_decoded_bytes)
     tensors = api.dequantize_all(art.qtensors)
-    seen: set[int] = set()
-    flat = {}
-    for name in sorted(tensors):
-        t = tensors[name]
-        flat[name] = t.clone() if id(t) in seen else t.contiguous()
-        seen.add(id(t))
-    save(flat)
+    safetensors_out.write(io.BytesIO(), tensors)
     json.dumps(art.metadata.get("config"))
-    return flat
+    return tensors
 
 
 def _trim_heap() -> None:

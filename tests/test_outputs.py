@@ -251,3 +251,22 @@ def test_verify_reports_missing_files_as_before(tmp_path):
     r = _run("verify", tmp_path / "missing.rnpk")
     assert r.exit_code == 4 and "cannot read" in r.stderr
     assert Path(tmp_path / "missing.rnpk").exists() is False
+
+
+def test_unpack_writes_safetensors_that_load_back(tmp_path):
+    """The streaming writer: every dtype, empty and tied tensors, read by safetensors itself."""
+    from safetensors.torch import load_file
+
+    from recurnorm.budget import safetensors_out
+
+    tensors = {"f32": torch.randn(3, 4), "bf16": torch.randn(5).to(torch.bfloat16), "f16": torch.randn(2).half(),
+               "f64": torch.randn(2, dtype=torch.float64), "i64": torch.arange(-3, 3), "u8": torch.arange(4, dtype=torch.uint8),
+               "bool": torch.tensor([True, False, True]), "empty": torch.zeros(0, 4), "u64": torch.tensor([2**63], dtype=torch.uint64),
+               "scalar": torch.tensor(1.5), "strided": torch.randn(4, 6)[:, ::2]}
+    tensors["tied"] = tensors["f32"]
+    with open(tmp_path / "w.safetensors", "wb") as f:
+        safetensors_out.write(f, tensors)
+    back = load_file(tmp_path / "w.safetensors")
+    assert set(back) == set(tensors)
+    for name, t in tensors.items():
+        assert back[name].dtype == t.dtype and back[name].shape == t.shape and torch.equal(back[name], t), name

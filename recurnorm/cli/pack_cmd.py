@@ -136,10 +136,8 @@ def pack(ckpt, quant, out, max_bytes, code_files, force, as_json, quantize_contr
 @DECODED_OPTION
 def unpack(artifact, out, force, max_decoded_bytes):
     """Decode an artifact to dequantized weights (+ config.json beside them)."""
-    from safetensors.torch import save
-
-    from ..budget import api
-    from ..io import atomic_write_bytes, atomic_write_json, check_writable
+    from ..budget import api, safetensors_out
+    from ..io import atomic_write_json, atomic_write_stream, check_writable
 
     check_writable(out, force, [artifact])
     art = api.read_artifact(api.read_artifact_file(artifact, max_decoded_bytes), max_decoded_bytes)
@@ -148,17 +146,11 @@ def unpack(artifact, out, force, max_decoded_bytes):
     if config is not None:
         check_writable(cfg_path, force, [artifact])
     tensors = api.dequantize_all(art.qtensors)
-    # safetensors refuses shared storage: tied weights are written as separate copies.
-    seen: set[int] = set()
-    flat = {}
-    for name in sorted(tensors):
-        t = tensors[name]
-        flat[name] = t.clone() if id(t) in seen else t.contiguous()
-        seen.add(id(t))
-    atomic_write_bytes(out, save(flat))
+    # Written from the tensors' memory (tied names get their own copy in the file, not in RAM).
+    atomic_write_stream(out, lambda f: safetensors_out.write(f, tensors))
     if config is not None:
         atomic_write_json(cfg_path, config)
-    click.echo(f"wrote {out} ({len(flat)} tensors){' and ' + str(cfg_path) if config is not None else ''}")
+    click.echo(f"wrote {out} ({len(tensors)} tensors){' and ' + str(cfg_path) if config is not None else ''}")
 
 
 OUT_FILE = click.Path(dir_okay=False, path_type=Path)

@@ -99,10 +99,11 @@ class NF4(Quantizer, name="nf4"):
         )
 
     def _dequantize(self, qt: QTensor) -> Tensor:
-        idx = torch.from_numpy(qt.codes.astype(np.int64))
-        absmax = torch.from_numpy(qt.scales.astype(np.float32))
-        values = NF4_TABLE[idx] * absmax[:, None]
-        return values.reshape(-1)[: qt.numel].reshape(qt.shape)
+        absmax = torch.from_numpy(qt.scales.astype(np.float32))[:, None]
+        out = torch.empty(qt.codes.shape, dtype=torch.float32)
+        for r, c in qt.blocks():  # int64 indices of a piece, not of the whole tensor
+            out[r, c] = NF4_TABLE[torch.from_numpy(qt.codes[r, c].astype(np.int64))] * absmax[r]
+        return out.reshape(-1)[: qt.numel].reshape(qt.shape)
 
 
 def dequantize_with_bnb(qt: QTensor) -> Tensor:
