@@ -16,8 +16,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from ..errors import ArtifactError, QuantError
 from . import format as fmt
 from .codecs import DTYPES, Codec
@@ -200,7 +198,3 @@ def check_decoded(name: str, qt) -> None:
     if why:
         raise ArtifactError(f"tensor {name!r}: {why}")
 
-
-def finite(arr: np.ndarray | None) -> bool:
-    """True when a float array holds no NaN/Inf (None and integer arrays are finite)."""
-    return arr is None or arr.dtype.kind != "f" or bool(np.isfinite(arr).all())
