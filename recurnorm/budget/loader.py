@@ -74,7 +74,7 @@ def _rename(tree: ast.Module) -> None:
         local, fresh = {}, _short_names(kept | set(module.values()))
         for n in ast.walk(node):
             name = n.id if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) else (
-                n.arg if isinstance(n, ast.arg) else None)
+                n.arg if isinstance(n, ast.arg) else n.name if isinstance(n, ast.ExceptHandler) else None)
             if name and name not in kept and name not in module and name not in local:
                 local[name] = next(fresh)
         mapping = {**module, **local}
@@ -83,6 +83,8 @@ def _rename(tree: ast.Module) -> None:
                 n.id = mapping[n.id]
             elif isinstance(n, ast.arg) and n.arg in mapping:
                 n.arg = mapping[n.arg]
+            elif isinstance(n, ast.ExceptHandler) and n.name in mapping:
+                n.name = mapping[n.name]
             elif isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in mapping:
                 n.name = mapping[n.name]
             elif isinstance(n, ast.Attribute) and n.attr in fields:
