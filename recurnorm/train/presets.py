@@ -26,6 +26,8 @@ class Preset:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     control_lr_mult: float = 1.0  # lr multiplier for gains, gates and scalars
+    optimizer: str = "adamw"  # or "muon" (recurnorm.train.optim)
+    micro_batch: int | None = None  # windows per forward pass on one rank (None: all of them)
     eval_every: int = 200
     log_every: int = 20
 
