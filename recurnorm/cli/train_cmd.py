@@ -81,6 +81,11 @@ def _without_nproc(args: list[str]) -> list[str]:
 @click.option("--micro-batch", type=click.IntRange(min=1),
               help="Windows per forward pass on a rank; the rest of the batch is accumulated.")
 @click.option("--compile", "compile_model", is_flag=True, help="Run the model under torch.compile.")
+@click.option("--log-every", type=click.IntRange(min=1), help="Steps between log records.")
+@click.option("--eval-every", type=click.IntRange(min=0),
+              help="Steps between validation passes (0: only at the end).")
+@click.option("--save-every", type=click.IntRange(min=1),
+              help="Steps between resume states (default: at each validation pass).")
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes (one per GPU) via torchrun; gloo on CPU, nccl on GPU.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -99,6 +104,7 @@ def train(
     no_progress: bool, qat_format: str | None = None, qat_noise: bool = False,
     qat_ramp: float = 0.5, act_quant: bool = False, optimizer: str | None = None,
     micro_batch: int | None = None, compile_model: bool = False, nproc: int = 1,
+    log_every: int | None = None, eval_every: int | None = None, save_every: int | None = None,
 ) -> None:  # fmt: skip
     """Train a model and write model.safetensors, config.json and train_log.jsonl to --out.
 
@@ -122,7 +128,9 @@ def train(
     if out_dir.exists() and not (force or resume):
         raise OutputExistsError(f"{out_dir} exists; pass --force to overwrite it or --resume")
     p = get_preset(preset).with_overrides(steps=steps, lr=lr, batch_size=batch_size,
-                                          optimizer=optimizer, micro_batch=micro_batch)
+                                          optimizer=optimizer, micro_batch=micro_batch,
+                                          log_every=log_every, eval_every=eval_every,
+                                          save_every=save_every)
     rank, world, _ = env_world()
     if nproc > 1 and "WORLD_SIZE" not in os.environ:  # the launcher, not a rank
         if qat_format is not None:

@@ -30,6 +30,7 @@ class Preset:
     micro_batch: int | None = None  # windows per forward pass on one rank (None: all of them)
     eval_every: int = 200
     log_every: int = 20
+    save_every: int | None = None  # resume-state interval (None: at each evaluation)
 
     def train_kwargs(self) -> dict:
         """Hyper-parameters as keyword arguments of recurnorm.train.loop.train."""
