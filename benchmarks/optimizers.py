@@ -1,0 +1,103 @@
+"""AdamW vs Muon on the tiny preset: validation bpb at equal steps and at equal wall time.
+
+Three paired seeds (same initial weights and batches for both optimizers). Equal
+steps: both train ``--steps`` steps. Equal wall time: the faster optimizer's
+seconds per step (median over the equal-step runs) sets a step count for the
+slower one, which trains again with that many steps (its schedule ends there).
+The winner becomes the default only if it wins beyond the seed spread: every
+paired difference has the same sign and the mean difference exceeds the
+largest spread (max - min over seeds) of either optimizer.
+
+    python benchmarks/optimizers.py --steps 120 --seeds 3 [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from recurnorm.evaluate import loss
+from recurnorm.model import ModelConfig
+from recurnorm.train.data import load_corpus
+from recurnorm.train.loop import train
+from recurnorm.train.presets import get_preset
+
+OPTIMIZERS = ("adamw", "muon")
+
+
+def run(opt: str, seed: int, steps: int, corpus, preset) -> dict:
+    kw = preset.with_overrides(steps=steps, optimizer=opt, eval_every=0).train_kwargs()
+    kw["warmup"] = min(kw["warmup"], steps // 5)
+    config = ModelConfig.from_dict({**preset.model, "vocab_size": corpus.vocab_size})
+    result = train(config, corpus, seed=seed, progress=False, **kw)
+    # Training steps only (the loop's own clock): no model building, evaluation or start-up.
+    step_s = kw["batch_size"] * config.seq_len / result.tokens_per_s
+    bpb = loss(result.model, corpus).bits_per_byte
+    return {"optimizer": opt, "seed": seed, "steps": steps, "bpb": bpb,
+            "s_per_step": step_s, "tokens_per_s": result.tokens_per_s}  # fmt: skip
+
+
+def verdict(rows: list[dict], label: str) -> dict:
+    """Paired comparison of the two optimizers over seeds."""
+    by = {o: {r["seed"]: r["bpb"] for r in rows if r["optimizer"] == o} for o in OPTIMIZERS}
+    seeds = sorted(by["adamw"])
+    diffs = [by["muon"][s] - by["adamw"][s] for s in seeds]  # < 0: Muon better
+    spread = max(max(v.values()) - min(v.values()) for v in by.values())
+    mean = statistics.fmean(diffs)
+    same_sign = all(d < 0 for d in diffs) or all(d > 0 for d in diffs)
+    winner = None
+    if same_sign and abs(mean) > spread:
+        winner = "muon" if mean < 0 else "adamw"
+    return {"comparison": label, "adamw_mean": statistics.fmean(by["adamw"].values()),
+            "muon_mean": statistics.fmean(by["muon"].values()), "paired_diffs": diffs,
+            "mean_diff": mean, "seed_spread": spread, "winner": winner}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", help="write all rows and verdicts to this file")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    corpus = load_corpus("default")
+    preset = get_preset("tiny")
+
+    equal_steps = []
+    for seed in range(args.seeds):
+        for opt in OPTIMIZERS:
+            equal_steps.append(run(opt, seed, args.steps, corpus, preset))
+            r = equal_steps[-1]
+            print(f"  {opt:5s} seed {seed}: {r['bpb']:.4f} bpb, {r['s_per_step']:.3f} s/step",
+                  flush=True)  # fmt: skip
+    speed = {o: statistics.median(r["s_per_step"] for r in equal_steps if r["optimizer"] == o)
+             for o in OPTIMIZERS}  # fmt: skip
+    slow = max(speed, key=speed.get)
+    fast = min(speed, key=speed.get)
+    slow_steps = max(1, round(args.steps * speed[fast] / speed[slow]))
+    equal_time = [r for r in equal_steps if r["optimizer"] == fast]
+    for seed in range(args.seeds):
+        equal_time.append(run(slow, seed, slow_steps, corpus, preset))
+
+    verdicts = [verdict(equal_steps, f"equal steps ({args.steps})"),
+                verdict(equal_time, f"equal wall time ({fast} {args.steps} steps = "
+                                    f"{slow} {slow_steps} steps)")]  # fmt: skip
+    print(f"\nseconds per step (median): adamw {speed['adamw']:.3f}, muon {speed['muon']:.3f}")
+    print("| comparison | AdamW bpb | Muon bpb | Muon - AdamW per seed | seed spread | winner |")
+    print("|---|---|---|---|---|---|")
+    for v in verdicts:
+        diffs = ", ".join(f"{d:+.4f}" for d in v["paired_diffs"])
+        print(f"| {v['comparison']} | {v['adamw_mean']:.4f} | {v['muon_mean']:.4f} | {diffs} | "
+              f"{v['seed_spread']:.4f} | {v['winner'] or 'none (within the seed spread)'} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": equal_steps + equal_time, "verdicts": verdicts,
+                       "s_per_step": speed}, f, indent=2)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
