@@ -150,6 +150,15 @@ def train(
         "scheme_options": scheme_options, **{k: v for k, v in overrides.items() if v is not None},
     })  # fmt: skip
 
+    from ..train.sizing import estimate_artifact_bytes
+
+    size = estimate_artifact_bytes(config)
+    if main_rank and not as_json:
+        click.echo(f"{preset} preset, {config.scheme}: {size.line()}", err=True)
+        if config.vocab_size != p.model.get("vocab_size", config.vocab_size):
+            click.echo(f"note: {preset} is sized for vocab {p.model['vocab_size']}; this corpus "
+                       f"has {config.vocab_size} (pass --data shards:DIR --tokenizer MODEL)",
+                       err=True)  # fmt: skip
     last = {}
 
     def evaluate(model):
@@ -188,6 +197,7 @@ def train(
         "tokens_per_s": result.tokens_per_s,
         "data": corpus.source,
         "optimizer": p.optimizer,
+        "estimated_artifact_bytes": size.bytes,
         "ranks": world,
         "out": str(out_dir),
         "config": config.to_dict(),

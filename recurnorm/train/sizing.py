@@ -52,8 +52,11 @@ class SizeEstimate:
                 "real size)")  # fmt: skip
 
 
-def estimate_artifact_bytes(config: ModelConfig, quant: str = "int8") -> SizeEstimate:
-    """Estimate of the packed size of config's model under the default export with quant."""
+def estimate_artifact_bytes(config: ModelConfig, quant: str = "int8", policy=None) -> SizeEstimate:
+    """Estimate of the packed size of config's model under the default export with quant.
+
+    ``policy`` (a quant.policy.ExportPolicy) replaces the default export policy.
+    """
     from ..quant.policy import ExportPolicy
 
     if quant not in MEASURED_BITS:
@@ -61,7 +64,9 @@ def estimate_artifact_bytes(config: ModelConfig, quant: str = "int8") -> SizeEst
     with torch.device("meta"):
         model = RecurrentLM(config)
     state = dict(model.state_dict())
-    plan = ExportPolicy(quantizer=quant, control_names=model.control_names()).plan(state)
+    if policy is None:
+        policy = ExportPolicy(quantizer=quant, control_names=model.control_names())
+    plan = policy.plan(state)
     bits, quantized = 0.0, 0
     for name, tensor in state.items():
         fmt = plan[name][0]

@@ -1,0 +1,76 @@
+"""Presets up to golf, the artifact-size estimate, and the Muon optimizer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from recurnorm.model import ModelConfig
+from recurnorm.quant.policy import ExportPolicy
+from recurnorm.train.loop import read_log, train
+from recurnorm.train.optim import build_optimizer
+from recurnorm.train.presets import get_preset
+from recurnorm.train.sizing import CAP_BYTES, estimate_artifact_bytes
+
+CONFIG = ModelConfig(d_model=32, n_heads=2, depth=2, seq_len=32, vocab_size=256, scheme="norm")
+FAST = dict(batch_size=8, lr=3e-3, warmup=2, log_every=1, progress=False)
+
+
+def test_golf_fills_the_cap_and_tiny_stays_the_demo_preset():
+    golf = get_preset("golf")
+    est = estimate_artifact_bytes(ModelConfig(**golf.model))
+    assert 0.9 * CAP_BYTES < est.bytes < CAP_BYTES
+    assert est.quantized_params > 0.99 * est.params  # int8 nearly everywhere
+    assert "of the 16,000,000-byte cap" in est.line()
+    tiny = get_preset("tiny")  # `make demo` depends on these values
+    assert (tiny.optimizer, tiny.micro_batch, tiny.lr, tiny.steps) == ("adamw", None, 2e-3, 600)
+
+
+@pytest.mark.parametrize("keep_float", [0, None])
+def test_size_estimate_is_close_to_the_packed_size(trained_tiny, keep_float):
+    from recurnorm.evaluate.roundtrip import pack_model
+
+    model, _ = trained_tiny
+    kw = {} if keep_float is None else {"keep_float_max_numel": keep_float}
+    policy = ExportPolicy(quantizer="int8", control_names=model.control_names(), **kw)
+    actual = len(pack_model(model, "int8", policy=policy))
+    est = estimate_artifact_bytes(model.config, policy=policy).bytes
+    assert 0.85 < est / actual < 1.2, (est, actual)
+
+
+def test_muon_takes_the_matrices_and_adamw_the_rest():
+    from recurnorm.train.loop import build_model
+
+    model = build_model(CONFIG, seed=0)
+    opt = build_optimizer(model, "muon", lr=1e-3, weight_decay=0.1)
+    adamw, muon = opt.optimizers
+    assert isinstance(adamw, torch.optim.AdamW) and isinstance(muon, torch.optim.Muon)
+    in_muon = {id(p) for g in muon.param_groups for p in g["params"]}
+    names = {n for n, p in model.named_parameters() if id(p) in in_muon}
+    assert "embed.weight" not in names and "blocks.0.attn.q.weight" in names
+    assert all(p.ndim == 2 for g in muon.param_groups for p in g["params"])
+    total = sum(1 for _ in model.parameters())
+    assert sum(len(g["params"]) for g in opt.param_groups) == total
+
+
+def test_muon_learns_and_resumes_exactly(default_corpus, tmp_path):
+    kw = dict(steps=8, seed=1, save_every=4, optimizer="muon", **FAST)
+    full = train(CONFIG, default_corpus, out_dir=tmp_path / "full", **kw)
+    losses = [r["loss"] for r in full.log if "loss" in r]
+    assert losses[-1] < losses[0] - 0.3
+
+    class Stop(Exception):
+        pass
+
+    def stop(step, _record):
+        if step == 6:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(CONFIG, default_corpus, out_dir=tmp_path / "cut", on_step=stop, **kw)
+    resumed = train(CONFIG, default_corpus, out_dir=tmp_path / "cut", resume=True, **kw)
+    assert [r.get("loss") for r in read_log(tmp_path / "cut")] == [
+        r.get("loss") for r in read_log(tmp_path / "full")
+    ]
+    a, b = full.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
