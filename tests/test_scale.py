@@ -74,3 +74,21 @@ def test_muon_learns_and_resumes_exactly(default_corpus, tmp_path):
     ]
     a, b = full.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_roundtrip_jobs_trains_in_parallel_processes_with_the_same_result(default_corpus, tmp_path):
+    from recurnorm.evaluate.roundtrip import roundtrip
+    from recurnorm.train.corpus import Corpus
+
+    c = default_corpus
+    small = Corpus(c.train_tokens, c.val_tokens[:2048], c.val_bytes[:2048], c.vocab_size,
+                   c.tokenizer, c.source)  # fmt: skip
+    kw = dict(data=small, steps=6, progress=False, write=False,
+              model_overrides=dict(d_model=32, n_heads=2, depth=2, seq_len=32),
+              train_overrides=dict(batch_size=8, lr=3e-3, warmup=2))  # fmt: skip
+    one = roundtrip(["shared", "norm"], ["int8"], **kw)
+    two = roundtrip(["shared", "norm"], ["int8"], jobs=2, **kw)
+    key = lambda r: (r.scheme, r.quant, r.seed)  # noqa: E731
+    for a, b in zip(sorted(one.rows, key=key), sorted(two.rows, key=key), strict=True):
+        assert (a.bpb_pre, a.bpb_post, a.artifact_bytes) == (b.bpb_pre, b.bpb_post, b.artifact_bytes)
+    assert all("parallel job on cpu" in s for s in two.config["sources"].values())
