@@ -92,3 +92,29 @@ def test_roundtrip_jobs_trains_in_parallel_processes_with_the_same_result(defaul
     for a, b in zip(sorted(one.rows, key=key), sorted(two.rows, key=key), strict=True):
         assert (a.bpb_pre, a.bpb_post, a.artifact_bytes) == (b.bpb_pre, b.bpb_post, b.artifact_bytes)
     assert all("parallel job on cpu" in s for s in two.config["sources"].values())
+
+
+def test_training_shards_stay_memory_mapped_and_train_like_an_array(default_corpus, tmp_path):
+    import numpy as np
+
+    from recurnorm.train.corpus import Corpus
+    from recurnorm.train.shards import load_shard_corpus, write_shard
+    from recurnorm.train.tokens import TokenStream
+
+    c = default_corpus
+    a, b = c.train_tokens[:30_000], c.train_tokens[30_000:50_000]
+    write_shard(tmp_path / "fineweb_train_000000.bin", a)
+    write_shard(tmp_path / "fineweb_train_000001.bin", b)
+    write_shard(tmp_path / "fineweb_val_000000.bin", c.val_tokens[:3000])
+    sharded = load_shard_corpus(str(tmp_path))
+    assert isinstance(sharded.train_tokens, TokenStream)
+    whole = np.concatenate([a, b])
+    idx = np.array([[0, 1, 29_999, 30_000], [49_999, 5, 30_001, 12]])
+    assert np.array_equal(sharded.train_tokens[idx], whole[idx])
+    assert np.array_equal(sharded.train_tokens[29_990:30_010], whole[29_990:30_010])
+    assert np.array_equal(np.asarray(sharded.train_tokens), whole)
+
+    in_memory = Corpus(whole, sharded.val_tokens, sharded.val_bytes, 256, "byte", "mem")
+    kw = dict(steps=3, seed=0, **FAST)
+    x, y = train(CONFIG, sharded, **kw), train(CONFIG, in_memory, **kw)
+    assert [r["loss"] for r in x.log] == [r["loss"] for r in y.log]

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..errors import ConfigError, DataError
 from ..train.corpus import Corpus
+from ..train.tokens import TokenStream
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,8 @@ def loss(
         tokens = corpus_or_tokens
     if torch.is_tensor(tokens):
         tokens = tokens.detach().cpu().reshape(-1).numpy()
-    tokens = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
-    tokens = tokens.reshape(-1)
+    if not isinstance(tokens, TokenStream):  # a TokenStream is read window by window
+        tokens = (tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)).reshape(-1)
     n = len(tokens)
     if n < 2:
         raise DataError(f"need at least 2 tokens to score, got {n}")
