@@ -73,6 +73,12 @@ def test_two_ranks_match_one_process_and_only_rank0_writes(tmp_path, one_process
     assert any("train_log.jsonl" in w for w in written[0])
     assert any("resume.safetensors" in w for w in written[0])
     assert proc.stdout.count("trained shared") == 1  # the summary is printed once
+    # The final evaluation was split over both ranks and equals one process's.
+    from recurnorm.evaluate import loss
+    from recurnorm.train.data import load_corpus
+
+    (val,) = [r["val_bpb"] for r in read_log(out) if "val_bpb" in r]
+    assert val == pytest.approx(loss(ref.model, load_corpus("default")).bits_per_byte, rel=1e-5)
 
 
 def test_crash_on_one_rank_is_named_and_the_run_resumes_on_one_rank(
