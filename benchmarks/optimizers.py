@@ -1,14 +1,16 @@
 """AdamW vs Muon on the tiny preset: validation bpb at equal steps and at equal wall time.
 
 Three paired seeds (same initial weights and batches for both optimizers). Equal
-steps: both train ``--steps`` steps. Equal wall time: the faster optimizer's
-seconds per step (median over the equal-step runs) sets a step count for the
-slower one, which trains again with that many steps (its schedule ends there).
+steps: both train ``--steps`` steps. Equal wall time: seconds per step are
+timed apart, in interleaved rounds of ``--time-steps`` steps (median; drift in
+machine load hits both alike); the slower optimizer then trains again with the
+step count that takes the faster one's time (its schedule ends there). Muon's
+matrices run at ``--muon-lr-mult`` times the preset's learning rate.
 The winner becomes the default only if it wins beyond the seed spread: every
 paired difference has the same sign and the mean difference exceeds the
 largest spread (max - min over seeds) of either optimizer.
 
-    python benchmarks/optimizers.py --steps 120 --seeds 3 [--json out.json]
+    python benchmarks/optimizers.py --steps 120 --seeds 3 --muon-lr-mult 4 [--json out.json]
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from recurnorm.train.presets import get_preset
 OPTIMIZERS = ("adamw", "muon")
 
 
-def run(opt: str, seed: int, steps: int, corpus, preset) -> dict:
-    kw = preset.with_overrides(steps=steps, optimizer=opt, eval_every=0).train_kwargs()
+def run(opt: str, seed: int, steps: int, corpus, preset, muon_lr_mult: float = 1.0) -> dict:
+    kw = preset.with_overrides(steps=steps, optimizer=opt, eval_every=0,
+                               muon_lr_mult=muon_lr_mult).train_kwargs()
     kw["warmup"] = min(kw["warmup"], steps // 5)
     config = ModelConfig.from_dict({**preset.model, "vocab_size": corpus.vocab_size})
     result = train(config, corpus, seed=seed, progress=False, **kw)
@@ -61,32 +64,42 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--muon-lr-mult", type=float, default=1.0)
+    ap.add_argument("--time-steps", type=int, default=10)
+    ap.add_argument("--time-rounds", type=int, default=3)
     ap.add_argument("--json", help="write all rows and verdicts to this file")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     corpus = load_corpus("default")
     preset = get_preset("tiny")
 
+    mult = args.muon_lr_mult
+    timing = {o: [] for o in OPTIMIZERS}
+    for _ in range(args.time_rounds):
+        for opt in OPTIMIZERS:
+            timing[opt].append(run(opt, 0, args.time_steps, corpus, preset, mult)["s_per_step"])
+    speed = {o: statistics.median(v) for o, v in timing.items()}
+
     equal_steps = []
     for seed in range(args.seeds):
         for opt in OPTIMIZERS:
-            equal_steps.append(run(opt, seed, args.steps, corpus, preset))
+            equal_steps.append(run(opt, seed, args.steps, corpus, preset, mult))
             r = equal_steps[-1]
             print(f"  {opt:5s} seed {seed}: {r['bpb']:.4f} bpb, {r['s_per_step']:.3f} s/step",
                   flush=True)  # fmt: skip
-    speed = {o: statistics.median(r["s_per_step"] for r in equal_steps if r["optimizer"] == o)
-             for o in OPTIMIZERS}  # fmt: skip
     slow = max(speed, key=speed.get)
     fast = min(speed, key=speed.get)
     slow_steps = max(1, round(args.steps * speed[fast] / speed[slow]))
     equal_time = [r for r in equal_steps if r["optimizer"] == fast]
     for seed in range(args.seeds):
-        equal_time.append(run(slow, seed, slow_steps, corpus, preset))
+        equal_time.append(run(slow, seed, slow_steps, corpus, preset, mult))
 
     verdicts = [verdict(equal_steps, f"equal steps ({args.steps})"),
                 verdict(equal_time, f"equal wall time ({fast} {args.steps} steps = "
                                     f"{slow} {slow_steps} steps)")]  # fmt: skip
-    print(f"\nseconds per step (median): adamw {speed['adamw']:.3f}, muon {speed['muon']:.3f}")
+    print(f"\nseconds per step (median of {args.time_rounds} interleaved rounds of "
+          f"{args.time_steps}): adamw {speed['adamw']:.3f}, muon {speed['muon']:.3f}; "
+          f"muon lr x{mult}")
     print("| comparison | AdamW bpb | Muon bpb | Muon - AdamW per seed | seed spread | winner |")
     print("|---|---|---|---|---|---|")
     for v in verdicts:

@@ -78,6 +78,8 @@ def _without_nproc(args: list[str]) -> list[str]:
 @click.option("--optimizer", type=click.Choice(["adamw", "muon"]),
               help="adamw, or muon for weight matrices with adamw for the rest "
                    "(default: the preset's).")
+@click.option("--muon-lr-mult", type=click.FloatRange(min=0, min_open=True),
+              help="--optimizer muon: the matrices' learning rate over --lr (default: preset's).")
 @click.option("--micro-batch", type=click.IntRange(min=1),
               help="Windows per forward pass on a rank; the rest of the batch is accumulated.")
 @click.option("--compile", "compile_model", is_flag=True, help="Run the model under torch.compile.")
@@ -105,6 +107,7 @@ def train(
     qat_ramp: float = 0.5, act_quant: bool = False, optimizer: str | None = None,
     micro_batch: int | None = None, compile_model: bool = False, nproc: int = 1,
     log_every: int | None = None, eval_every: int | None = None, save_every: int | None = None,
+    muon_lr_mult: float | None = None,
 ) -> None:  # fmt: skip
     """Train a model and write model.safetensors, config.json and train_log.jsonl to --out.
 
@@ -130,7 +133,7 @@ def train(
     p = get_preset(preset).with_overrides(steps=steps, lr=lr, batch_size=batch_size,
                                           optimizer=optimizer, micro_batch=micro_batch,
                                           log_every=log_every, eval_every=eval_every,
-                                          save_every=save_every)
+                                          save_every=save_every, muon_lr_mult=muon_lr_mult)
     rank, world, _ = env_world()
     if nproc > 1 and "WORLD_SIZE" not in os.environ:  # the launcher, not a rank
         if qat_format is not None:

@@ -59,10 +59,10 @@ READABLE_FORMATS = (1, 2)
 # ranks and the micro-batch are not among them: they do not change the loss curve.
 RESUME_KEYS = (
     "steps", "batch_size", "lr", "warmup", "min_lr_frac", "weight_decay", "grad_clip",
-    "control_lr_mult", "seed", "batch_seed", "optimizer",
+    "control_lr_mult", "seed", "batch_seed", "optimizer", "muon_lr_mult",
 )  # fmt: skip
 # What a saved run that predates a key used.
-RESUME_DEFAULTS = {"optimizer": "adamw"}
+RESUME_DEFAULTS = {"optimizer": "adamw", "muon_lr_mult": 1.0}
 
 
 @dataclass
@@ -117,6 +117,7 @@ def train(
     grad_clip: float = 1.0,
     control_lr_mult: float = 1.0,
     optimizer: str = "adamw",
+    muon_lr_mult: float = 1.0,
     seed: int = 0,
     batch_seed: int | None = None,
     micro_batch: int | None = None,
@@ -155,7 +156,7 @@ def train(
     hparams = dict(
         steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, min_lr_frac=min_lr_frac,
         weight_decay=weight_decay, grad_clip=grad_clip, control_lr_mult=control_lr_mult,
-        seed=seed, batch_seed=batch_seed, optimizer=optimizer,
+        seed=seed, batch_seed=batch_seed, optimizer=optimizer, muon_lr_mult=muon_lr_mult,
     )  # fmt: skip
     _check_args(config, corpus, hparams)
     ctx = distributed.context(device)
@@ -180,7 +181,7 @@ def train(
             copy_matching(model, init_state)
     model.to(dev)
     opt = build_optimizer(model, optimizer, lr=lr, weight_decay=weight_decay,
-                          control_lr_mult=control_lr_mult)  # fmt: skip
+                          control_lr_mult=control_lr_mult, muon_lr_mult=muon_lr_mult)  # fmt: skip
     rng = np.random.Generator(np.random.PCG64(batch_seed))
     # Training-time randomness (e.g. noise injection) gets its own stream, apart from init.
     torch.manual_seed(batch_seed + 1)

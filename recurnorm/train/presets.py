@@ -31,6 +31,7 @@ class Preset:
     grad_clip: float = 1.0
     control_lr_mult: float = 1.0  # lr multiplier for gains, gates and scalars
     optimizer: str = "adamw"  # or "muon" (recurnorm.train.optim)
+    muon_lr_mult: float = 1.0  # Muon matrices' lr over the schedule's (optimizer "muon" only)
     micro_batch: int | None = None  # windows per forward pass on one rank (None: all of them)
     eval_every: int = 200
     log_every: int = 20
