@@ -63,6 +63,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds first..first+seeds-1 (keep them apart from any tuning seed)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--muon-lr-mult", type=float, default=1.0)
     ap.add_argument("--time-steps", type=int, default=10)
@@ -81,7 +83,8 @@ def main() -> None:
     speed = {o: statistics.median(v) for o, v in timing.items()}
 
     equal_steps = []
-    for seed in range(args.seeds):
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    for seed in seeds:
         for opt in OPTIMIZERS:
             equal_steps.append(run(opt, seed, args.steps, corpus, preset, mult))
             r = equal_steps[-1]
@@ -91,7 +94,7 @@ def main() -> None:
     fast = min(speed, key=speed.get)
     slow_steps = max(1, round(args.steps * speed[fast] / speed[slow]))
     equal_time = [r for r in equal_steps if r["optimizer"] == fast]
-    for seed in range(args.seeds):
+    for seed in seeds:
         equal_time.append(run(slow, seed, slow_steps, corpus, preset, mult))
 
     verdicts = [verdict(equal_steps, f"equal steps ({args.steps})"),
