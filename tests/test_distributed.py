@@ -113,3 +113,38 @@ def test_micro_batches_match_the_whole_batch(default_corpus):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     with pytest.raises(ConfigError, match="micro_batch 3 must divide"):
         train(CONFIG, default_corpus, micro_batch=3, **kw)
+
+
+def test_batch_split_over_ranks_and_micro_batches():
+    from recurnorm.train.loop import _batch_split
+
+    assert _batch_split(8, None, 2) == (4, 4, 1)
+    assert _batch_split(8, 2, 2) == (4, 2, 2)
+    assert _batch_split(8, 64, 1) == (8, 8, 1)  # a micro-batch larger than the slice is the slice
+    with pytest.raises(ConfigError, match="not divisible by the 2 ranks"):
+        _batch_split(7, None, 2)
+
+
+def test_launcher_raises_the_failing_ranks_error_with_its_exit_code(tmp_path, monkeypatch):
+    """The launcher's side of a failure: the first rank's record becomes that error type."""
+    import recurnorm.train.launch as launch_mod
+    from recurnorm.train.distributed import ERROR_DIR_ENV
+
+    seen = {}
+
+    def fake_run(cmd, env, check):
+        seen["cmd"] = cmd
+        record = {"rank": 1, "world_size": 2, "error": "ConfigError",
+                  "message": "batch_size 7 is not divisible by the 2 ranks", "exit_code": 2}
+        (Path(env[ERROR_DIR_ENV]) / "rank1.json").write_text(json.dumps(record))
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(launch_mod.subprocess, "run", fake_run)
+    result = CliRunner().invoke(main, ["train", "--nproc", "2", "--batch-size", "7", "--out",
+                                       str(tmp_path / "r"), "--no-progress"])  # fmt: skip
+    assert result.exit_code == 2
+    assert "error: rank 1 of 2: batch_size 7 is not divisible" in result.output
+    cmd = seen["cmd"]
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert "--nproc_per_node=2" in cmd and "--nproc" not in cmd
+    assert cmd[cmd.index("-m", 4) + 1] == "recurnorm.train" and "--batch-size" in cmd

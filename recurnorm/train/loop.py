@@ -156,7 +156,8 @@ def train(
     hparams = dict(
         steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, min_lr_frac=min_lr_frac,
         weight_decay=weight_decay, grad_clip=grad_clip, control_lr_mult=control_lr_mult,
-        seed=seed, batch_seed=batch_seed, optimizer=optimizer, muon_lr_mult=muon_lr_mult,
+        seed=seed, batch_seed=batch_seed, optimizer=optimizer,
+        muon_lr_mult=muon_lr_mult if optimizer == "muon" else 1.0,  # AdamW runs ignore it
     )  # fmt: skip
     _check_args(config, corpus, hparams)
     ctx = distributed.context(device)
