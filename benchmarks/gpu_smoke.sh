@@ -40,8 +40,9 @@ COMMON=(--preset golf --steps "$STEPS" --data "shards:$SHARDS" --tokenizer "$SP"
         --log-every 25 --no-progress --force --json)
 stamp "golf on 1 GPU, $STEPS steps"
 "${RN[@]}" train "${COMMON[@]}" --out "$OUT/golf1" > "$OUT/golf1.json"
-stamp "golf under torchrun on $NGPU GPU(s), $STEPS steps"
-"${RN[@]}" train "${COMMON[@]}" --nproc "$NGPU" --out "$OUT/golfN" > "$OUT/golfN.json"
+stamp "golf under torchrun on $NGPU GPU(s), $STEPS steps (what recurnorm train --nproc runs)"
+"$PY" -m torch.distributed.run --standalone --nproc_per_node="$NGPU" -m recurnorm.train \
+  "${COMMON[@]}" --out "$OUT/golfN" > "$OUT/golfN.json"
 
 stamp "pack + verify (int8, the default export)"
 "${RN[@]}" pack "$OUT/golf1" -q int8 -o "$OUT/golf1.rnpk" --force | tail -3
@@ -57,7 +58,8 @@ import json, sys
 out = sys.argv[1]
 for name in ("golf1", "golfN"):
     try:
-        s = json.load(open(f"{out}/{name}.json"))
+        text = open(f"{out}/{name}.json").read()
+        s = json.loads(text[text.index("{"):])  # anything torchrun printed comes first
     except (OSError, ValueError):
         print(f"{name}: no summary"); continue
     log = [json.loads(x) for x in open(f"{out}/{name}/train_log.jsonl") if x.strip()]
