@@ -28,12 +28,13 @@ def test_golf_fills_the_cap_and_tiny_stays_the_demo_preset():
 
 @pytest.mark.parametrize("keep_float", [0, None])
 def test_size_estimate_is_close_to_the_packed_size(trained_tiny, keep_float):
-    from recurnorm.evaluate.roundtrip import pack_model
+    import recurnorm
+    from recurnorm.model import state_dict_for_export
 
     model, _ = trained_tiny
     kw = {} if keep_float is None else {"keep_float_max_numel": keep_float}
     policy = ExportPolicy(quantizer="int8", control_names=model.control_names(), **kw)
-    actual = len(pack_model(model, "int8", policy=policy))
+    actual = len(recurnorm.pack(state_dict_for_export(model), quant="int8", policy=policy))
     est = estimate_artifact_bytes(model.config, policy=policy).bytes
     assert 0.85 < est / actual < 1.2, (est, actual)
 
