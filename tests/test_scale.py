@@ -119,3 +119,19 @@ def test_training_shards_stay_memory_mapped_and_train_like_an_array(default_corp
     kw = dict(steps=3, seed=0, **FAST)
     x, y = train(CONFIG, sharded, **kw), train(CONFIG, in_memory, **kw)
     assert [r["loss"] for r in x.log] == [r["loss"] for r in y.log]
+
+
+def test_step_flops_count_the_loop_depth_times():
+    from recurnorm.model import RecurrentLM
+    from recurnorm.train.flops import step_flops
+
+    def per_token(depth: int) -> float:
+        c = ModelConfig(d_model=64, n_heads=2, depth=depth, seq_len=32, vocab_size=256)
+        with torch.device("meta"):  # counted, not computed
+            model = RecurrentLM(c)
+            batch = torch.zeros(2, c.seq_len + 1, dtype=torch.long)
+        return step_flops(model, batch) / (2 * c.seq_len)
+
+    block = 12 * 64 * 64  # q, k, v, o and the 4x MLP: the shared block's matrices
+    # 6 FLOPs per parameter per token (forward + backward) for each application, plus attention.
+    assert 6 * block * 4 <= per_token(6) - per_token(2) <= 1.2 * 6 * block * 4

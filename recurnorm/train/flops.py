@@ -10,6 +10,7 @@ the datasheet's.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -21,8 +22,11 @@ from torch.utils.flop_counter import FlopCounterMode
 def step_flops(model: nn.Module, batch_BxT1: torch.Tensor, *, bf16: bool = False) -> int:
     """FLOPs of one training step (forward + backward, no optimizer) on this batch."""
     dev = batch_BxT1.device
+    # A meta-device model is counted without computing (sizing a preset on any machine).
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16) if (
+        dev.type != "meta") else contextlib.nullcontext()  # fmt: skip
     with FlopCounterMode(display=False) as counter:
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+        with autocast:
             logits = model(batch_BxT1[:, :-1])
         loss = F.cross_entropy(logits.float().flatten(0, 1), batch_BxT1[:, 1:].flatten())
         loss.backward()

@@ -85,13 +85,14 @@ PRESETS: dict[str, Preset] = {
     ),
     # The 16 MB artifact: vocab 8192 (SP8192), one shared block of d=864 (12 heads of 72)
     # applied 8 times: 16.04M parameters, est. 15.45 MB at int8 (7.7 bits/weight measured).
-    # Compute: ~0.56 GFLOP per token (6 x 79M effective parameters + attention); 2,400 steps of
-    # 64 x 1024 tokens are 157M tokens, about 10 minutes at ~30% of a H100/H200's bf16 peak.
-    # The GPU time is an estimate until benchmarks/gpu_smoke.sh has run on a GPU.
+    # Compute: 557 MFLOP per training token (flops.step_flops on the meta device); 4,000 steps
+    # of 64 x 1024 tokens are 262M tokens = 1.46e17 FLOP: ten minutes at 25% of a H100/H200's
+    # 989 TFLOP/s dense bf16. That utilization is an assumption until benchmarks/gpu_smoke.sh
+    # has run on a GPU; scale steps by (600 s x its tokens/s / 65,536) once it has.
     "golf": Preset(
         model=dict(vocab_size=8192, d_model=864, n_heads=12, depth=8, seq_len=1024,
                    mlp_ratio=4.0),
-        steps=2400,
+        steps=4000,
         batch_size=64,
         micro_batch=32,
         lr=1.5e-3,
@@ -100,7 +101,7 @@ PRESETS: dict[str, Preset] = {
         grad_clip=1.0,
         control_lr_mult=1.0,
         eval_every=0,  # the FineWeb validation split is 62M tokens: score it once, at the end
-        save_every=300,
+        save_every=500,
         log_every=50,
     ),
 }
