@@ -281,6 +281,8 @@ class Compressed(Codec):
         if not isinstance(layout, str):
             raise ArtifactError(f"{ctx.kind} stream: {self.name} layout must be a string")
         if layout in ("plain", "shuffle"):
+            if offset:
+                raise ArtifactError(f"{ctx.kind} stream: layout {layout} takes no offset")
             expect = ctx.nbytes
         elif layout in PACKED_LAYOUTS:
             if DTYPES[ctx.dtype].kind not in "iub":
