@@ -147,6 +147,8 @@ class Raw(Codec, name="raw"):
         return to_le_bytes(arr, ctx.dtype), {}
 
     def decode(self, data, params, ctx):
+        if params:  # a stray layout would mean one thing here and another to a lenient reader
+            raise ArtifactError(f"{ctx.kind} stream: raw takes no params")
         return from_le_bytes(data, ctx)
 
 

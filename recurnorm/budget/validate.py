@@ -144,10 +144,11 @@ def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
         raise ArtifactError(f"{where}: params is not an object")
     out_size = output_itemsize(t["dtype"], where)
     quantizer = quantizer_for(t, where)
-    if quantizer is not None and quantizer.float_only and not t["dtype"].startswith(("float", "bfloat")):
-        # What a float format would give an integer tensor depends on how a reader casts
-        # (torch and numpy differ out of range): no writer makes one, so none is read.
-        raise ArtifactError(f"{where}: format {t['format']} stands for a float tensor, not {t['dtype']}")
+    if quantizer is not None and quantizer.float_only != t["dtype"].startswith(("float", "bfloat")):
+        # What a float format would give an integer tensor (or raw integers a float one) depends
+        # on how a reader casts (torch and numpy differ): no writer makes one, so none is read.
+        kind = "a float" if quantizer.float_only else "an integer or bool"
+        raise ArtifactError(f"{where}: format {t['format']} stands for {kind} tensor, not {t['dtype']}")
     streams = t.get("streams")
     if not isinstance(streams, dict) or "codes" not in streams or set(streams) - set(fmt.STREAM_KINDS):
         raise ArtifactError(f"{where}: streams must hold codes (and scales/zeros)")
