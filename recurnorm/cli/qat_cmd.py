@@ -50,7 +50,8 @@ def finetune(
     from ..model import load_checkpoint
     from ..train.data import load_corpus
     from ..train.presets import get_preset
-    from ..train.qat import QATSpec, export_qat, remove_qat, train_qat
+    from ..export.qat import export_qat
+    from ..train.qat import QATSpec, remove_qat, train_qat
 
     out_dir = Path(out)
     if out_dir.exists() and not force:
