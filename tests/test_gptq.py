@@ -8,6 +8,8 @@ import torch
 
 import recurnorm.quant as q
 from recurnorm.errors import QuantError
+from recurnorm.export.gptq import gptq_export
+from recurnorm.export.policy import ExportPolicy
 from recurnorm.quant.gptq import (
     calibration_batches,
     collect_hessians,
@@ -15,8 +17,6 @@ from recurnorm.quant.gptq import (
     gptq_with_weights,
     output_error,
 )
-from recurnorm.export.gptq import gptq_export
-from recurnorm.export.policy import ExportPolicy
 
 CASES = [
     ("int4", {}), ("int4", {"asymmetric": True}), ("int4", {"clip_search": True}),

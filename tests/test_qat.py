@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from recurnorm.errors import ConfigError
-from recurnorm.model import ModelConfig, RecurrentLM, save_checkpoint
 from recurnorm.export import load as export_load
 from recurnorm.export import qat as export_qat
+from recurnorm.model import ModelConfig, RecurrentLM, save_checkpoint
 from recurnorm.train import qat
 
 VAL_TOKENS = 8192  # a slice of the validation split keeps the loss evaluations fast

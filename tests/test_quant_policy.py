@@ -7,9 +7,9 @@ import torch
 
 import recurnorm.quant as q
 from recurnorm.errors import QuantError
+from recurnorm.export.policy import ExportPolicy
 from recurnorm.quant.extra_norm import add_extra_norm
 from recurnorm.quant.fake import absmax_act_quant, fake_quant, fake_quant_transform
-from recurnorm.export.policy import ExportPolicy
 
 
 def state() -> dict[str, torch.Tensor]:

@@ -76,7 +76,7 @@ def _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_nu
                    "only its training split is read")
 @click.option("--tokenizer", default=None, help="SentencePiece model of --calib-data text")
 @click.option("--calib-tokens", type=click.IntRange(min=1), default=None,
-              help="training tokens for calibration [default: 32768]")
+              help="training tokens for calibration [default: 32768 for --gptq, 4096 for --fit]")
 @click.option("--model-factory", default=None, metavar="MODULE:FUNCTION",
               help="build a foreign checkpoint's model with FUNCTION(config or None) -> nn.Module "
                    "(for --gptq and --fit); imports and runs that code")

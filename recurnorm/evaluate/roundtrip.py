@@ -235,11 +235,11 @@ def roundtrip(
     import torch
     from tqdm import tqdm
 
+    from ..export.load import load_model
     from ..model import ModelConfig, save_checkpoint
     from ..train.data import load_corpus
     from ..train.loop import train
     from ..train.presets import get_preset
-    from ..export.load import load_model
     from .loss import loss
 
     t0 = time.perf_counter()

@@ -14,10 +14,10 @@ from .policy import ExportPolicy, Rule, state_dict_for_export
 from .spec import build_policy, parse_format, parse_quant
 
 _LAZY = {
-    "pack": "pack", "pack_state": "pack", "pack_checkpoint": "pack", "quantize": "pack",
+    "pack_state": "pack", "pack_checkpoint": "pack", "quantize": "pack",
     "qat_policy": "qat", "export_qat": "qat", "export_config": "qat", "lossless_policy": "qat",
     "projection_weight_names": "qat", "load_model": "load", "prepare_exported": "load",
-    "gptq_export": "gptq", "fit_budget": "fit", "predict_size": "plan",
+    "gptq_export": "gptq", "fit_budget": "fit",
 }  # fmt: skip
 
 __all__ = ["ExportPolicy", "Rule", "build_policy", "parse_format", "parse_quant",

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError, OverCapError
 from ..quant.qtensor import QTensor
-from .policy import ExportPolicy, Plan, Rule, format_spec
+from .policy import FIT_RULE, ExportPolicy, Plan, Rule, format_spec
 
 # Candidate formats, widest first. Ternary only where asked (--fit-formats): a model
 # not trained for it loses far more than the bytes are worth.
@@ -64,6 +64,11 @@ class FitResult:
     sensitivity: dict[str, dict[str, float]] = field(default_factory=dict)
     uniform_bytes: dict[str, int] = field(default_factory=dict)  # whole artifact per format
 
+    @property
+    def direct(self) -> bool:
+        """True when the sensitivities are measured Δloss (not the weight-space proxy)."""
+        return self.method.startswith("direct")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (allocation, predicted vs measured, the method)."""
         return {"allocation": self.allocation, "predicted_bytes": self.predicted_bytes,
@@ -79,13 +84,14 @@ class FitResult:
         width = max((len(n) for n in self.allocation), default=6)
         out = [f"fit: {self.method}"]
         out += [f"  {n:<{width}}  {spec:<10} {self.bytes_table[n][spec]:>11,} B  "
-                f"Δloss {self.sensitivity[n][spec]:+.2e}"
+                f"{'Δloss' if self.direct else 'proxy'} {self.sensitivity[n][spec]:+.2e}"
                 for n, spec in self.allocation.items()]  # fmt: skip
         out.append("fit: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) +
                    f"; predicted {self.predicted_bytes:,} B, measured {self.measured_bytes:,} B "
                    f"({(self.measured_bytes / max(self.predicted_bytes, 1) - 1) * 100:+.2f}%), "
                    f"budget {self.budget_bytes:,} B for the artifact; "
-                   f"predicted Δloss {self.predicted_dloss:+.4f} nats/token")
+                   + (f"predicted Δloss {self.predicted_dloss:+.4f} nats/token" if self.direct
+                      else f"proxy error {self.predicted_dloss:.4g} (weight-space units)"))
         return "\n".join(out)
 
 
@@ -103,14 +109,14 @@ def parse_formats(text: str | None) -> tuple[tuple[str, dict[str, Any]], ...]:
 def _uniform_policy(policy: ExportPolicy, names: list[str], fmt: str, opts: dict) -> ExportPolicy:
     from dataclasses import replace
 
-    fit_rules = tuple(Rule(n, fmt, opts, f"fit {format_spec(fmt, opts)}") for n in names)
+    fit_rules = tuple(Rule(n, fmt, opts, FIT_RULE) for n in names)
     return replace(policy, rules=fit_rules + policy.rules)
 
 
 def _alloc_policy(policy: ExportPolicy, alloc: dict[str, tuple[str, dict]]) -> ExportPolicy:
     from dataclasses import replace
 
-    fit_rules = tuple(Rule(n, f, o, f"fit {format_spec(f, o)}") for n, (f, o) in alloc.items())
+    fit_rules = tuple(Rule(n, f, o, FIT_RULE) for n, (f, o) in alloc.items())
     return replace(policy, rules=fit_rules + policy.rules)
 
 
@@ -224,7 +230,7 @@ def fit_budget(
     deq: dict[str, dict[str, Tensor]] = {n: {} for n in names}
     uniform: dict[str, int] = {}
     fixed: list[int] = []
-    for (fmt, opts), spec in zip(formats, specs):
+    for (fmt, opts), spec in zip(formats, specs, strict=True):
         say(f"fit: packing every candidate as {spec}")
         pol = _uniform_policy(policy, names, fmt, opts)
         qts, pplan = quantize_fn(state, pol)
@@ -279,7 +285,7 @@ def fit_budget(
             solve(-(-costs_b // unit), losses, target // unit)
         if picks is None:
             picks = [order[-1]] * len(names)  # the narrowest everywhere: known to fit
-        alloc = {n: formats[j] for n, j in zip(names, picks)}
+        alloc = {n: formats[j] for n, j in zip(names, picks, strict=True)}
         pol = _alloc_policy(policy, alloc)
         qts, pplan = quantize_fn(state, pol)
         data, _ = _pack(qts, pplan, pol, metadata, effort)
@@ -295,7 +301,7 @@ def fit_budget(
         policy=pol, data=data,
         allocation={n: format_spec(*alloc[n]) for n in names},
         predicted_bytes=predicted, measured_bytes=len(data), budget_bytes=avail,
-        predicted_dloss=float(sum(sens[n][specs[j]] for n, j in zip(names, picks))),
+        predicted_dloss=float(sum(sens[n][specs[j]] for n, j in zip(names, picks, strict=True))),
         method=method, formats=tuple(specs), bytes_table=bytes_table, sensitivity=sens,
         uniform_bytes=uniform,
     )  # fmt: skip

@@ -72,6 +72,7 @@ HUGGING_FACE_EMBEDDINGS = (
 EMBEDDING_NAMES = RECURNORM_EMBEDDINGS + PARAMETER_GOLF_EMBEDDINGS + HUGGING_FACE_EMBEDDINGS
 
 WILDCARDS = frozenset("*?[")
+FIT_RULE = "fit"  # the text of the exact-name rules pack --fit writes (the format is in the row)
 
 Plan = dict[str, tuple[str, dict[str, Any], str]]
 
@@ -177,7 +178,7 @@ class ExportPolicy:
             if (rule.exact and name == rule.pattern) or (
                 not rule.exact and not protected and fnmatch.fnmatchcase(name, rule.pattern)
             ):
-                return rule.format, dict(rule.options), f"rule {rule.label()}"
+                return rule.format, dict(rule.options), rule.text if rule.text == FIT_RULE else f"rule {rule.label()}"
         if control:
             if self.quantize_controls:
                 return self.quantizer, dict(self.options), "control (quantize_controls)"
@@ -200,8 +201,10 @@ class ExportPolicy:
 
     def summary(self) -> str:
         """One line: the main format and every rule that differs from the defaults."""
-        parts = [f"weights {format_spec(self.quantizer, self.options)}"]
-        parts += [f"rule {r.label()}" for r in self.rules]
+        fitted = any(r.text == FIT_RULE for r in self.rules)
+        # (short on purpose: --fit's artifact must not outgrow the uniform one it is compared with)
+        parts = ["--fit" if fitted else f"weights {format_spec(self.quantizer, self.options)}"]
+        parts += [f"rule {r.label()}" for r in self.rules if r.text != FIT_RULE]
         parts += [f"override {p}={format_spec(f, o)}" for p, (f, o) in self.overrides.items()]
         controls = self.quantizer if self.quantize_controls else self.control_format
         parts += [f"embeddings {format_spec(self.embedding_format, self.embedding_options)}",

@@ -14,6 +14,9 @@ from .fit import DEFAULT_FORMATS, fit_budget
 from .pack import Packed, checkpoint_policy, pack_state, rows_with_rules
 from .policy import ExportPolicy, format_spec
 
+# --fit runs (formats x candidate tensors) forwards on these: fewer tokens than GPTQ's Hessians.
+FIT_CALIB_TOKENS = 4096
+
 
 @dataclass
 class Source:
@@ -79,9 +82,9 @@ def ship(
     if gptq and config is not None and config.get("qat"):
         raise ConfigError("--gptq: a QAT checkpoint ships the codes its training saw; GPTQ would change them")
     tokens = _train_tokens(calib_data, tokenizer) if calib_data is not None else None
-    n_tokens = calib_tokens or DEFAULT_CALIB_TOKENS
     quantize_fn = None
     if gptq:
+        n_tokens = calib_tokens or DEFAULT_CALIB_TOKENS
         exporter = GPTQExporter(src.model, tokens, n_tokens)
         quantize_fn = exporter.quantize
         metadata["gptq"] = {"calib_data": str(calib_data), "calib_tokens": n_tokens}
@@ -102,7 +105,8 @@ def ship(
         from .fit import calibration_loss_fn
         from .gptq import calibration_windows
 
-        loss_fn = calibration_loss_fn(src.model, calibration_windows(src.model, tokens, n_tokens))
+        n_fit = calib_tokens or FIT_CALIB_TOKENS
+        loss_fn = calibration_loss_fn(src.model, calibration_windows(src.model, tokens, n_fit))
     else:
         notes.append("fit: no --calib-data: sensitivities are a weight-space proxy, not measured Δloss")
     result = fit_budget(src.state, policy, fit_bytes, formats=fit_formats, loss_fn=loss_fn,

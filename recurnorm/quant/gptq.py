@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..errors import QuantError
 from .grid import GridQuantizer
 from .qtensor import QTensor
-from .registry import Quantizer, check_finite, get
+from .registry import Quantizer, check_finite
 
 
 def _grid_quantizer(quantizer: Quantizer) -> GridQuantizer:
