@@ -299,3 +299,37 @@ def test_fit_impossible_is_overcap_error(pg_ckpt):
 
     with pytest.raises(OverCapError, match="smallest achievable"):
         ship.ship(pg_ckpt, build_policy("int8"), fit_bytes=1000)
+
+
+# -- the planner ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("quant", ["int8", "int6", "int4", "ternary"])
+def test_planner_predicts_a_trained_tiny_model_within_2_percent(trained_tiny, quant):
+    from recurnorm.export.pack import pack
+    from recurnorm.export.plan import predict_size
+
+    model = trained_tiny[0]
+    actual = len(pack(model, quant=quant))
+    plan = predict_size(model.config.to_dict(), build_policy(quant))
+    assert abs(plan.predicted_bytes - actual) <= 0.02 * actual, (plan.predicted_bytes, actual)
+    assert plan.formats[quant]["bits_per_weight"] > 0
+
+
+def test_plan_cli_and_fit(tmp_path):
+    r = cli("plan", "--scheme", "norm", "--d", 64, "--depth", 3, "--n-heads", 2, "-q", "int6", "--json")
+    assert r.exit_code == 0, r.output
+    small = json.loads(r.output)["total_bytes"]
+    code = tmp_path / "c.py"
+    code.write_text("x = 1\n" * 100)
+    budget = 3 * small
+    r = cli("plan", "--scheme", "norm", "--depth", 3, "--n-heads", 2, "-q", "int6", "--fit", budget,
+            "--code", code, "--json")
+    fitted = json.loads(r.output)
+    d = fitted["config"]["d_model"]
+    assert fitted["total_bytes"] <= budget and fitted["code_bytes"] == 600 and d > 64 and d % 4 == 0
+    bigger = cli("plan", "--scheme", "norm", "--d", d + 4, "--depth", 3, "--n-heads", 2, "-q", "int6",
+                 "--code", code, "--json")
+    assert json.loads(bigger.output)["total_bytes"] > budget  # the largest width that fits
+    r = CliRunner().invoke(main, ["plan", "-q", "int4:nope=1"])
+    assert r.exit_code == 2 and "nope" in r.output

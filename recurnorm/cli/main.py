@@ -23,6 +23,7 @@ COMMANDS = {
     "unpack": "pack_cmd:unpack",
     "verify": "pack_cmd:verify",
     "inspect": "pack_cmd:inspect",
+    "plan": "plan_cmd:plan",
     "roundtrip": "roundtrip_cmd:roundtrip",
     "demo": "roundtrip_cmd:demo",
     "shard": "shard_cmd:shard",
