@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from recurnorm.budget import Budget, pack_qtensors, read_artifact, verify_bytes
+from recurnorm.budget import compress
 from recurnorm.budget import format as fmt
 from recurnorm.errors import ArtifactError, OverCapError
 from recurnorm.quant.qtensor import QTensor
@@ -129,19 +130,24 @@ def test_budget_counts_code_files(tmp_path):
     assert verify_bytes(data[:-3]).exit_code == 4
 
 
-def test_manifest_is_stored_compressed_and_plain_manifests_still_read():
+def test_manifest_is_stored_compressed_and_every_form_reads():
     data = pack_qtensors(_qts(5))
     flags, mlen = fmt.HEADER.unpack_from(data, 0)[2:4]
     manifest, payload = fmt.split_container(data)
     plain = fmt.dumps(manifest)
-    assert flags == fmt.FLAG_ZSTD_MANIFEST and mlen < 0.5 * len(plain)
-    # The same artifact with its manifest stored plain (flags 0) decodes to the same tensors.
-    old = fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, 0, len(plain), hashlib.sha256(plain).digest()) + plain + payload
-    a, b = read_artifact(data), read_artifact(old)
-    assert a.manifest == b.manifest
-    assert all(np.array_equal(a.qtensors[k].codes, b.qtensors[k].codes) for k in a.qtensors)
-    for bad_flags, body, why in ((2, plain, "unsupported artifact flags"),
-                                 (fmt.FLAG_ZSTD_MANIFEST, b"\x28\xb5\x2f\xfd" + bytes(20), "manifest: zstd")):
+    assert flags in (compress.DEFLATE, compress.LZMA) and mlen < 0.5 * len(plain)
+    # The same artifact with its manifest stored in every other form decodes the same.
+    a = read_artifact(data)
+    for kind in (compress.RAW, compress.ZSTD, compress.DEFLATE, compress.LZMA):
+        m = compress.compress(kind, plain)
+        other = fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, kind, len(m), hashlib.sha256(m).digest()) + m + payload
+        b = read_artifact(other)
+        assert a.manifest == b.manifest
+        assert all(np.array_equal(a.qtensors[k].codes, b.qtensors[k].codes) for k in a.qtensors)
+    for bad_flags, body, why in ((4, plain, "unsupported artifact flags"),
+                                 (compress.ZSTD, b"\x28\xb5\x2f\xfd" + bytes(20), "manifest: zstd"),
+                                 (compress.DEFLATE, bytes(20), "manifest: deflate"),
+                                 (compress.LZMA, compress.compress(compress.LZMA, plain)[:-5], "manifest: lzma")):
         forged = fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, bad_flags, len(body),
                                  hashlib.sha256(body).digest()) + body + payload
         with pytest.raises(ArtifactError, match=why):

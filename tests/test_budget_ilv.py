@@ -129,22 +129,33 @@ def test_hostile_ilv_streams_raise_artifact_error():
             codecs.Rans().decode(data, {**params, key: value}, ctx)
 
 
-def test_original_layout_still_decodes():
-    """Streams written before prec/lanes/tuple (u32 header, zstd frames) keep decoding."""
+def test_version_1_side_data_still_decodes():
+    """Format version 1 stored a side blob's form in one bit (raw or magicless zstd)."""
+    from recurnorm.budget import compress
+
     rng = np.random.default_rng(7)
     codes = rng.integers(-3, 4, size=(40, 300)).astype(np.int8)
     sym = codes.astype(np.int64).ravel() + 3
-    ctx_ids = np.zeros(sym.size, dtype=np.int64)
-    tables = rans.quantize_counts(np.bincount(sym, minlength=7))[None, :]
-    body = rans.encode(sym, ctx_ids, 1, 7, None, tables)
-    params = {"offset": -3, "nsym": 7, "context": "none", "k": 1}
-    assert np.array_equal(codecs.Rans().decode(body, params, _ctx(codes, codes.shape)), codes)
+    tables = rans.normalize_table(np.bincount(sym, minlength=7), 12)
+    tblob = compress.compress(compress.ZSTD, rans.varint_encode(tables.ravel()), magicless=True)
+    body = (rans.varint_encode(np.array([2 * len(tblob) + 1, 0])) + tblob
+            + rans.ilv_encode(sym, None, tables, 12, 1))
+    params = {"offset": -3, "nsym": 7, "prec": 12, "lanes": 1}
+    old = _ctx(codes, codes.shape)
+    old.version = 1
+    assert np.array_equal(codecs.Rans().decode(body, params, old), codes)
+    with pytest.raises(ArtifactError):  # read as version 2, the header means something else
+        codecs.Rans().decode(body, params, _ctx(codes, codes.shape))
 
 
-def test_compact_header_side_data_raw_or_zipped():
+def test_side_data_takes_its_shortest_portable_form():
+    from recurnorm.budget import compress
+
     rng = np.random.default_rng(8)
-    for raw in (b"", b"\x01\x02", bytes(rng.integers(0, 4, 3000).astype(np.uint8))):
-        blob, z = rans._pack_compact(raw)
-        assert rans._unpack_compact(blob, z, max(len(raw), 1)) == raw and len(blob) <= len(raw)
-    with pytest.raises(ArtifactError):
-        rans._unpack_compact(rans._pack_compact(bytes(3000))[0], 1, 100)
+    for raw in (b"", b"\x01\x02", bytes(rng.integers(0, 4, 3000).astype(np.uint8)), bytes(3000)):
+        blob, z = rans.pack_side(raw)
+        assert z in compress.PORTABLE and len(blob) <= len(raw)
+        assert compress.decompress(z, blob, max(len(raw), 1), "side") == raw
+    for z in (compress.DEFLATE, compress.LZMA):  # bounded: more output than expected is refused
+        with pytest.raises(ArtifactError):
+            compress.decompress(z, compress.compress(z, bytes(3000)), 100, "side")

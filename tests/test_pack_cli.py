@@ -89,7 +89,7 @@ def test_verify_exit_codes(ckpts, tmp_path):
     assert json.loads(r.output)["ok"] is True
     cases = {
         "magic": b"NOPE" + data[4:],
-        "version": data[:4] + struct.pack("<H", 2) + data[6:],
+        "version": data[:4] + struct.pack("<H", 3) + data[6:],
         "checksum": data[:-10] + bytes([data[-10] ^ 0x40]) + data[-9:],
         "truncated": data[: len(data) // 2],
     }

@@ -91,7 +91,7 @@ def test_zstd_slow_level_still_runs_where_repetition_pays():
     rows = np.repeat(rng.integers(-1, 2, (8, 1024)), 8, axis=0)[rng.permutation(64)]
     codes = (rows * (rng.random((64, 1024)) < 0.9)).astype(np.int8)
     ctx = _ctx(codes)
-    name, params, data = codecs.encode_best(codes, ctx)
+    name, params, data = codecs.encode_best(codes, ctx, ("rans", "zstd", "raw"))
     raw = codecs.layout_bytes(codes, "int8", params["layout"], params["offset"])
     assert name == "zstd"
     assert len(data) == len(zstandard.ZstdCompressor(level=codecs.ZSTD_LEVEL).compress(raw))
@@ -222,11 +222,11 @@ def test_hostile_grid_params_and_ids_are_refused():
     with pytest.raises(ArtifactError, match="grid"):
         codecs.Rans().decode(data, no_kc, ctx)
     # Row ids that reach past the row classes (but not past k) are caught, not read as columns.
-    tables, ids, words = rans.split_body(data, k, params["nsym"], 256 + 128, 2, compact=True)
+    tables, ids, words = rans.split_body(data, k, params["nsym"], 256 + 128)
     forged = ids.copy()
     forged[0] = k // kc
-    side = (rans._pack_compact(rans.varint_encode(tables.ravel())), rans._pack_compact(forged.astype(np.uint8).tobytes()))
-    head = rans.varint_encode(np.array([2 * len(side[0][0]) + side[0][1], 2 * len(side[1][0]) + side[1][1]]))
+    side = (rans.pack_side(rans.varint_encode(tables.ravel())), rans.pack_side(forged.astype(np.uint8).tobytes()))
+    head = rans.varint_encode(np.array([4 * len(side[0][0]) + side[0][1], 4 * len(side[1][0]) + side[1][1]]))
     with pytest.raises(ArtifactError, match="grid class ids"):
         codecs.Rans().decode(head + side[0][0] + side[1][0] + words, params, ctx)
 

@@ -123,8 +123,9 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str) -> 
 
 
 def _decode_stream(payload: memoryview, s: dict, kind: str, tensor: dict,
-                   scales: np.ndarray | None) -> np.ndarray:
-    ctx = StreamContext(kind, s["dtype"], tuple(s["shape"]), tuple(tensor["shape"]), scales)
+                   scales: np.ndarray | None, version: int) -> np.ndarray:
+    ctx = StreamContext(kind, s["dtype"], tuple(s["shape"]), tuple(tensor["shape"]), scales,
+                        version=version)
     data = bytes(payload[s["offset"] : s["offset"] + s["length"]])
     arr = codecs_mod.get(s["codec"]).decode(data, s["params"], ctx)
     if _sha(arr, s["dtype"]) != s["sha256"]:
@@ -146,7 +147,8 @@ def read_artifact(data: bytes) -> Artifact:
         dec = {}
         for kind in ("scales", "zeros", "codes"):
             if kind in st:
-                dec[kind] = _decode_stream(payload, st[kind], kind, t, dec.get("scales"))
+                dec[kind] = _decode_stream(payload, st[kind], kind, t, dec.get("scales"),
+                                           manifest["version"])
         qtensors[t["name"]] = QTensor(
             format=t["format"], shape=tuple(t["shape"]), dtype=t["dtype"], codes=dec["codes"],
             scales=dec.get("scales"), zeros=dec.get("zeros"), params=t["params"],

@@ -26,18 +26,28 @@ def code_bytes(paths: list[str | Path]) -> int:
 
 @dataclass
 class Budget:
-    """A cap in bytes and the code files counted against it."""
+    """A cap in bytes and the code counted against it: code files, and the loader that
+    decodes the artifact (`recurnorm loader`; a file, or its byte count) shown apart."""
 
     max_bytes: int = DEFAULT_MAX_BYTES
     code_files: list[str | Path] = field(default_factory=list)
+    loader: str | Path | int | None = None
+
+    def loader_bytes(self) -> int:
+        """The loader's counted bytes (0 without one)."""
+        if self.loader is None or isinstance(self.loader, int):
+            return self.loader or 0
+        return code_bytes([self.loader])
 
     def check(self, artifact_bytes: int, tensors: list[dict] | None = None) -> dict:
-        """A JSON-able report; raises OverCapError(report) when over the cap."""
-        code = code_bytes(self.code_files)
+        """A JSON-able report; raises OverCapError(report) when over the cap.
+        code_bytes counts the loader too; loader_bytes says how much of it that is."""
+        loader = self.loader_bytes()
+        code = code_bytes(self.code_files) + loader
         total = artifact_bytes + code
         report = {
             "max_bytes": self.max_bytes, "artifact_bytes": artifact_bytes, "code_bytes": code,
-            "total_bytes": total, "headroom_bytes": self.max_bytes - total,
+            "loader_bytes": loader, "total_bytes": total, "headroom_bytes": self.max_bytes - total,
             "over_cap": total > self.max_bytes, "tensors": tensors or [],
         }
         if total > self.max_bytes:

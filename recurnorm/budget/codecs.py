@@ -16,7 +16,7 @@ import numpy as np
 import zstandard
 
 from ..errors import ArtifactError
-from . import bounded_zstd, rans, search
+from . import compress, rans, search
 
 # numpy dtypes a stream may hold; all are stored little-endian.
 DTYPES: dict[str, np.dtype] = {
@@ -26,7 +26,7 @@ DTYPES: dict[str, np.dtype] = {
         "float16", "float32", "float64",
     )
 }
-ZSTD_LEVEL = 19
+ZSTD_LEVEL = compress.ZSTD_LEVEL
 ZSTD_QUICK_LEVEL = 3
 # The slow level (~0.25 us a byte on small-alphabet layouts) runs on the best quick
 # layout only, and only where zstd is in the race: its quick size within 2% of the best
@@ -39,12 +39,20 @@ ZSTD_PROBE = 1 << 16  # bytes per probe slice
 ZSTD_PROBE_MARGIN = 1.1  # skip zstd when the probe extrapolates 10% above the best so far
 
 
-def _zstd_probe(raw: bytes) -> float:
-    """zstd-3 size of raw extrapolated from three evenly spread slices."""
+def _probe(raw: bytes, quick) -> float:
+    """Size of raw under a quick compressor, extrapolated from three evenly spread slices."""
     n = len(raw)
     starts = (0, (n - ZSTD_PROBE) // 2, n - ZSTD_PROBE)
-    got = sum(len(zstandard.ZstdCompressor(level=3).compress(raw[s : s + ZSTD_PROBE])) for s in starts)
+    got = sum(len(quick(raw[s : s + ZSTD_PROBE])) for s in starts)
     return got * n / (3 * ZSTD_PROBE)
+
+
+def _zstd_probe(raw: bytes) -> float:
+    """zstd-3 size of raw extrapolated from three slices."""
+    return _probe(raw, zstandard.ZstdCompressor(level=3).compress)
+
+
+DEFLATE_PROBE_MARGIN = 1.25  # deflate-1 slices run up to ~15% above deflate-9 on codes
 
 
 @dataclass
@@ -57,6 +65,7 @@ class StreamContext:
     tensor_shape: tuple[int, ...] = ()
     scales: np.ndarray | None = None
     effort: str = "normal"  # encoder only: how hard codecs search ("normal" or "max")
+    version: int = 2  # decoder only: the artifact's format version
     plans: dict[str, Any] = field(default_factory=dict)  # encoder only: each codec's prepare() result
 
     @property
@@ -74,10 +83,11 @@ class Codec:
     name: ClassVar[str]
     registry: ClassVar[dict[str, type[Codec]]] = {}
 
-    def __init_subclass__(cls, name: str, **kw: Any) -> None:
+    def __init_subclass__(cls, name: str | None = None, **kw: Any) -> None:
         super().__init_subclass__(**kw)
-        cls.name = name
-        Codec.registry[name] = cls
+        if name is not None:  # a base class of several codecs registers nothing
+            cls.name = name
+            Codec.registry[name] = cls
 
     def prepare(self, items: list[tuple[np.ndarray, StreamContext]]) -> None:
         """Work out, for many streams at once, what candidates() needs (kept in ctx.plans[name])."""
@@ -233,38 +243,31 @@ def layouts_for(arr: np.ndarray, dtype: str) -> list[tuple[str, int]]:
     return out
 
 
-class Zstd(Codec, name="zstd"):
-    """zstd over the best of a few byte layouts (plain, byte-grouped, bit-packed)."""
+class Compressed(Codec):
+    """A general-purpose compressor over the best of a few byte layouts (plain,
+    byte-grouped, bit-packed); subclasses name the compressor (compress.py)."""
 
-    level: int = ZSTD_LEVEL
+    compressor: ClassVar[int]  # a compress.py id
+    LZMA_RACE = 1.02  # lzma (slow) runs only where deflate came within 2% of the best so far
 
     def candidates(self, arr, ctx, best):
+        out = []
+        for layout, offset in self._layouts(arr, ctx):
+            raw = layout_bytes(arr, ctx.dtype, layout, offset)
+            if ctx.effort != "max" and len(raw) > 4 * ZSTD_PROBE and (_probe(raw, lambda b: compress.deflate(b, 1))
+                                               > best * DEFLATE_PROBE_MARGIN):
+                continue  # slices at a quick level already lose clearly (rans won these codes)
+            out.append((compress.compress(self.compressor, raw), {"layout": layout, "offset": offset}))
+        return out
+
+    @staticmethod
+    def _layouts(arr, ctx) -> list[tuple[str, int]]:
         layouts = layouts_for(arr, ctx.dtype)
         if ctx.effort != "max" and layouts[-1][0] in PACKED_LAYOUTS:
-            # Codes that pack: only the packed layout. The others' bytes need the slow level
-            # to compete (measured on trained int4/ternary codes: plain at the quick level is
-            # 7-36% larger than packed), and the slow level runs on the best quick layout.
+            # Codes that pack: only the packed layout (measured on trained int4/ternary codes:
+            # plain is 7-36% larger than packed at zstd's quick level).
             layouts = layouts[-1:]
-        quick = []
-        for layout, offset in layouts:
-            raw = layout_bytes(arr, ctx.dtype, layout, offset)
-            if len(raw) > 4 * ZSTD_PROBE and _zstd_probe(raw) > best * ZSTD_PROBE_MARGIN:
-                continue  # a slice at the fast level already loses clearly: skip the full runs
-            data = zstandard.ZstdCompressor(level=ZSTD_QUICK_LEVEL).compress(raw)
-            quick.append((data, {"layout": layout, "offset": offset}, raw))
-        out = [(data, params) for data, params, _ in quick]
-        if ctx.effort == "max":  # every layout at the slow level
-            return out + [(zstandard.ZstdCompressor(level=self.level).compress(raw), params)
-                          for _, params, raw in quick]
-        if not quick:
-            return out
-        data, params, raw = min(quick, key=lambda q: len(q[0]))  # first layout on ties
-        if len(data) > best * ZSTD_SLOW_RACE:
-            return out
-        order0 = rans._entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8))) / 8
-        if len(data) < ZSTD_REPEATS * order0 or order0 < ZSTD_DENSE * len(raw):
-            out.append((zstandard.ZstdCompressor(level=self.level).compress(raw), params))
-        return out
+        return layouts
 
     def encode(self, arr, ctx):
         return min(self.candidates(arr, ctx, best=1 << 62), key=lambda c: len(c[0]))
@@ -273,17 +276,17 @@ class Zstd(Codec, name="zstd"):
         layout = params.get("layout")
         offset = params.get("offset", 0)
         if not isinstance(offset, int) or isinstance(offset, bool) or abs(offset) > 1 << 64:
-            raise ArtifactError("zstd offset must be an integer")
+            raise ArtifactError(f"{self.name} offset must be an integer")
         n = ctx.numel
         if layout in ("plain", "shuffle"):
             expect = ctx.nbytes
-        elif layout in PACKED_LAYOUTS:
+        elif isinstance(layout, str) and layout in PACKED_LAYOUTS:
             expect = PACKED_LAYOUTS[layout][1](n)
         else:
-            raise ArtifactError(f"unknown zstd layout {layout!r}")
-        raw = bounded_zstd.decompress(data, expect, f"{ctx.kind} stream")
+            raise ArtifactError(f"unknown {self.name} layout {layout!r}")
+        raw = compress.decompress(self.compressor, data, expect, f"{ctx.kind} stream")
         if len(raw) != expect:
-            raise ArtifactError(f"{ctx.kind} stream: zstd gave {len(raw)} bytes, expected {expect}")
+            raise ArtifactError(f"{ctx.kind} stream: {self.name} gave {len(raw)} bytes, expected {expect}")
         if layout == "plain":
             return from_le_bytes(raw, ctx)
         if layout == "shuffle":
@@ -298,6 +301,59 @@ class Zstd(Codec, name="zstd"):
             bits = {"bits2": (4, 2), "nib4": (2, 4), "pack6": (4, 6)}[layout]
             sym = _unpack_bits(raw, n, *bits)
         return _symbols_to_array(sym, offset, ctx)
+
+
+class Deflate(Compressed, name="deflate"):
+    """Raw deflate (zlib, level 9): portable, quick; wins on small streams."""
+
+    compressor = compress.DEFLATE
+
+
+class Lzma(Compressed, name="lzma"):
+    """Raw LZMA2 (9e): portable; 1-10% under deflate on scales and float words, slower,
+    so it runs on deflate's best layout only, and only where deflate is in the race."""
+
+    compressor = compress.LZMA
+
+    def candidates(self, arr, ctx, best):
+        if ctx.effort == "max":  # every layout
+            return super().candidates(arr, ctx, best)
+        tries = Deflate().candidates(arr, ctx, best)
+        if not tries:
+            return []
+        data, params = min(tries, key=lambda c: len(c[0]))
+        if len(data) > best * self.LZMA_RACE:
+            return []
+        raw = layout_bytes(arr, ctx.dtype, params["layout"], params["offset"])
+        return [(compress.compress(self.compressor, raw), params)]
+
+
+class Zstd(Compressed, name="zstd"):
+    """zstd (level 19) over the best layout. Not portable (the standard library has no
+    zstd): read always, written only when asked for (`codecs=` naming it)."""
+
+    compressor = compress.ZSTD
+
+    def candidates(self, arr, ctx, best):
+        quick = []
+        for layout, offset in self._layouts(arr, ctx):
+            raw = layout_bytes(arr, ctx.dtype, layout, offset)
+            if len(raw) > 4 * ZSTD_PROBE and _zstd_probe(raw) > best * ZSTD_PROBE_MARGIN:
+                continue  # a slice at the fast level already loses clearly: skip the full runs
+            data = zstandard.ZstdCompressor(level=ZSTD_QUICK_LEVEL).compress(raw)
+            quick.append((data, {"layout": layout, "offset": offset}, raw))
+        out = [(data, params) for data, params, _ in quick]
+        if ctx.effort == "max":  # every layout at the slow level
+            return out + [(compress.compress(self.compressor, raw), params) for _, params, raw in quick]
+        if not quick:
+            return out
+        data, params, raw = min(quick, key=lambda q: len(q[0]))  # first layout on ties
+        if len(data) > best * ZSTD_SLOW_RACE:
+            return out
+        order0 = rans._entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8))) / 8
+        if len(data) < ZSTD_REPEATS * order0 or order0 < ZSTD_DENSE * len(raw):
+            out.append((compress.compress(self.compressor, raw), params))
+        return out
 
 
 def _symbols_to_array(sym: np.ndarray, offset: int, ctx: StreamContext) -> np.ndarray:
@@ -406,14 +462,14 @@ class Rans(Codec, name="rans"):
     def decode(self, data, params, ctx):
         offset, nsym = params.get("offset"), params.get("nsym")
         variant, k, kc = params.get("context", "none"), params.get("k", 1), params.get("kc", 1)
-        t, lanes, prec = params.get("tuple", 1), params.get("lanes", 0), params.get("prec", 0)
+        t, lanes, prec = params.get("tuple", 1), params.get("lanes"), params.get("prec")
         for key, v, lo, hi in (("offset", offset, -(1 << 64), 1 << 64),
                                ("nsym", nsym, 1, rans.MAX_ALPHABET),
                                ("k", k, 1, rans.MAX_CONTEXTS),
                                ("kc", kc, 1, rans.MAX_CONTEXTS),
                                ("tuple", t, 1, 8),
-                               ("lanes", lanes, 0, rans.MAX_LANES),
-                               ("prec", prec, 1 if lanes else 0, rans.MAX_PREC)):
+                               ("lanes", lanes, 1, rans.MAX_LANES),
+                               ("prec", prec, 1, rans.MAX_PREC)):
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ArtifactError(f"rans param {key}={v!r} out of range")
         if lanes & (lanes - 1):
@@ -421,7 +477,7 @@ class Rans(Codec, name="rans"):
         nt = nsym ** t
         if nt > rans.MAX_ALPHABET:
             raise ArtifactError("rans tuple alphabet too large")
-        if variant not in ("none", "scale", "row", "col", "grid"):
+        if not isinstance(variant, str) or variant not in ("none", "scale", "row", "col", "grid"):
             raise ArtifactError(f"unknown rans context {variant!r}")
         if (variant == "grid") != ("kc" in params) or (variant == "grid" and (k % kc or k // kc < 2 or kc < 2)):
             raise ArtifactError(f"rans grid context: k={k} must be (row classes >= 2) x (kc={kc} >= 2)")
@@ -434,30 +490,21 @@ class Rans(Codec, name="rans"):
             raise ArtifactError("rans scale context needs scales")
         if variant == "none" and k != 1:
             raise ArtifactError("rans context none has one table")
-        tables, ids, words = rans.split_body(data, k, nt, n_ids, 2 if lanes else 4, compact=prec > 0)
+        tables, ids, words = rans.split_body(data, k, nt, n_ids, ctx.version)
         if variant == "grid" and (ids[:rows].max() >= k // kc or ids[rows:].max() >= kc):
             raise ArtifactError("rans grid class ids do not match the declared classes")
         cvec = geometry(ctx).context_vector(variant, k, ids, t, np.uint8, kc)
-        try:
-            if lanes:
-                used = np.bincount(cvec, minlength=k) > 0
-                if np.any(tables.sum(axis=1)[used] != 1 << prec):
-                    raise ArtifactError("rans table does not sum to 2**prec")
-                tsym = rans.ilv_decode(words, cvec, tables, prec, lanes, len(cvec))
-            else:
-                if prec and np.any(tables.sum(axis=1)[np.bincount(cvec, minlength=k) > 0] != 1 << prec):
-                    raise ArtifactError("rans table does not sum to 2**prec")
-                tsym = rans.decode(tables, cvec, words, nt)
-        except ArtifactError:
-            raise
-        except Exception as exc:  # constriction reports bad input as ValueError/RuntimeError
-            raise ArtifactError(f"{ctx.kind} stream: rans: {exc}") from None
+        used = np.bincount(cvec, minlength=k) > 0
+        if np.any(tables.sum(axis=1)[used] != 1 << prec):
+            raise ArtifactError("rans table does not sum to 2**prec")
+        tsym = rans.ilv_decode(words, cvec, tables, prec, lanes, len(cvec))
         return _symbols_to_array(rans.from_tuples(tsym, nsym, t, n), offset, ctx)
 
 
 # ----------------------------------------------------------------- selection
 
-DEFAULT_CODECS = ("rans", "zstd", "raw")
+# Portable: what the standard library and numpy decode (the standalone loader reads these).
+DEFAULT_CODECS = ("rans", "deflate", "lzma", "raw")
 
 
 def encode_all(items: list[tuple[np.ndarray, StreamContext]], names=None) -> list[tuple[str, dict, bytes]]:

@@ -3,11 +3,11 @@
 Byte layout (docs/FORMAT.md is the normative description):
 
     offset 0   4 bytes  magic b"RNPK"
-    offset 4   u16 LE   format version (1)
-    offset 6   u16 LE   flags (bit 0: the manifest is a zstd frame; other bits unsupported)
+    offset 4   u16 LE   format version (2; version 1 is still read)
+    offset 6   u16 LE   flags (bits 0-1: the manifest's compressor, compress.py ids; others 0)
     offset 8   u64 LE   manifest length M (as stored)
     offset 16  32 bytes SHA-256 of the M stored manifest bytes
-    offset 48  M bytes  manifest: UTF-8 JSON, sorted keys, no whitespace (zstd'd if bit 0)
+    offset 48  M bytes  manifest: UTF-8 JSON, sorted keys, no whitespace (compressed as the flags say)
     offset 48+M         payload: the streams, at the offsets the manifest gives
 
 The manifest records `payload_length` and `payload_sha256`, so the header
@@ -22,19 +22,19 @@ import math
 import struct
 from typing import Any
 
-import zstandard
-
 from ..errors import ArtifactError
-from . import bounded_zstd
+from . import compress
 from .codecs import DTYPES, Codec
 
 MAGIC = b"RNPK"
-VERSION = 1
+VERSION = 2
+READ_VERSIONS = (1, 2)  # version 1: zstd side data and manifest (see rans.split_body)
 HEADER = struct.Struct("<4sHHQ32s")
 HEADER_SIZE = HEADER.size  # 48
 MAX_MANIFEST_BYTES = 64 << 20  # stored, and decompressed
-FLAG_ZSTD_MANIFEST = 1  # per-tensor JSON repeats keys and hex hashes: zstd takes ~80% off
-MANIFEST_ZSTD_LEVEL = 19
+# The manifest's compressor id sits in the flags' low two bits. Per-tensor JSON repeats
+# keys and hex hashes: deflate or lzma take ~80% off.
+MANIFEST_COMPRESSOR_MASK = 3
 MAX_JSON_DEPTH = 32
 MAX_NDIM = 16
 MAX_TOTAL_ELEMENTS = 1 << 28  # 268M weights: far above what 16 MB can hold; bounds decode memory
@@ -51,24 +51,19 @@ def dumps(obj: Any) -> bytes:
 def write_container(manifest: dict, payload: bytes) -> bytes:
     """Header + manifest (with payload length and hash filled in) + payload.
 
-    The manifest is stored as a zstd frame when that is shorter (it nearly always is).
+    The manifest is stored in its shortest portable form (raw, deflate or lzma).
     """
     manifest = dict(manifest)
     manifest["payload_length"] = len(payload)
     manifest["payload_sha256"] = hashlib.sha256(payload).hexdigest()
-    m, flags = dumps(manifest), 0
-    z = zstandard.ZstdCompressor(level=MANIFEST_ZSTD_LEVEL).compress(m)
-    if len(z) < len(m):
-        m, flags = z, FLAG_ZSTD_MANIFEST
+    m, flags = compress.smallest(dumps(manifest))
     header = HEADER.pack(MAGIC, VERSION, flags, len(m), hashlib.sha256(m).digest())
     return header + m + payload
 
 
 def _manifest_json(stored: bytes, flags: int) -> bytes:
     """The manifest's JSON bytes from its stored form."""
-    if flags & FLAG_ZSTD_MANIFEST:
-        return bounded_zstd.decompress(stored, MAX_MANIFEST_BYTES, "manifest")
-    return stored
+    return compress.decompress(flags & MANIFEST_COMPRESSOR_MASK, stored, MAX_MANIFEST_BYTES, "manifest")
 
 
 def split_container(data: bytes) -> tuple[dict, bytes]:
@@ -105,9 +100,10 @@ def read_container(data: bytes) -> tuple[dict, memoryview]:
     magic, version, flags, mlen, msha = HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise ArtifactError(f"not a recurnorm artifact (magic {bytes(magic)!r}, expected {MAGIC!r})")
-    if version != VERSION:
-        raise ArtifactError(f"unsupported artifact version {version} (this reader knows {VERSION})")
-    if flags & ~FLAG_ZSTD_MANIFEST:
+    if version not in READ_VERSIONS:
+        raise ArtifactError(f"unsupported artifact version {version} (this reader knows "
+                            f"{', '.join(map(str, READ_VERSIONS))})")
+    if flags & ~MANIFEST_COMPRESSOR_MASK or (version == 1 and flags > compress.ZSTD):
         raise ArtifactError(f"unsupported artifact flags {flags:#x}")
     if mlen > MAX_MANIFEST_BYTES or HEADER_SIZE + mlen > len(data):
         raise ArtifactError(f"truncated artifact: manifest of {mlen} bytes does not fit")
@@ -123,6 +119,8 @@ def read_container(data: bytes) -> tuple[dict, memoryview]:
         raise ArtifactError("manifest nests too deeply")
     if not isinstance(manifest, dict):
         raise ArtifactError("manifest is not a JSON object")
+    if manifest.get("version") != version:
+        raise ArtifactError(f"manifest version {manifest.get('version')!r} differs from the header's {version}")
     payload = data[HEADER_SIZE + mlen :]
     plen = manifest.get("payload_length")
     if not _is_int(plen) or plen != len(payload):
@@ -147,7 +145,7 @@ def _shape(v: Any, where: str) -> tuple[int, ...]:
 
 def validate_manifest(manifest: dict) -> None:
     """Check every field against the file before anything is decoded or allocated."""
-    if manifest.get("format") != "rnpk" or manifest.get("version") != VERSION:
+    if manifest.get("format") != "rnpk" or manifest.get("version") not in READ_VERSIONS:
         raise ArtifactError("manifest format/version fields are wrong")
     if not isinstance(manifest.get("metadata", {}), dict):
         raise ArtifactError("manifest metadata is not an object")

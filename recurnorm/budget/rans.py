@@ -9,24 +9,18 @@ overhead is 4 bytes of final state per lane, so the packer uses as few lanes as
 the decoder's step bound allows. The compiled kernel (`_ransc.c`) codes it at
 hundreds of MB/s; the numpy functions here are its specification and the
 fallback where the kernel is not built (vectorized over lanes: one Python step
-per `lanes` units, so slow on few lanes, but the same bytes).
-
-Streams written by earlier versions with `lanes = 0` were coded by
-constriction (pinned, 0.5.0: its table-to-fixed-point step is part of those
-bit streams); `decode` still reads them."""
+per `lanes` units, so slow on few lanes, but the same bytes). The standalone
+loader (`loader.py`) decodes every stream of an artifact in one lock-step loop.
+"""
 
 from __future__ import annotations
 
-import struct
-import threading
 import warnings
 
-import constriction
 import numpy as np
-import zstandard
 
 from ..errors import ArtifactError
-from . import bounded_zstd
+from . import compress
 
 try:  # the compiled kernel (setup.py builds it when a C compiler is present)
     from . import _ransc
@@ -47,10 +41,13 @@ def _note_fallback(units: int) -> None:
 
 MAX_ALPHABET = 1 << 12  # larger alphabets go to zstd/raw
 MAX_CONTEXTS = 64
-TABLE_TOTAL = 1 << 16  # quantize_counts: tables of the original layout (prec = 0) were rescaled to this
 MAX_PREC = 16  # interleaved coder: 32-bit states, 16-bit words leave at most 16 table bits
 MAX_LANES = 4096
 MAX_STEPS = 1 << 16  # interleaved decode loop bound: ceil(n / lanes) never exceeds this
+# What the packer writes: at most 2**14 steps a stream. The standalone numpy loader decodes
+# all of an artifact's streams in one lock-step loop of that many steps (~20 numpy calls a
+# step); the extra lanes cost 4 bytes each, ~0.03% on big tensors (measured: benchmarks/ship.py).
+WRITE_STEPS = 1 << 14
 ILP_LANES = 4  # the compiled coder's sweet spot: independent states keep the CPU busy
 FLUSH_SHARE = 2000  # extra lanes only while their 4 flush bytes stay under payload / FLUSH_SHARE
 
@@ -117,17 +114,6 @@ def varint_decode(data: bytes, count: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------- tables
-
-
-def quantize_counts(counts: np.ndarray, target: int = TABLE_TOTAL) -> np.ndarray:
-    """Rescale a histogram to about `target` counts, keeping every used symbol > 0."""
-    counts = np.asarray(counts, dtype=np.int64)
-    total = int(counts.sum())
-    if total <= target:
-        return counts
-    q = np.rint(counts * (target / total)).astype(np.int64)
-    q[(counts > 0) & (q == 0)] = 1
-    return q
 
 
 def normalize_table(counts: np.ndarray, prec) -> np.ndarray:
@@ -278,40 +264,15 @@ def from_tuples(tsym: np.ndarray, nsym: int, t: int, n: int) -> np.ndarray:
 # ----------------------------------------------------------------- coding
 
 
-def _pack_blob(raw: bytes) -> bytes:
-    return zstandard.ZstdCompressor(level=19).compress(raw) if raw else b""
+def pack_side(raw: bytes) -> tuple[bytes, int]:
+    """(blob, compressor id) of side data (a table's varints or class ids): its shortest
+    portable form (raw, deflate or lzma)."""
+    return compress.smallest(raw)
 
 
-_COMPACT_PARAMS = zstandard.ZstdCompressionParameters.from_level(
-    19, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=False)
-
-
-# A quicker level for estimates: on tables it averages 1.5% more bytes, at a quarter of the time.
-_MEASURE_PARAMS = zstandard.ZstdCompressionParameters.from_level(
-    9, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=False)
-_local = threading.local()
-
-
-def _compressor(name: str, params) -> zstandard.ZstdCompressor:
-    """One compressor per thread and kind: making one costs more than compressing side data."""
-    if not hasattr(_local, name):
-        setattr(_local, name, zstandard.ZstdCompressor(compression_params=params))
-    return getattr(_local, name)
-
-
-def _pack_compact(raw: bytes) -> tuple[bytes, int]:
-    """(blob, 1) as a magicless zstd frame when that is shorter, else (raw, 0)."""
-    z = _compressor("pack", _COMPACT_PARAMS).compress(raw) if raw else b""
-    return (z, 1) if len(z) < len(raw) else (raw, 0)
-
-
-def compact_size(raw: bytes) -> int:
-    """About len(_pack_compact(raw)[0]), sooner (a quicker zstd level): for ranking candidates."""
-    return min(len(_compressor("measure", _MEASURE_PARAMS).compress(raw)), len(raw)) if raw else 0
-
-
-def _unpack_compact(blob: bytes, zipped: int, limit: int) -> bytes:
-    return bounded_zstd.decompress(blob, limit, "rans side data", magicless=True) if zipped else blob
+def side_size(raw: bytes) -> int:
+    """About len(pack_side(raw)[0]), sooner: for ranking candidates."""
+    return compress.estimate(raw)
 
 
 def _read_varint(body: bytes, pos: int) -> tuple[int, int]:
@@ -327,100 +288,48 @@ def _read_varint(body: bytes, pos: int) -> tuple[int, int]:
     raise ArtifactError("rans stream header is not a valid varint")
 
 
-def _unpack_blob(blob: bytes, limit: int) -> bytes:
-    return bounded_zstd.decompress(blob, limit, "rans side data") if blob else b""
-
-
-def _context_order(ctx: np.ndarray, k: int) -> np.ndarray:
-    """Positions grouped by context, in order within each (radix sort on uint8)."""
-    if k == 1:
-        return np.arange(len(ctx))
-    return np.argsort(ctx.astype(np.uint8), kind="stable")
-
-
 def encode(sym: np.ndarray, ctx: np.ndarray, k: int, nsym: int, ids: np.ndarray | None,
-           tables: np.ndarray, lanes: int = 0, prec: int = 0, side=None) -> bytes:
-    """Encode symbols in [0, nsym) with the stored table [k, nsym] of each context id.
+           tables: np.ndarray, lanes: int, prec: int, side=None) -> bytes:
+    """Encode symbols in [0, nsym) with the stored table [k, nsym] (rows summing to 2**prec)
+    of each context id: the stream header, side data, then ilv_encode's bytes.
 
-    lanes = 0: constriction, symbols grouped by context; else ilv_encode at 2**prec.
-    prec > 0 selects the compact header (varint lengths, side data raw or magicless zstd);
-    side: its ((table blob, zipped), (ids blob, zipped)) when already made (search.SideData).
+    side: the ((table blob, id), (ids blob, id)) pack_side made already (search.SideData).
     """
-    if prec:
-        if side is None:
-            side = (_pack_compact(varint_encode(tables.ravel())),
-                    _pack_compact(ids.astype(np.uint8).tobytes()) if ids is not None else (b"", 0))
-        (tblob, tz), (iblob, iz) = side
-        head = varint_encode(np.array([2 * len(tblob) + tz, 2 * len(iblob) + iz])) + tblob + iblob
-    else:
-        table_blob = _pack_blob(varint_encode(tables.ravel()))
-        ids_blob = _pack_blob(ids.astype(np.uint8).tobytes()) if ids is not None else b""
-        head = struct.pack("<II", len(table_blob), len(ids_blob)) + table_blob + ids_blob
-    if lanes:
-        return head + ilv_encode(sym, ctx if k > 1 else None, tables, prec, lanes)
-    coder = constriction.stream.stack.AnsCoder()
-    order = _context_order(ctx, k)
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(ctx, minlength=k))])
-    sorted_sym = sym[order].astype(np.int32)
-    # Stack coder: encode the last context first so decoding runs in context order.
-    for c in range(k - 1, -1, -1):
-        part = sorted_sym[bounds[c] : bounds[c + 1]]
-        if part.size and nsym > 1:  # a one-symbol alphabet costs no bits
-            model = constriction.stream.model.Categorical(tables[c].astype(np.float64), perfect=False)
-            coder.encode_reverse(part, model)
-    return head + coder.get_compressed().astype("<u4").tobytes()
+    if side is None:
+        side = (pack_side(varint_encode(tables.ravel())),
+                pack_side(ids.astype(np.uint8).tobytes()) if ids is not None else (b"", 0))
+    (tblob, tz), (iblob, iz) = side
+    head = varint_encode(np.array([4 * len(tblob) + tz, 4 * len(iblob) + iz])) + tblob + iblob
+    return head + ilv_encode(sym, ctx if k > 1 else None, tables, prec, lanes)
 
 
-def split_body(body: bytes, k: int, nsym: int, n_ids: int, word: int = 4,
-               compact: bool = False) -> tuple[np.ndarray, np.ndarray | None, bytes]:
-    """Parse a rans stream body into (tables [k, nsym], ids or None, words of `word` bytes)."""
-    if compact:
-        th, pos = _read_varint(body, 0)
-        ih, pos = _read_varint(body, pos)
-        tlen, ilen, tz, iz = th >> 1, ih >> 1, th & 1, ih & 1
+def split_body(body: bytes, k: int, nsym: int, n_ids: int,
+               version: int = 2) -> tuple[np.ndarray, np.ndarray | None, bytes]:
+    """Parse a rans stream body into (tables [k, nsym], ids or None, the coder's bytes).
+
+    Format version 1 stored each side blob's form in one bit (raw or magicless zstd);
+    version 2 in two (a compress id).
+    """
+    th, pos = _read_varint(body, 0)
+    ih, pos = _read_varint(body, pos)
+    if version == 1:
+        (tlen, tz), (ilen, iz) = ((h >> 1, compress.ZSTD if h & 1 else compress.RAW) for h in (th, ih))
     else:
-        if len(body) < 8:
-            raise ArtifactError("rans stream shorter than its header")
-        tlen, ilen = struct.unpack_from("<II", body, 0)
-        pos, tz, iz = 8, 1, 1
-    if pos + tlen + ilen > len(body) or (len(body) - pos - tlen - ilen) % word:
+        (tlen, tz), (ilen, iz) = ((h >> 2, h & 3) for h in (th, ih))
+    if pos + tlen + ilen > len(body) or (len(body) - pos - tlen - ilen) % 2:
         raise ArtifactError("rans stream lengths disagree with the stream size")
     tblob, iblob = body[pos : pos + tlen], body[pos + tlen : pos + tlen + ilen]
-    unpack = (lambda b, z, lim: _unpack_compact(b, z, lim)) if compact else (lambda b, z, lim: _unpack_blob(b, lim))
-    tables = varint_decode(unpack(tblob, tz, 5 * k * nsym), k * nsym).reshape(k, nsym)
+    raw = compress.decompress(tz, tblob, 5 * k * nsym, "rans tables", magicless=True)
+    tables = varint_decode(raw, k * nsym).reshape(k, nsym)
     ids = None
     if n_ids:
-        ids = np.frombuffer(unpack(iblob, iz, n_ids), dtype=np.uint8).astype(np.int64)
+        raw = compress.decompress(iz, iblob, n_ids, "rans class ids", magicless=True)
+        ids = np.frombuffer(raw, dtype=np.uint8)
         if len(ids) != n_ids or (ids.size and ids.max() >= k):
             raise ArtifactError("rans class ids do not match the declared classes")
     elif ilen:
         raise ArtifactError("rans stream has class ids it does not declare")
     return tables, ids, body[pos + tlen + ilen :]
-
-
-def decode(tables: np.ndarray, ctx: np.ndarray, words: bytes, nsym: int) -> np.ndarray:
-    """Decode len(ctx) symbols given each position's context id."""
-    k = tables.shape[0]
-    counts = np.bincount(ctx, minlength=k)
-    out_sorted = np.empty(len(ctx), dtype=np.int32)
-    coder = constriction.stream.stack.AnsCoder(np.frombuffer(words, dtype="<u4").astype(np.uint32))
-    start = 0
-    for c in range(k):
-        n = int(counts[c])
-        if not n:
-            continue
-        if nsym == 1:
-            out_sorted[start : start + n] = 0
-            start += n
-            continue
-        if tables[c].sum() <= 0:
-            raise ArtifactError("rans table is empty for a context that has symbols")
-        model = constriction.stream.model.Categorical(tables[c].astype(np.float64), perfect=False)
-        out_sorted[start : start + n] = coder.decode(model, n)
-        start += n
-    out = np.empty_like(out_sorted)
-    out[_context_order(ctx, k)] = out_sorted
-    return out
 
 
 # ----------------------------------------------------------------- interleaved rANS
@@ -436,10 +345,10 @@ def lanes_for(n, payload_bytes) -> np.ndarray:
     lanes = np.ones(np.broadcast(n, budget).shape, dtype=np.int64)
     while np.any(grow := (lanes < ILP_LANES) & (8 * lanes <= budget)):
         lanes = np.where(grow, 2 * lanes, lanes)
-    while np.any(grow := -(-n // lanes) > MAX_STEPS):
+    while np.any(grow := -(-n // lanes) > WRITE_STEPS):
         lanes = np.where(grow, 2 * lanes, lanes)
     if np.any(lanes > MAX_LANES):
-        raise ValueError(f"{int(n.max())} units exceed the interleaved coder's {MAX_LANES * MAX_STEPS}")
+        raise ValueError(f"{int(n.max())} units exceed the interleaved coder's {MAX_LANES * WRITE_STEPS}")
     return lanes
 
 

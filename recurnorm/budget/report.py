@@ -37,8 +37,10 @@ def totals_lines(rows: list[dict], cap: dict | None = None) -> str:
     if bound:
         out.append(f"codes {codes:,} bytes vs order-0 bound {bound:,.0f} ({(codes / bound - 1) * 100:+.2f}%)")
     if cap is not None:
+        loader = cap.get("loader_bytes") or 0
         out.append(
-            f"artifact {cap['artifact_bytes']:,} + code {cap['code_bytes']:,} = {cap['total_bytes']:,} "
+            f"artifact {cap['artifact_bytes']:,} + code {cap['code_bytes']:,}"
+            f"{f' (loader {loader:,})' if loader else ''} = {cap['total_bytes']:,} "
             f"of {cap['max_bytes']:,} bytes; headroom {cap['headroom_bytes']:,}"
         )
     return "\n".join(out)

@@ -358,12 +358,12 @@ class SideData:
     tables: np.ndarray  # [k, nsym**t] normalized
     varints: bytes
     ids: bytes | None
-    nbytes: int  # measured at a quicker zstd level than the encoder's (it only ranks finalists)
+    nbytes: int  # measured with a quicker compressor than the encoder's (it only ranks finalists)
 
     def blobs(self) -> tuple[tuple[bytes, int], tuple[bytes, int]]:
         """rans.encode's side=: the compacted table and ids."""
-        ids = rans._pack_compact(self.ids) if self.ids is not None else (b"", 0)
-        return rans._pack_compact(self.varints), ids
+        ids = rans.pack_side(self.ids) if self.ids is not None else (b"", 0)
+        return rans.pack_side(self.varints), ids
 
 
 def side_data_many(pairs: list[tuple[Candidate, int]]) -> list[SideData]:
@@ -381,7 +381,7 @@ def side_data_many(pairs: list[tuple[Candidate, int]]) -> list[SideData]:
     out = []
     for c, a, b, r in zip(cands, np.concatenate([[0], ends[:-1]]), ends, starts, strict=True):
         ids = c.ids.astype(np.uint8).tobytes() if c.ids is not None else None
-        size = rans.compact_size(raw[a:b]) + (rans.compact_size(ids) if ids is not None else 0)
+        size = rans.side_size(raw[a:b]) + (rans.side_size(ids) if ids is not None else 0)
         out.append(SideData(tables[r : r + c.counts.shape[0], : c.counts.shape[1]], raw[a:b], ids, size))
     return out
 

@@ -60,6 +60,7 @@ def _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_nu
 @click.option("-o", "--out", type=click.Path(path_type=Path), help="artifact path (default: CKPT stem + .rnpk)")
 @click.option("--max-bytes", type=int, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
 @click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help="code file counted against the cap")
+@click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help="the artifact's loader (recurnorm loader -o FILE): counted against the cap like code")
 @click.option("--force", is_flag=True, help="overwrite OUT")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @click.option("--effort", type=click.Choice(["normal", "max"]), default="normal", show_default=True,
@@ -81,7 +82,7 @@ def _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_nu
               help="build a foreign checkpoint's model with FUNCTION(config or None) -> nn.Module "
                    "(for --gptq and --fit); imports and runs that code")
 def pack(ckpt, quant, policy_file, keep_float, quantize_controls, keep_float_max_numel, out, max_bytes,
-         code_files, force, as_json, effort, fit_bytes, fit_formats, gptq, calib_data, tokenizer,
+         code_files, loader, force, as_json, effort, fit_bytes, fit_formats, gptq, calib_data, tokenizer,
          calib_tokens, model_factory):
     """Quantize and entropy-pack any checkpoint into one .rnpk artifact.
 
@@ -102,14 +103,14 @@ def pack(ckpt, quant, policy_file, keep_float, quantize_controls, keep_float_max
     out = out or ckpt.with_name((ckpt.stem if ckpt.is_file() else ckpt.name) + ".rnpk")
     check_writable(out, force)
     progress = None if as_json else (lambda msg: click.echo(msg, err=True))
+    budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
     packed = ship.ship(ckpt, policy, effort=effort, fit_bytes=fit_bytes,
-                       code_bytes=code_bytes(list(code_files)) if fit_bytes else 0,
+                       code_bytes=code_bytes(list(code_files)) + budget.loader_bytes() if fit_bytes else 0,
                        fit_formats=formats, gptq=gptq, calib_data=calib_data, tokenizer=tokenizer,
                        calib_tokens=calib_tokens, model_factory=model_factory, progress=progress)
     data, rows = packed.data, packed.rows
     for note in packed.notes:
         click.echo(f"note: {note}", err=True)
-    budget = Budget(max_bytes=max_bytes, code_files=list(code_files))
     try:
         cap = budget.check(len(data), rows)
     except OverCapError as exc:
@@ -178,6 +179,7 @@ OUT_FILE = click.Path(dir_okay=False, path_type=Path)
 @click.argument("artifacts", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--max-bytes", type=int, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
 @click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help="code file counted against the cap")
+@click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help="the artifact's loader (recurnorm loader -o FILE): counted against the cap like code")
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report to stdout")
 @click.option("--report", "report_path", type=OUT_FILE, help="write the JSON report to FILE")
 @click.option("--junit", "junit_path", type=OUT_FILE, help="write JUnit XML (one testcase per check) to FILE")
@@ -188,7 +190,7 @@ OUT_FILE = click.Path(dir_okay=False, path_type=Path)
 @click.option("--max-loss-delta", type=float, default=None, help="allowed bpb increase over the reference (needed with --reference)")
 @click.option("--model-factory", default=None, metavar="MODULE:FUNCTION",
               help="build foreign models with FUNCTION(config or None) -> nn.Module; imports and runs that code")
-def verify(artifacts, max_bytes, code_files, as_json, report_path, junit_path, summary_path,
+def verify(artifacts, max_bytes, code_files, loader, as_json, report_path, junit_path, summary_path,
            reference, data, tokenizer, max_loss_delta, model_factory):
     """Integrity, byte cap and (with --reference) loss gate for each artifact.
 
@@ -215,7 +217,7 @@ def verify(artifacts, max_bytes, code_files, as_json, report_path, junit_path, s
 
         factory = load_factory(model_factory)  # fail before any artifact work on a bad spec
 
-    budget = Budget(max_bytes=max_bytes, code_files=list(code_files))
+    budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
     corpus = None
     outcomes = []
     for artifact in artifacts:
@@ -274,11 +276,14 @@ def _print_outcome(out, report) -> None:
 @policy_options
 @click.option("--max-bytes", type=int, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+@click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False),
+              help="count this loader file (default: the compact loader's bytes, as shipped)")
 def inspect(target, quant, policy_file, keep_float, quantize_controls, keep_float_max_numel, max_bytes,
-            as_json):
+            as_json, loader):
     """Per-tensor bytes, bits/weight, order-0 bound and the rule that chose each format.
 
-    TARGET is an artifact, or a checkpoint packed in memory under the policy options.
+    TARGET is an artifact, or a checkpoint packed in memory under the policy options; the
+    budget line counts the loader that ships with it.
     """
     from ..budget import Budget, report
     from ..export.pack import pack_checkpoint, rows_with_rules, rules_table
@@ -292,7 +297,9 @@ def inspect(target, quant, policy_file, keep_float, quantize_controls, keep_floa
         policy = _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
         packed = pack_checkpoint(target, policy)
         data, rows, metadata = packed.data, packed.rows, packed.metadata
-    budget = Budget(max_bytes=max_bytes)
+    from ..budget.loader import loader_source
+
+    budget = Budget(max_bytes=max_bytes, loader=loader or len(loader_source(compact=True).encode()))
     try:
         cap = budget.check(len(data), rows)
     except OverCapError as exc:

@@ -1,0 +1,40 @@
+"""loader: write the standalone artifact loader that ships inside counted code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("rnpk_load.py"),
+              show_default=True, help="where to write the loader")
+@click.option("--compact", is_flag=True,
+              help="minified, lzma + base85 + exec: the same loader in the fewest bytes (for the cap)")
+@click.option("--force", is_flag=True, help="overwrite OUT")
+@click.option("--json", "as_json", is_flag=True, help="print {path, bytes, compact} as JSON")
+def loader(out, compact, force, as_json):
+    """Write rnpk_load.py: one Python file that loads recurnorm artifacts with the standard
+    library and numpy alone (torch only to hand back tensors).
+
+    \b
+    Use it in shipped code:
+      from rnpk_load import load
+      state_dict = load("model.rnpk")   # {name: torch.Tensor}, hashes checked
+    and count it against the cap: recurnorm pack/verify ... --loader rnpk_load.py.
+    It reads what `recurnorm pack` writes by default (format 2, portable codecs).
+    """
+    from ..budget.loader import loader_source
+    from ..io import atomic_write_text, check_writable
+
+    check_writable(out, force)
+    text = loader_source(compact=compact)
+    atomic_write_text(out, text)
+    size = len(text.encode("utf-8"))
+    if as_json:
+        click.echo(json.dumps({"path": str(out), "bytes": size, "compact": compact}, sort_keys=True))
+    else:
+        click.echo(f"wrote {out} ({size:,} bytes{', compact' if compact else ''}); "
+                   f"count it with --loader {out} on pack and verify")

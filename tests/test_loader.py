@@ -1,0 +1,219 @@
+"""The standalone loader (rnpk_load.py, readable and compact): it runs without recurnorm,
+zstandard or constriction, and its tensors equal recurnorm.unpack's bit for bit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from test_search import _embedding_like
+
+from recurnorm.budget import pack_qtensors, read_artifact, unpack
+from recurnorm.budget import format as fmt
+from recurnorm.budget.api import export_qtensors
+from recurnorm.budget.loader import loader_source, minify
+from recurnorm.cli.main import main
+from recurnorm.quant.policy import ExportPolicy
+from recurnorm.quant.qtensor import QTensor
+
+# Imports of these raise inside the loader's process: it must not need them.
+BLOCKER = textwrap.dedent("""
+    import sys
+    class Blocker:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("recurnorm", "zstandard", "constriction"):
+                raise ImportError("blocked: " + name)
+    sys.meta_path.insert(0, Blocker())
+""")
+
+
+def _state() -> dict:
+    """Float tensors of every original dtype, tied weights, integer and bool tensors."""
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(96, 40, generator=g)
+    state = {
+        "embed.weight": emb, "head.weight": emb,  # tied: one stored tensor, an alias
+        "w32": torch.randn(48, 64, generator=g) * torch.linspace(0.2, 3, 64),
+        "w16": torch.randn(33, 21, generator=g).half(),
+        "wbf": torch.randn(40, 30, generator=g).bfloat16(),
+        "w64": torch.randn(16, 8, generator=g).double(),
+        "vec": torch.randn(50, generator=g),
+        "ids": torch.arange(300).reshape(3, 100) - 7,
+        "mask": torch.rand(37, generator=g) > 0.5,
+        "small": (torch.arange(200) * 7 % 200).to(torch.int16),  # 200 values in int16: the byte layout
+    }
+    return state
+
+
+def _artifacts() -> dict[str, bytes]:
+    """Every quantizer the packer writes, and every portable codec, layout and context."""
+    state = _state()
+    out = {}
+    for q, opts in (("int8", {}), ("int4", {}), ("int6", {"asymmetric": True}), ("int5", {}),
+                    ("int3", {}), ("int2", {"asymmetric": True}), ("int7", {}), ("ternary", {}), ("ternary", {"group": 64}),
+                    ("nf4", {}), ("int8_pg", {}), ("fp16", {}), ("bf16", {}), ("fp32", {})):
+        policy = ExportPolicy(quantizer=q, options=opts, keep_float_max_numel=0)
+        qts = export_qtensors(state, q, policy)
+        out[f"{q}{opts}"] = pack_qtensors(qts, {"quant": q})
+        for codecs in (("deflate", "raw"), ("lzma", "raw"), ("raw",)):
+            out[f"{q}{opts} {codecs[0]}"] = pack_qtensors(qts, codecs=codecs)
+    # rans contexts: grid (embedding-like), row/col (structured), scale (varied row scales)
+    rng = np.random.default_rng(3)
+    emb = _embedding_like()
+    cols = np.clip(np.round(rng.normal(size=(200, 300)) * np.where(rng.random(300) < 0.3, 0.3, 3)),
+                   -7, 7).astype(np.int8)
+    rows = np.clip(np.round(rng.normal(size=(300, 200)) * np.where(rng.random((300, 1)) < 0.3, 0.3, 3)),
+                   -7, 7).astype(np.int8)
+    scale = np.exp(rng.normal(0, 1.5, 256)).astype(np.float16)
+    by_scale = np.clip(np.round(rng.normal(size=(256, 64)) * scale[:, None].astype(float)), -60, 60)
+    out["contexts"] = pack_qtensors({
+        "grid": QTensor("ternary", emb.shape, "float32", emb.reshape(1, -1), np.ones(1, np.float32)),
+        "col": QTensor("int4", cols.shape, "float32", cols, np.ones(200, np.float16)),
+        "row": QTensor("int4", rows.shape, "float32", rows, np.ones(300, np.float16)),
+        "scale": QTensor("int8", (256, 64), "float32", by_scale.astype(np.int8), scale),
+        "big": QTensor("ternary", (1000, 1050), "bfloat16", rng.integers(-1, 2, (1, 1_050_000)).astype(np.int8),
+                       np.ones(1, np.float32)),
+    })
+    return out
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> dict[str, object]:
+    folder = tmp_path_factory.mktemp("artifacts")
+    arts = _artifacts()
+    for i, data in enumerate(arts.values()):
+        (folder / f"{i:03d}.rnpk").write_bytes(data)
+    return {"folder": folder, "bytes": arts}
+
+
+def test_the_matrix_covers_every_portable_codec_layout_and_context(artifacts):
+    seen = set()
+    for data in artifacts["bytes"].values():
+        manifest = read_artifact(data).manifest
+        for t in manifest["tensors"]:
+            for s in t.get("streams", {}).values():
+                p = s["params"]
+                seen.add((s["codec"], p.get("layout") or p.get("context", "none") if s["codec"] != "raw" else ""))
+                if p.get("tuple", 1) > 1:
+                    seen.add(("rans", "tuple"))
+        assert manifest["version"] == fmt.VERSION == 2
+    want = {("rans", c) for c in ("none", "scale", "row", "col", "grid", "tuple")}
+    want |= {(c, lay) for c in ("deflate", "lzma")
+             for lay in ("plain", "shuffle", "trit5", "bits2", "nib4", "pack6", "byte")}
+    assert want <= seen, want - seen
+    assert ("raw", "") in seen and not any(c == "zstd" for c, _ in seen)
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_loader_alone_equals_unpack_bit_for_bit(artifacts, tmp_path, compact):
+    (tmp_path / "rnpk_load.py").write_text(loader_source(compact=compact), encoding="utf-8")
+    script = BLOCKER + textwrap.dedent(f"""
+        import glob, os, torch
+        sys.path.insert(0, {str(tmp_path)!r})
+        import rnpk_load
+        for path in sorted(glob.glob(os.path.join({str(artifacts['folder'])!r}, "*.rnpk"))):
+            sd = rnpk_load.load(path)
+            assert sd["head.weight"] is sd["embed.weight"] if "head.weight" in sd else True  # tied: one tensor
+            torch.save(sd, path + ".pt")
+        import recurnorm  # the blocker holds: this must fail
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert "blocked: recurnorm" in run.stderr, run.stderr[-2000:]  # got to the end, blocked there
+    for i, data in enumerate(artifacts["bytes"].values()):
+        ref = unpack(data)
+        got = torch.load(artifacts["folder"] / f"{i:03d}.rnpk.pt", weights_only=True)
+        assert list(got) == list(ref)
+        for name, t in ref.items():
+            g = got[name]
+            assert g.dtype == t.dtype and g.shape == t.shape, name
+            assert torch.equal(g.reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)), name
+        if "head.weight" in ref:  # tied weights come back as one tensor
+            assert got["head.weight"].data_ptr() == got["embed.weight"].data_ptr()
+
+
+def test_compact_form_is_the_same_program_smaller():
+    readable = loader_source()
+    compact = loader_source(compact=True)
+    assert len(compact.encode()) < 0.4 * len(readable.encode())
+    assert "exec(" in compact and compact.isascii()
+    # The minified program keeps its public API and compiles.
+    small = minify(readable)
+    compile(small, "rnpk_load_min.py", "exec")
+    assert "def load(src, max_bytes=" in small and "def decode(src, max_bytes=" in small
+    assert len(small) < len(readable)
+
+
+def _damage(data: bytes, at: int) -> bytes:
+    b = bytearray(data)
+    b[at] ^= 0x40
+    return bytes(b)
+
+
+def test_damaged_artifacts_raise_and_never_return_weights(artifacts):
+    from recurnorm.budget import rnpk_load
+
+    data = artifacts["bytes"]["contexts"]
+    mlen = fmt.HEADER.unpack_from(data, 0)[3]
+    for at, why in ((len(data) - 10, "payload hash mismatch"), (fmt.HEADER_SIZE + 3, "manifest hash mismatch"),
+                    (0, "not a format-2"), (20, "manifest hash mismatch")):
+        with pytest.raises(ValueError, match=why):
+            rnpk_load.load(_damage(data, at))
+    with pytest.raises(ValueError):
+        rnpk_load.load(data[: fmt.HEADER_SIZE + mlen + 5])
+    # Re-signed damage inside a stream: the stream's own hash (or the coder's end state) catches it.
+    manifest, payload = fmt.split_container(data)
+    s = manifest["tensors"][0]["streams"]["codes"]
+    bad = bytearray(payload)
+    bad[s["offset"] + s["length"] - 3] ^= 0x10
+    forged = fmt.write_container(manifest, bytes(bad))
+    with pytest.raises(ValueError, match="rnpk"):
+        rnpk_load.load(forged)
+
+
+def test_loader_refuses_zstd_and_decoded_sizes_over_its_limit():
+    from recurnorm.budget import rnpk_load
+
+    qts = {"w": QTensor("fp16", (64, 64), "float32",
+                        (np.arange(4096) % 7).astype(np.uint16).reshape(1, -1) + 15360)}
+    with pytest.raises(ValueError, match="zstd is not portable"):
+        rnpk_load.load(pack_qtensors(qts, codecs=("zstd",)))
+    data = pack_qtensors(qts)
+    assert rnpk_load.load(data)["w"].shape == (64, 64)
+    with pytest.raises(ValueError, match="max_bytes"):
+        rnpk_load.load(data, max_bytes=1000)
+
+
+def test_cli_loader_writes_both_forms_and_pack_verify_inspect_count_it(tmp_path):
+    runner = CliRunner()
+    readable, compact = tmp_path / "rnpk_load.py", tmp_path / "rnpk_small.py"
+    r = runner.invoke(main, ["loader", "-o", str(readable)])
+    assert r.exit_code == 0 and readable.read_text() == loader_source()
+    r = runner.invoke(main, ["loader", "--compact", "-o", str(compact), "--json"])
+    assert r.exit_code == 0 and compact.read_text() == loader_source(compact=True)
+    assert runner.invoke(main, ["loader", "-o", str(readable)]).exit_code == 2  # no clobber
+    assert runner.invoke(main, ["loader", "-o", str(readable), "--force"]).exit_code == 0
+    ckpt = tmp_path / "ckpt.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.randn(64, 64)}, str(ckpt))
+    art = tmp_path / "a.rnpk"
+    r = runner.invoke(main, ["pack", str(ckpt), "-o", str(art), "--loader", str(compact), "--json"])
+    assert r.exit_code == 0, r.output
+    n = len(compact.read_bytes())
+    import json
+
+    cap = json.loads(r.output[r.output.index("{"):])
+    assert cap["loader_bytes"] == n and cap["total_bytes"] == art.stat().st_size + n
+    r = runner.invoke(main, ["verify", str(art), "--loader", str(compact), "--max-bytes",
+                             str(art.stat().st_size + n - 1)])
+    assert r.exit_code == 3
+    r = runner.invoke(main, ["verify", str(art), "--loader", str(compact), "--max-bytes",
+                             str(art.stat().st_size + n)])
+    assert r.exit_code == 0
+    r = runner.invoke(main, ["inspect", str(art)])
+    assert r.exit_code == 0 and f"(loader {len(loader_source(compact=True).encode()):,})" in r.output
