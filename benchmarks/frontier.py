@@ -13,7 +13,7 @@ export against artifact bytes for
 One run writes frontier.md (the table), frontier.json and frontier.png.
 
     .venv/bin/python benchmarks/frontier.py [--schemes shared,norm_gate,unique] [--d 64]
-        [--steps 300] [--ckpt DIR ...] [--out frontier_out] [--calib-tokens 4096]
+        [--steps 300] [--ckpt DIR ...] [--out frontier_out] [--calib-tokens 32768]
 
 The default (three d=64 depth-3 models, 300 steps each) takes a few minutes on
 two shared cores; --d 128 --steps 600 gives a model 4x larger.
@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--ckpt", action="append", default=[], help="use this checkpoint (repeatable)")
     ap.add_argument("--out", default="frontier_out")
-    ap.add_argument("--calib-tokens", type=int, default=4096)
+    ap.add_argument("--calib-tokens", type=int, default=32768)
     args = ap.parse_args()
     torch.set_num_threads(1)
     from recurnorm.train.data import load_corpus

@@ -77,13 +77,16 @@ def _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_nu
                    "only its training split is read")
 @click.option("--tokenizer", default=None, help="SentencePiece model of --calib-data text")
 @click.option("--calib-tokens", type=click.IntRange(min=1), default=None,
-              help="training tokens for calibration [default: 32768 for --gptq, 4096 for --fit]")
+              help="training tokens for calibration [default: 32768]")
+@click.option("--fit-sensitivity", type=click.Choice(["direct", "fisher"]), default="direct", show_default=True,
+              help="direct: calibration Δloss with each tensor alone quantized (formats x tensors passes); "
+                   "fisher: ½ΣFδ² from one backward per window (cheaper on large models)")
 @click.option("--model-factory", default=None, metavar="MODULE:FUNCTION",
               help="build a foreign checkpoint's model with FUNCTION(config or None) -> nn.Module "
                    "(for --gptq and --fit); imports and runs that code")
 def pack(ckpt, quant, policy_file, keep_float, quantize_controls, keep_float_max_numel, out, max_bytes,
          code_files, loader, force, as_json, effort, fit_bytes, fit_formats, gptq, calib_data, tokenizer,
-         calib_tokens, model_factory):
+         calib_tokens, fit_sensitivity, model_factory):
     """Quantize and entropy-pack any checkpoint into one .rnpk artifact.
 
     The export policy is printed with every result: every weight matrix gets the
@@ -107,7 +110,8 @@ def pack(ckpt, quant, policy_file, keep_float, quantize_controls, keep_float_max
     packed = ship.ship(ckpt, policy, effort=effort, fit_bytes=fit_bytes,
                        code_bytes=code_bytes(list(code_files)) + budget.loader_bytes() if fit_bytes else 0,
                        fit_formats=formats, gptq=gptq, calib_data=calib_data, tokenizer=tokenizer,
-                       calib_tokens=calib_tokens, model_factory=model_factory, progress=progress)
+                       calib_tokens=calib_tokens, model_factory=model_factory,
+                       sensitivity=fit_sensitivity, progress=progress)
     data, rows = packed.data, packed.rows
     for note in packed.notes:
         click.echo(f"note: {note}", err=True)

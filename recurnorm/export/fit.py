@@ -66,8 +66,8 @@ class FitResult:
 
     @property
     def direct(self) -> bool:
-        """True when the sensitivities are measured Δloss (not the weight-space proxy)."""
-        return self.method.startswith("direct")
+        """True when the sensitivities estimate Δloss (direct or Fisher), not the weight-space proxy."""
+        return not self.method.startswith("weight-space")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (allocation, predicted vs measured, the method)."""
@@ -193,6 +193,41 @@ def calibration_loss_fn(model: nn.Module, batches: list[Tensor]) -> LossFn:
     return fn
 
 
+def fisher_diagonal(model: nn.Module, batches: list[Tensor], micro: int = 1) -> dict[str, Tensor]:
+    """{state-dict name: E[g²]}: squared gradients of the next-token loss over micro-batches.
+
+    The diagonal Fisher estimate of the loss curvature: Δloss of a perturbation δ is
+    about ½ Σ F δ². One backward per micro-batch of ``micro`` windows (training split).
+    """
+    named = model.state_dict(keep_vars=True)  # tied weights under each of their names
+    params = {n: p for n, p in named.items() if isinstance(p, nn.Parameter) and p.requires_grad}
+    acc = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
+    was_training = model.training
+    model.eval()
+    count = 0
+    try:
+        for batch in batches:
+            for x in batch.split(micro):
+                model.zero_grad(set_to_none=True)
+                logits = model(x[:, :-1])
+                nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                            x[:, 1:].reshape(-1)).backward()
+                for n, p in params.items():
+                    if p.grad is not None:
+                        acc[n] += p.grad.detach().float().square()
+                count += 1
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return {n: a / max(count, 1) for n, a in acc.items()}
+
+
+def fisher_proxy(fisher: Tensor, original: Tensor, approx: Tensor) -> float:
+    """½ Σ F (W − Ŵ)²: the second-order estimate of the Δloss of one quantized tensor."""
+    d = original.detach().float() - approx.float()
+    return 0.5 * float((fisher.reshape(d.shape) * d.square()).sum())
+
+
 def weight_proxy(original: Tensor, approx: Tensor) -> float:
     """Relative reconstruction error weighted by size: Σ(W − Ŵ)² / mean(W²)."""
     w = original.detach().float()
@@ -202,14 +237,16 @@ def weight_proxy(original: Tensor, approx: Tensor) -> float:
 
 def fit_budget(
     state: dict[str, Tensor], policy: ExportPolicy, budget_bytes: int, *,
-    formats=None, loss_fn: LossFn | None = None, method: str = "",
+    formats=None, loss_fn: LossFn | None = None, fisher: dict[str, Tensor] | None = None,
+    method: str = "",
     quantize_fn: Quantize | None = None, metadata: dict | None = None, effort: str = "normal",
     code_bytes: int = 0, progress: Callable[[str], None] | None = None,
 ) -> FitResult:  # fmt: skip
     """Choose formats for the candidate tensors so that artifact + code_bytes <= budget_bytes.
 
-    ``loss_fn`` measures the calibration loss with some tensors replaced (direct
-    sensitivity); None falls back to the weight-space proxy. OverCapError names
+    ``fisher`` (diagonal Fisher per tensor) gives the second-order sensitivity;
+    else ``loss_fn`` measures the calibration loss with some tensors replaced
+    (direct sensitivity); neither falls back to the weight-space proxy. OverCapError names
     the smallest achievable size when even the narrowest format is too big.
     """
     from ..quant import dequantize
@@ -251,7 +288,12 @@ def fit_budget(
 
     # 3. sensitivity of each tensor to each format
     sens: dict[str, dict[str, float]] = {n: {} for n in names}
-    if loss_fn is not None:
+    if fisher is not None:
+        for n in names:
+            for spec in specs:
+                sens[n][spec] = fisher_proxy(fisher[n], state[n], deq[n][spec])
+        method = method or "Fisher (½ Σ F δ²) per tensor on training-split calibration batches"
+    elif loss_fn is not None:
         base = loss_fn({})
         for i, n in enumerate(names):
             say(f"fit: sensitivity {i + 1}/{len(names)} {n}")

@@ -14,8 +14,13 @@ from .fit import DEFAULT_FORMATS, fit_budget
 from .pack import Packed, checkpoint_policy, pack_state, rows_with_rules
 from .policy import ExportPolicy, format_spec
 
-# --fit runs (formats x candidate tensors) forwards on these: fewer tokens than GPTQ's Hessians.
-FIT_CALIB_TOKENS = 4096
+# --fit's calibration windows. Direct sensitivities run (formats x candidate tensors) passes over
+# them: with 4,096 tokens their noise let --fit lose to uniform int6 on a tiny model, with 32,768
+# it won (benchmarks/frontier.py); --fit-sensitivity fisher needs one backward per window.
+FIT_CALIB_TOKENS = 32768
+# fisher: ½ Σ F δ² from one backward per calibration window (cheap, smooth); direct: the
+# calibration loss with each tensor alone quantized, one pass per tensor and format.
+SENSITIVITIES = ("fisher", "direct")
 
 
 @dataclass
@@ -62,7 +67,7 @@ def ship(
     ckpt: str | Path, policy: ExportPolicy, *, effort: str = "normal", fit_bytes: int | None = None,
     code_bytes: int = 0, fit_formats=None, gptq: bool = False, calib_data: str | None = None,
     tokenizer: str | None = None, calib_tokens: int | None = None, model_factory=None,
-    progress: Callable[[str], None] | None = None,
+    sensitivity: str = "direct", progress: Callable[[str], None] | None = None,
 ) -> Packed:  # fmt: skip
     """Pack a checkpoint under a policy; with GPTQ codes and/or formats chosen by --fit."""
     from .gptq import DEFAULT_CALIB_TOKENS, GPTQExporter
@@ -100,16 +105,23 @@ def ship(
         rows, meta = rows_with_rules(data)
         return Packed(data, rows, policy, meta, notes)
 
-    loss_fn = None
+    loss_fn = fisher = None
+    if sensitivity not in SENSITIVITIES:
+        raise ConfigError(f"--fit-sensitivity {sensitivity!r}: expected one of {', '.join(SENSITIVITIES)}")
     if calib_data is not None:
-        from .fit import calibration_loss_fn
+        from .fit import calibration_loss_fn, fisher_diagonal
         from .gptq import calibration_windows
 
-        n_fit = calib_tokens or FIT_CALIB_TOKENS
-        loss_fn = calibration_loss_fn(src.model, calibration_windows(src.model, tokens, n_fit))
+        windows = calibration_windows(src.model, tokens, calib_tokens or FIT_CALIB_TOKENS)
+        if sensitivity == "fisher":
+            say = progress or (lambda _m: None)
+            say("fit: diagonal Fisher on the calibration windows")
+            fisher = fisher_diagonal(src.model, windows)
+        else:
+            loss_fn = calibration_loss_fn(src.model, windows)
     else:
         notes.append("fit: no --calib-data: sensitivities are a weight-space proxy, not measured Δloss")
-    result = fit_budget(src.state, policy, fit_bytes, formats=fit_formats, loss_fn=loss_fn,
+    result = fit_budget(src.state, policy, fit_bytes, formats=fit_formats, loss_fn=loss_fn, fisher=fisher,
                         quantize_fn=quantize_fn, metadata=metadata, effort=effort,
                         code_bytes=code_bytes, progress=progress)
     rows, meta = rows_with_rules(result.data)
