@@ -267,14 +267,23 @@ def fit_budget(
     deq: dict[str, dict[str, Tensor]] = {n: {} for n in names}
     uniform: dict[str, int] = {}
     fixed: list[int] = []
+    aliases: dict[str, str] = {}  # tied tensors: one QTensor, one choice (the first name's)
+    all_names = names
     for (fmt, opts), spec in zip(formats, specs, strict=True):
         say(f"fit: packing every candidate as {spec}")
-        pol = _uniform_policy(policy, names, fmt, opts)
+        pol = _uniform_policy(policy, all_names, fmt, opts)
         qts, pplan = quantize_fn(state, pol)
+        if names is all_names:  # the first pack: find the tied tensors
+            first: dict[int, str] = {}
+            for n in all_names:
+                aliases.update({n: first[id(qts[n])]} if id(qts[n]) in first else {})
+                first.setdefault(id(qts[n]), n)
+            names = [n for n in all_names if n not in aliases]
+            bytes_table = {n: {} for n in names}
         data, per_tensor = _pack(qts, pplan, pol, metadata, effort)
         uniform[spec] = len(data)
         for n in names:
-            bytes_table[n][spec] = per_tensor.get(n, 0)  # an alias costs 0: its twin pays
+            bytes_table[n][spec] = per_tensor.get(n, 0)
             deq[n][spec] = dequantize(qts[n], original_dtype=True)
         fixed.append(len(data) - sum(bytes_table[n][spec] for n in names))
     fixed_bytes = max(fixed)
@@ -328,7 +337,7 @@ def fit_budget(
         if picks is None:
             picks = [order[-1]] * len(names)  # the narrowest everywhere: known to fit
         alloc = {n: formats[j] for n, j in zip(names, picks, strict=True)}
-        pol = _alloc_policy(policy, alloc)
+        pol = _alloc_policy(policy, {**alloc, **{a: alloc[t] for a, t in aliases.items()}})
         qts, pplan = quantize_fn(state, pol)
         data, _ = _pack(qts, pplan, pol, metadata, effort)
         predicted = fixed_bytes + int(sum(costs_b[i, j] for i, j in enumerate(picks)))
