@@ -357,3 +357,23 @@ def test_fisher_proxy_agrees_with_direct_sensitivity(trained_tiny):
     # measured: 0.75 here (7 tensors, direct Δloss partly noise), 0.98 on unique d=64 (19 tensors)
     assert np.corrcoef(x, y)[0, 1] > 0.6, list(zip(names, x, y, strict=True))
     assert fisher.method.startswith("Fisher") and direct.method.startswith("direct")
+
+
+def test_recurnorm_pack_applies_the_qat_policy_like_the_cli(trained_tiny):
+    """recurnorm.pack(state_dict, config=...) and recurnorm.pack(model) ship a QAT model's codes."""
+    import copy
+
+    import recurnorm
+    from recurnorm.export.policy import state_dict_for_export
+    from recurnorm.export.qat import projection_weight_names
+    from recurnorm.train.qat import apply_qat
+
+    model = copy.deepcopy(trained_tiny[0])
+    apply_qat(model, {"format": "int4", "options": {"group": 32}}, weights=True)
+    for art in (read_artifact(recurnorm.pack(model, quant="int8")),
+                read_artifact(recurnorm.pack(state_dict_for_export(model), quant="int8",
+                                             config=model.config.to_dict()))):  # fmt: skip
+        for name in projection_weight_names(model.config):
+            assert art.qtensors[name].format == "int4" and art.qtensors[name].params["group"] == 32
+        assert art.metadata["config"]["qat"]["exported"] is True
+        assert art.qtensors["embed.weight"].format == "int8"

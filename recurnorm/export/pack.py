@@ -62,24 +62,25 @@ def checkpoint_policy(policy: ExportPolicy, config: dict | None) -> tuple[Export
 
 
 def pack(state_dict_or_model, quant: str = "int8", policy: ExportPolicy | None = None,
-         metadata: dict | None = None, codecs=None, effort: str = "normal", **quant_options) -> bytes:
+         metadata: dict | None = None, codecs=None, effort: str = "normal", *,
+         config: dict | None = None, **quant_options) -> bytes:
     """``recurnorm.pack``: quantize a state dict (or a model) with the export policy and pack it.
 
     ``quant`` is a -q string (``int6``, ``int4:group=128``, rules); options may
-    also come as keywords. A model brings its config into the metadata, and a
-    QAT model is exported with the QAT policy, as ``recurnorm pack`` does.
+    also come as keywords. A model brings its config into the metadata (a state
+    dict may pass ``config=``), and a QAT model is exported with the QAT policy,
+    as ``recurnorm pack`` does.
     """
     from torch import nn
 
     from .policy import state_dict_for_export
     from .spec import build_policy
 
-    config = None
     state = state_dict_or_model
     if isinstance(state_dict_or_model, nn.Module):
         state = state_dict_for_export(state_dict_or_model)
         cfg = getattr(state_dict_or_model, "config", None)
-        config = cfg.to_dict() if hasattr(cfg, "to_dict") else None
+        config = cfg.to_dict() if hasattr(cfg, "to_dict") else config
     if policy is None:
         policy = build_policy(quant)
         if quant_options:
