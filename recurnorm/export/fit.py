@@ -113,10 +113,13 @@ def _uniform_policy(policy: ExportPolicy, names: list[str], fmt: str, opts: dict
     return replace(policy, rules=fit_rules + policy.rules)
 
 
-def _alloc_policy(policy: ExportPolicy, alloc: dict[str, tuple[str, dict]]) -> ExportPolicy:
+def _alloc_policy(policy: ExportPolicy, alloc: dict[str, tuple[str, dict]], plan: Plan) -> ExportPolicy:
+    """The policy plus one exact rule per tensor whose chosen format differs from the policy's own
+    (so that a fit which changes nothing writes the very artifact the policy alone writes)."""
     from dataclasses import replace
 
-    fit_rules = tuple(Rule(n, f, o, FIT_RULE) for n, (f, o) in alloc.items())
+    fit_rules = tuple(Rule(n, f, o, FIT_RULE) for n, (f, o) in alloc.items()
+                      if (f, o) != tuple(plan[n][:2]))  # fmt: skip
     return replace(policy, rules=fit_rules + policy.rules)
 
 
@@ -329,21 +332,26 @@ def fit_budget(
 
     # 4.-5. knapsack, real pack, tighten on a miss
     target = avail - fixed_bytes
-    widest_fits = uniform[specs[order[0]]] <= avail  # then the widest everywhere is optimal
-    for _attempt in range(MAX_REPAIRS):
+    # The widest everywhere is optimal when it fits: try it first when it is about the budget
+    # (metadata differs by a few bytes between the measuring packs and the final one).
+    try_widest = uniform[specs[order[0]]] <= avail * 1.005
+    for _attempt in range(MAX_REPAIRS + 1):
         unit = max(1, math.ceil(max(target, 1) / DP_UNITS))
-        picks = [order[0]] * len(names) if widest_fits else \
+        picks = [order[0]] * len(names) if try_widest else \
             solve(-(-costs_b // unit), losses, target // unit)
         if picks is None:
             picks = [order[-1]] * len(names)  # the narrowest everywhere: known to fit
         alloc = {n: formats[j] for n, j in zip(names, picks, strict=True)}
-        pol = _alloc_policy(policy, {**alloc, **{a: alloc[t] for a, t in aliases.items()}})
+        pol = _alloc_policy(policy, {**alloc, **{a: alloc[t] for a, t in aliases.items()}}, plan)
         qts, pplan = quantize_fn(state, pol)
         data, _ = _pack(qts, pplan, pol, metadata, effort)
         predicted = fixed_bytes + int(sum(costs_b[i, j] for i, j in enumerate(picks)))
         say(f"fit: predicted {predicted:,} B, measured {len(data):,} B")
         if len(data) <= avail:
             break
+        if try_widest:
+            try_widest = False
+            continue
         target -= len(data) - avail + max(64, len(data) // 5000)
     else:
         raise OverCapError(f"--fit {budget_bytes:,}: could not land under the budget after "
