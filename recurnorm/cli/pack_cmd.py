@@ -68,9 +68,11 @@ def _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_nu
                    "for the last bytes (several times slower; the artifact reads the same)")
 @click.option("--fit", "fit_bytes", type=click.IntRange(min=1), default=None, metavar="BYTES",
               help="choose a format per weight tensor (int8..int4) minimizing the predicted loss "
-                   "increase with artifact + --code files <= BYTES")
+                   "increase with artifact + --code files + --loader <= BYTES; without --calib-data "
+                   "the sensitivities are a weight-space proxy (it says so)")
 @click.option("--fit-formats", default=None, metavar="LIST",
-              help="candidate formats for --fit, comma separated [default: int8,int7,int6,int5,int4]")
+              help="candidate formats for --fit, comma separated [default: int8,int7,int6,int5,int4]; "
+                   "add ternary only for a model trained for it")
 @click.option("--gptq", is_flag=True, help="GPTQ codes for the weight matrices (needs --calib-data)")
 @click.option("--calib-data", default=None, metavar="DATA",
               help="calibration data for --gptq and --fit (default, a text path or shards:GLOB); "
