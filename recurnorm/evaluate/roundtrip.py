@@ -152,6 +152,33 @@ def _step_postfix(bar, steps: int):
     return on_step
 
 
+def _train_in_parallel(jobs, schemes, seeds, configs, checkpoints_dir, data, corpus, tokenizer,
+                       train_kw, bar):  # fmt: skip
+    """(pretrained {(scheme, seed): JobResult}, temporary folder or None) for --jobs > 1."""
+    if jobs <= 1:
+        return {}, None
+    import tempfile
+
+    from .parallel import TrainJob, train_parallel
+
+    tmp = None if checkpoints_dir is not None else tempfile.TemporaryDirectory(prefix="rt-jobs-")
+    root = Path(checkpoints_dir) if checkpoints_dir is not None else Path(tmp.name)
+    todo = [TrainJob(s, seed, configs[s], str(root / s / f"seed{seed}"))
+            for seed in range(seeds) for s in schemes
+            if checkpoints_dir is None or checkpoint_path(checkpoints_dir, s, seed, seeds) is None]
+    bar.set_description(f"train {len(todo)} models on {jobs} processes")
+    spec = data if isinstance(data, (str, os.PathLike)) else corpus
+    try:
+        done = train_parallel(todo, data=spec, tokenizer=tokenizer, train_kw=train_kw,
+                              n_jobs=jobs, on_done=lambda r: bar.set_postfix(done=f"{r.scheme}/"
+                                                                              f"seed{r.seed}"))
+    except BaseException:
+        if tmp is not None:
+            tmp.cleanup()
+        raise
+    return done, tmp
+
+
 def resolve_schemes(schemes: str | list[str] | tuple[str, ...]) -> list[str]:
     """A scheme list from names or 'all' / 'a,b,c'; anchors first, unknown names raise ConfigError."""
     from ..model import schemes as registry
@@ -221,6 +248,7 @@ def roundtrip(
     write: bool = True,
     qat: str | list[str] | tuple[str, ...] = (),
     qat_steps: int = 100,
+    jobs: int = 1,
 ) -> RoundtripResult:
     """Train or load every scheme per seed, export under every quantizer, measure, and report.
 
@@ -231,6 +259,8 @@ def roundtrip(
     formats add a ``qat-<format>`` row per scheme: the trained model
     QAT-fine-tuned for ``qat_steps`` steps; pre = the QAT model (fake quant at
     λ=1), post = its export under ``train.qat.qat_policy`` (the codes training saw).
+    ``jobs`` > 1 trains the models in that many parallel processes first
+    (``evaluate.parallel``; one per GPU where there are GPUs), then measures them here.
     """
     import torch
     from tqdm import tqdm
@@ -280,13 +310,21 @@ def roundtrip(
                disable=not progress, dynamic_ncols=True)
     rows: list[rep.Row] = []
     sources: dict[str, str] = {}
+    pretrained, tmp = _train_in_parallel(jobs, schemes, seeds, configs, checkpoints_dir, data,
+                                         corpus, tokenizer, train_kw, bar)  # fmt: skip
     try:
         for seed in range(seeds):
             for scheme in schemes:
                 key = f"{scheme}/seed{seed}"
                 ckpt = (checkpoint_path(checkpoints_dir, scheme, seed, seeds)
                         if checkpoints_dir is not None else None)
-                if ckpt is not None:
+                done = pretrained.get((scheme, seed))
+                if done is not None:
+                    bar.set_description(f"load {key}")
+                    model = load_model(done.path)
+                    sources[key] = (f"trained {train_kw['steps']} steps in {done.elapsed_s:.1f} s "
+                                    f"(parallel job on {done.device})")
+                elif ckpt is not None:
                     bar.set_description(f"load {key}")
                     model = load_model(ckpt)  # a QAT checkpoint is evaluated as what it is
                     if model.config.scheme != scheme:
@@ -343,6 +381,8 @@ def roundtrip(
                     bar.set_postfix(bpb=f"{rows[-1].bpb_pre:.3f}→{rows[-1].bpb_post:.3f}")
     finally:
         bar.close()
+        if tmp is not None:
+            tmp.cleanup()
 
     for s, m in matches.items():
         got = [r.artifact_bytes for r in rows if r.scheme == s and r.quant == quants[0]]

@@ -45,7 +45,8 @@ def pack_state(state: dict[str, Tensor], policy: ExportPolicy, metadata: dict | 
     return pack_qtensors(qts, meta, codecs, effort)
 
 
-def checkpoint_policy(policy: ExportPolicy, config: dict | None) -> tuple[ExportPolicy, dict | None]:
+def checkpoint_policy(policy: ExportPolicy, config: dict | None,
+                      source: str = "checkpoint") -> tuple[ExportPolicy, dict | None]:
     """(policy, config for the metadata): a QAT checkpoint ships exactly the codes training saw.
 
     Its projections use the recorded QAT quantizer whatever -q says; the config
@@ -53,7 +54,7 @@ def checkpoint_policy(policy: ExportPolicy, config: dict | None) -> tuple[Export
     """
     from .qat import export_config, is_qat_pending, qat_policy
 
-    if not is_qat_pending(config):
+    if not is_qat_pending(config, source):
         return policy, config
     from ..model import ModelConfig
 
@@ -109,11 +110,11 @@ class Packed:
     fit: Any = None  # a fit.FitResult when --fit chose the formats
 
 
-def rows_with_rules(data: bytes) -> tuple[list[dict], dict]:
+def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None) -> tuple[list[dict], dict]:
     """(tensor_stats rows with each tensor's ``rule``, metadata) of artifact bytes."""
     from ..budget.api import read_artifact, tensor_stats
 
-    art = read_artifact(data)  # decode once: proves the round trip and gives bounds
+    art = read_artifact(data, max_decoded_bytes)  # decode once: proves the round trip, gives bounds
     rows = tensor_stats(art.manifest, art.qtensors)
     rules = (art.metadata.get("export") or {}).get("rules") or {}
     for row in rows:
@@ -130,7 +131,7 @@ def pack_checkpoint(ckpt: str | Path, policy: ExportPolicy, *, effort: str = "no
     ckpt = Path(ckpt)
     if state is None:
         state, config = load_checkpoint_state(ckpt)
-    policy, config = checkpoint_policy(policy, config)
+    policy, config = checkpoint_policy(policy, config, str(ckpt))
     metadata = {"quant": policy.quantizer, "source": ckpt.name, **(extra_metadata or {})}
     if config is not None:
         metadata["config"] = config

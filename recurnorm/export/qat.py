@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 from .policy import ExportPolicy
 
 
@@ -33,9 +33,11 @@ def lossless_policy() -> ExportPolicy:
     return ExportPolicy(quantizer="fp32", small_float_format="fp32", overrides={"*": ("fp32", {})})
 
 
-def is_qat_pending(config: dict | None) -> bool:
+def is_qat_pending(config: dict | None, source: str = "checkpoint") -> bool:
     """True for a QAT checkpoint's config whose weights are still latent floats (not exported)."""
     qat = (config or {}).get("qat")
+    if qat is not None and not isinstance(qat, dict):
+        raise CheckpointError(f"{source}: config.json field qat must be an object, got {type(qat).__name__}")
     return bool(qat) and not qat.get("exported", False)
 
 

@@ -76,7 +76,7 @@ def ship(
         raise ConfigError("--gptq needs --calib-data (its training split calibrates the Hessians)")
     need_model = gptq or (fit_bytes is not None and calib_data is not None)
     src = load_source(ckpt, model_factory, need_model)
-    policy, config = checkpoint_policy(policy, src.config)
+    policy, config = checkpoint_policy(policy, src.config, str(src.path))
     notes: list[str] = []
     metadata = {"quant": policy.quantizer, "source": src.path.name}
     if config is not None:
