@@ -24,6 +24,7 @@ COMMANDS = {
     "unpack": "pack_cmd:unpack",
     "verify": "pack_cmd:verify",
     "inspect": "pack_cmd:inspect",
+    "plan": "plan_cmd:plan",
     "loader": "loader_cmd:loader",
     "roundtrip": "roundtrip_cmd:roundtrip",
     "demo": "roundtrip_cmd:demo",

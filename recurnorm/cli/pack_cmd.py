@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import ArtifactError, CheckpointError, OverCapError
+from ..errors import ArtifactError, OverCapError
 from .exitcodes import OVER_CAP
 
 MAX_BYTES_HELP = "byte cap (decimal), counting the artifact plus --code files and --loader"
@@ -42,92 +42,127 @@ def _is_artifact(path: Path) -> bool:
         return f.read(4) == b"RNPK"
 
 
-def _policy(quant: str, keep_float_max_numel: int | None, quantize_controls: bool):
-    from ..quant.policy import ExportPolicy
-
-    kw = {"quantizer": quant, "quantize_controls": quantize_controls}
-    if keep_float_max_numel is not None:
-        kw["keep_float_max_numel"] = keep_float_max_numel
-    return ExportPolicy(**kw)
+QUANT_HELP = ("format with options (int6, int4:group=128) or rules, first match wins "
+              "('tok_emb.weight=int8,blocks.*.mlp.*=int5,*=int6'); a wildcard rule reaches weights "
+              "and embeddings, a control tensor only by its exact name")
 
 
-def _pack_checkpoint(ckpt: Path, quant: str, keep_float_max_numel, quantize_controls,
-                     effort: str = "normal"):
-    """(artifact bytes, stats rows) for a checkpoint."""
-    from ..budget import api
+def policy_options(f):
+    """-q, --policy, --keep-float, --quantize-controls, --keep-float-max-numel (pack and inspect)."""
+    for opt in reversed([
+        click.option("-q", "--quant", "quant", default=None, help=QUANT_HELP + " [default: int8]"),
+        click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="TOML policy file (format, options, embedding, keep_float, rules); -q's rules come first"),
+        click.option("--keep-float", "keep_float", multiple=True, metavar="PATTERN",
+                     help="tensors matching PATTERN stay fp32 (repeatable)"),
+        click.option("--quantize-controls", is_flag=True, help="quantize gains/gates too (fragility probe)"),
+        click.option("--keep-float-max-numel", type=int, default=None,
+                     help="float vectors this small stay fp16 (weight matrices are always quantized)"),
+    ]):
+        f = opt(f)
+    return f
 
-    state, config = api.load_checkpoint_state(ckpt)
-    policy = _policy(quant, keep_float_max_numel, quantize_controls)
-    qat = (config or {}).get("qat")
-    if qat is not None and not isinstance(qat, dict):
-        raise CheckpointError(f"{ckpt}: config.json field qat must be an object, got {type(qat).__name__}")
-    if qat and not qat.get("exported", False):
-        # A QAT checkpoint ships exactly the codes its training saw: its
-        # projections use the recorded QAT quantizer, whatever -q says.
-        from ..model import ModelConfig
-        from ..train.qat import export_config, qat_policy
 
-        model_config = ModelConfig.from_dict(config)
-        policy = qat_policy(model_config, base=policy)
-        config = export_config(model_config)
-    small = [n for n, (_, _, why) in policy.plan(state).items() if why.startswith("small")]
-    if small:
-        # The Parameter Golf default keeps small matrices in float: say so, since
-        # on a tiny model it means -q touches almost nothing.
-        click.echo(f"note: {len(small)} float tensors of <= {policy.keep_float_max_numel:,} "
-                   "elements kept as fp16 (--keep-float-max-numel 0 quantizes them too)", err=True)
-    qts = api.export_qtensors(state, quant, policy)
-    metadata = {"quant": quant, "source": ckpt.name}
-    if config is not None:
-        metadata["config"] = config
-    data = api.pack_qtensors(qts, metadata, effort=effort)
-    manifest = api.read_artifact(data)  # decode once: proves the round trip and gives bounds
-    return data, api.tensor_stats(manifest.manifest, manifest.qtensors)
+def _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel):
+    from ..export.spec import build_policy
+
+    if quant is None and policy_file is None:
+        quant = "int8"
+    return build_policy(quant, policy_file=policy_file, keep_float=keep_float,
+                        quantize_controls=quantize_controls, keep_float_max_numel=keep_float_max_numel)
 
 
 @click.command()
 @click.argument("ckpt", type=click.Path(exists=True, path_type=Path))
-@click.option("-q", "--quant", "quant", default="int8", show_default=True, help="main quantizer format")
+@policy_options
 @click.option("-o", "--out", type=click.Path(path_type=Path), help="artifact path (default: CKPT stem + .rnpk)")
 @click.option("--max-bytes", type=CAP, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
 @click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help=CODE_HELP)
 @click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help=LOADER_HELP)
 @click.option("--force", is_flag=True, help="overwrite OUT (never the checkpoint itself)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-@click.option("--quantize-controls", is_flag=True, help="quantize gains/gates too (fragility probe)")
-@click.option("--keep-float-max-numel", type=int, default=None, help="float tensors this small stay fp16")
 @click.option("--effort", type=click.Choice(["normal", "max"]), default="normal", show_default=True,
               help="codec search: max tries every context size and zstd layout at its slow level "
                    "for the last bytes (several times slower; the artifact reads the same)")
-def pack(ckpt, quant, out, max_bytes, code_files, loader, force, as_json, quantize_controls,
-         keep_float_max_numel, effort):
-    """Quantize and entropy-pack any checkpoint into one .rnpk artifact."""
+@click.option("--fit", "fit_bytes", type=click.IntRange(min=1), default=None, metavar="BYTES",
+              help="choose a format per weight tensor (int8..int4) minimizing the predicted loss "
+                   "increase with artifact + --code files + --loader <= BYTES; without --calib-data "
+                   "the sensitivities are a weight-space proxy (it says so)")
+@click.option("--fit-formats", default=None, metavar="LIST",
+              help="candidate formats for --fit, comma separated [default: int8,int7,int6,int5,int4]; "
+                   "add ternary only for a model trained for it")
+@click.option("--gptq", is_flag=True, help="GPTQ codes for the weight matrices (needs --calib-data)")
+@click.option("--calib-data", default=None, metavar="DATA",
+              help="calibration data for --gptq and --fit (default, a text path or shards:GLOB); "
+                   "only its training split is read")
+@click.option("--tokenizer", default=None, help="SentencePiece model of --calib-data text")
+@click.option("--calib-tokens", type=click.IntRange(min=1), default=None,
+              help="training tokens for calibration [default: 32768]")
+@click.option("--fit-sensitivity", type=click.Choice(["direct", "fisher"]), default="direct", show_default=True,
+              help="direct: calibration Δloss with each tensor alone quantized (formats x tensors passes); "
+                   "fisher: ½ΣFδ² from one backward per window (cheaper on large models)")
+@click.option("--model-factory", default=None, metavar="MODULE:FUNCTION",
+              help="build a foreign checkpoint's model with FUNCTION(config or None) -> nn.Module "
+                   "(for --gptq and --fit); imports and runs that code")
+def pack(ckpt, quant, policy_file, keep_float, quantize_controls, keep_float_max_numel, out, max_bytes,
+         code_files, loader, force, as_json, effort, fit_bytes, fit_formats, gptq, calib_data, tokenizer,
+         calib_tokens, fit_sensitivity, model_factory):
+    """Quantize and entropy-pack any checkpoint into one .rnpk artifact.
+
+    The export policy is printed with every result: every weight matrix gets the
+    -q format, embeddings int8, control tensors (gains, gates, scales) fp32,
+    small vectors fp16; `inspect` shows the rule that chose each tensor's format.
+    """
     from ..budget import Budget, report
     from ..budget.cap import code_bytes
+    from ..export import ship
+    from ..export.fit import parse_formats
     from ..io import atomic_write_bytes, check_writable
 
+    policy = _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
+    formats = parse_formats(fit_formats) if fit_formats is not None else None
+    if fit_formats is not None and fit_bytes is None:
+        raise click.UsageError("--fit-formats only applies with --fit BYTES")
     out = out or ckpt.with_name((ckpt.stem if ckpt.is_file() else ckpt.name) + ".rnpk")
-    check_writable(out, force, _inputs(ckpt, *code_files, *([loader] if loader else [])))
-    code_bytes([*code_files, *([loader] if loader else [])], max_bytes)  # a bad --code fails now
+    shipped = [*code_files, *([loader] if loader else [])]
+    check_writable(out, force, _inputs(ckpt, *shipped))
+    n_code = code_bytes(shipped, max_bytes)  # a bad --code fails now, before any work
+    progress = None if as_json else (lambda msg: click.echo(msg, err=True))
     budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
-    data, rows = _pack_checkpoint(ckpt, quant, keep_float_max_numel, quantize_controls, effort)
+    packed = ship.ship(ckpt, policy, effort=effort, fit_bytes=fit_bytes, code_bytes=n_code if fit_bytes else 0,
+                       fit_formats=formats, gptq=gptq, calib_data=calib_data, tokenizer=tokenizer,
+                       calib_tokens=calib_tokens, model_factory=model_factory,
+                       sensitivity=fit_sensitivity, progress=progress)
+    data, rows = packed.data, packed.rows
+    for note in packed.notes:
+        click.echo(f"note: {note}", err=True)
     try:
         cap = budget.check(len(data), rows)
     except OverCapError as exc:
-        # Refuse to write: show where the bytes go so the user can act.
+        # Refuse to write: show where the bytes go, and what would fit, so the user can act.
+        hint = None if fit_bytes else ship.over_cap_hint(ckpt, packed.policy, max_bytes,
+                                                         exc.report["code_bytes"], effort)
         if as_json:
-            _echo_json(exc.report)
+            _echo_json({**exc.report, "policy": packed.policy.summary(), "hint": hint})
         else:
             click.echo(report.tensor_table(rows, limit=15), err=True)
             click.echo(report.totals_lines(rows, exc.report), err=True)
-        raise OverCapError(f"not written: {exc}", exc.report) from None
+            click.echo(packed.policy.summary(), err=True)
+        raise OverCapError(f"not written: {exc}" + (f"; {hint.removeprefix('hint: ')}" if hint else ""),
+                           exc.report) from None
     atomic_write_bytes(out, data)
     cap["path"] = str(out)
+    cap["policy"] = packed.policy.summary()
+    if packed.fit is not None:
+        cap["fit"] = packed.fit.to_dict()
     if as_json:
         _echo_json(cap)
     else:
         click.echo(report.tensor_table(rows, limit=15))
         click.echo(report.totals_lines(rows, cap))
+        if packed.fit is not None:
+            click.echo(packed.fit.lines())
+        click.echo(packed.policy.summary())
         click.echo(f"wrote {out} ({len(data):,} bytes)")
 
 
@@ -270,27 +305,31 @@ def _print_outcome(out, report) -> None:
 
 @click.command()
 @click.argument("target", type=click.Path(exists=True, path_type=Path))
-@click.option("-q", "--quant", "quant", default="int8", show_default=True, help="quantizer for a checkpoint")
+@policy_options
 @click.option("--max-bytes", type=CAP, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False),
               help="count this loader file (default: the compact loader's bytes, as shipped)")
 @DECODED_OPTION
-def inspect(target, quant, max_bytes, as_json, loader, max_decoded_bytes):
-    """Per-tensor bytes, bits/weight and order-0 bound of an artifact (or a checkpoint, packed in
-    memory), and the budget line counting the loader that ships with it."""
+def inspect(target, quant, policy_file, keep_float, quantize_controls, keep_float_max_numel, max_bytes,
+            as_json, loader, max_decoded_bytes):
+    """Per-tensor bytes, bits/weight, order-0 bound and the rule that chose each format.
+
+    TARGET is an artifact, or a checkpoint packed in memory under the policy options; the
+    budget line counts the loader that ships with it.
+    """
     from ..budget import Budget, api, report
+    from ..export.pack import pack_checkpoint, rows_with_rules, rules_table
 
     if _is_artifact(target):
         data = api.read_artifact_file(target, max_decoded_bytes)
-        art = api.read_artifact(data, max_decoded_bytes)
-        rows = api.tensor_stats(art.manifest, art.qtensors)
-        metadata = art.metadata
+        rows, metadata = rows_with_rules(data, max_decoded_bytes)
     elif target.suffix == ".rnpk":
         raise ArtifactError(f"{target}: not a recurnorm artifact (bad magic)")
     else:
-        data, rows = _pack_checkpoint(target, quant, None, False)
-        metadata = {}
+        policy = _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
+        packed = pack_checkpoint(target, policy)
+        data, rows, metadata = packed.data, packed.rows, packed.metadata
     from ..budget.loader import loader_source
 
     budget = Budget(max_bytes=max_bytes, loader=loader or len(loader_source(compact=True).encode()))
@@ -303,3 +342,8 @@ def inspect(target, quant, max_bytes, as_json, loader, max_decoded_bytes):
         return
     click.echo(report.tensor_table(rows))
     click.echo(report.totals_lines(rows, cap))
+    click.echo("")
+    click.echo(rules_table(rows))
+    policy_line = (metadata.get("export") or {}).get("policy")
+    if policy_line:
+        click.echo(policy_line)

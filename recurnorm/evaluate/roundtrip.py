@@ -55,46 +55,48 @@ class RoundtripResult:
         return rep.to_markdown(self.rows, self.aggregates, self.falsification, self.config)
 
 
-# Why not the Parameter Golf default (keep float tensors <= 65,536 elements in fp16):
-# at the tiny scale every matrix is that small, so nothing would be quantized and
-# the roundtrip would measure fp16, not the quantizer. Here every weight matrix is.
-KEEP_FLOAT_MAX_NUMEL = 0
 # Passthrough formats export every tensor in that format: fp32 is the lossless reference.
 PASSTHROUGH = ("fp32", "fp16", "bf16")
 
 
 def export_policy(model, quant: str, *, quantize_controls: bool = False,
-                  quant_options: dict | None = None,
-                  keep_float_max_numel: int = KEEP_FLOAT_MAX_NUMEL):
-    """The ExportPolicy the roundtrip uses for one model and quantizer.
+                  quant_options: dict | None = None, keep_float_max_numel: int | None = None):
+    """The ExportPolicy the roundtrip uses for one model and quantizer: the default policy.
 
-    Control tensors are the model's own ``control_names()`` (gains, gates,
-    scalars) plus the policy's name patterns except ``spec.*``: a LoRA adapter
-    or any other step-specific *matrix* is a weight and is quantized like one.
+    Every weight matrix gets the quantizer whatever its size (recurnorm.export's
+    default). Control tensors are the model's own ``control_names()`` (gains,
+    gates, scalars) plus the policy's name patterns except ``spec.*``: a LoRA
+    adapter or any other step-specific *matrix* is a weight and is quantized like one.
     """
-    from ..quant.policy import CONTROL_PATTERNS, ExportPolicy
+    from dataclasses import replace
 
+    from ..export.policy import CONTROL_PATTERNS, ExportPolicy
+    from ..export.spec import check_format
+
+    check_format(quant, dict(quant_options or {}), "roundtrip quantizer")
     if quant in PASSTHROUGH:
         return ExportPolicy(quantizer=quant, overrides={"*": (quant, dict(quant_options or {}))})
-    return ExportPolicy(
+    policy = ExportPolicy(
         quantizer=quant, options=dict(quant_options or {}), quantize_controls=quantize_controls,
-        keep_float_max_numel=keep_float_max_numel,
         control_patterns=tuple(p for p in CONTROL_PATTERNS if p != "spec.*"),
         control_names=frozenset(model.control_names()),
     )
+    if keep_float_max_numel is not None:
+        policy = replace(policy, keep_float_max_numel=keep_float_max_numel)
+    return policy
 
 
 def pack_model(model, quant: str, *, quantize_controls: bool = False,
                quant_options: dict | None = None, policy=None) -> bytes:
     """Artifact bytes of a model under a quantizer (the real export path); config in metadata."""
-    from ..budget.api import pack
+    from ..export.pack import pack_state
     from ..model import state_dict_for_export
 
     if policy is None:
         policy = export_policy(model, quant, quantize_controls=quantize_controls,
                                quant_options=quant_options)
-    return pack(state_dict_for_export(model), quant=quant, policy=policy,
-                metadata={"config": model.config.to_dict(), "quant": quant})
+    return pack_state(state_dict_for_export(model), policy,
+                      {"config": model.config.to_dict(), "quant": quant})
 
 
 def export_model(model, quant: str, *, quantize_controls: bool = False,
@@ -119,7 +121,8 @@ def qat_row(model, corpus, quant: str, *, scheme: str, seed: int, steps: int, tr
     """A ``qat-<quant>`` row: QAT-fine-tune a copy of model, export with qat_policy, measure."""
     import copy
 
-    from ..train.qat import QATSpec, qat_policy, remove_qat, train_qat
+    from ..export.qat import qat_policy
+    from ..train.qat import QATSpec, remove_qat, train_qat
     from .loss import loss
 
     ft = remove_qat(copy.deepcopy(model).cpu())  # fine-tune from the latent float weights
@@ -262,11 +265,11 @@ def roundtrip(
     import torch
     from tqdm import tqdm
 
+    from ..export.load import load_model
     from ..model import ModelConfig, save_checkpoint
     from ..train.data import load_corpus
     from ..train.loop import train
     from ..train.presets import get_preset
-    from ..train.qat import load_model
     from .loss import loss
 
     t0 = time.perf_counter()
@@ -395,9 +398,9 @@ def roundtrip(
         "scheme_options": scheme_options, "quant_options": quant_options,
         "probes": list(probes), "match_bytes": match_bytes,
         "qat": qat_formats, "qat_steps": qat_steps if qat_formats else None,
-        "export_policy": (f"every weight matrix quantized (keep_float_max_numel="
-                          f"{KEEP_FLOAT_MAX_NUMEL}); controls (model.control_names() and norm/gate/"
-                          "scale name patterns) kept fp32; embeddings int8; fp32/fp16/bf16 export "
+        "export_policy": ("recurnorm.export default: every weight matrix quantized whatever its "
+                          "size; controls (model.control_names() and norm/gate/scale name patterns) "
+                          "kept fp32; embeddings int8; vectors fp16; fp32/fp16/bf16 export "
                           "every tensor in that format"),
         "matched_widths": {s: m.to_dict() for s, m in matches.items()},
         "sources": sources,
