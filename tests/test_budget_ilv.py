@@ -70,8 +70,8 @@ def test_big_streams_use_few_lanes_and_round_trip(case):
     units = -(-codes.size // params.get("tuple", 1))
     lanes = params["lanes"]
     # As few lanes as the step bound allows (each costs 4 bytes), or ILP_LANES.
-    assert -(-units // lanes) <= rans.MAX_STEPS and params["prec"] <= rans.MAX_PREC
-    assert lanes <= rans.ILP_LANES or -(-units // (lanes // 2)) > rans.MAX_STEPS
+    assert -(-units // lanes) <= rans.WRITE_STEPS <= rans.MAX_STEPS and params["prec"] <= rans.MAX_PREC
+    assert lanes <= rans.ILP_LANES or -(-units // (lanes // 2)) > rans.WRITE_STEPS
     if case == "ternary":  # 2**20 symbols: tuples only (their table is negligible there)
         assert params["tuple"] == 5
     out = codecs.Rans().decode(data, params, ctx)

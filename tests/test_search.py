@@ -159,12 +159,13 @@ def test_search_side_data_is_what_the_encoder_would_make():
 
 
 def test_lanes_for_is_the_fewest_the_step_bound_allows_plus_ilp():
-    n = np.array([10, 1 << 16, (1 << 16) + 1, 1 << 20, 1 << 20])
+    S = rans.WRITE_STEPS
+    n = np.array([10, S, S + 1, 16 * S, 16 * S])
     payload = np.array([1e3, 1e9, 10.0, 10.0, 1e9])
     assert rans.lanes_for(n, payload).tolist() == [1, rans.ILP_LANES, 2, 16, 16]
     assert rans.lanes_for(100, 8 * rans.FLUSH_SHARE) == 2  # 8 flush bytes fit, 16 do not
     with pytest.raises(ValueError, match="exceed"):
-        rans.lanes_for(rans.MAX_LANES * rans.MAX_STEPS + 1, 1.0)
+        rans.lanes_for(rans.MAX_LANES * rans.WRITE_STEPS + 1, 1.0)
 
 
 def test_kmeans_batches_agree_with_single_problems():
