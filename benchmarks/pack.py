@@ -192,7 +192,7 @@ def main() -> None:
                     help="checkpoint (dir, .safetensors, .pt) instead of training one; repeatable")
     ap.add_argument("--real", action="append", default=None,
                     help="a pretrained .safetensors (benchmarks/real_ckpt.py makes them); repeatable; "
-                         f"default: every {REAL_CACHE}/*.safetensors")
+                         f'default: every {REAL_CACHE}/*.safetensors; --real "": none')
     ap.add_argument("--only", default="", help="only the cases whose name contains this")
     ap.add_argument("--steps", type=int, default=600, help="training steps for the tiny model")
     ap.add_argument("--n", type=int, default=4_000_000, help="synthetic weights per case")
@@ -218,7 +218,7 @@ def main() -> None:
         cases.update(trained(ckpt, args.steps, label))
     reals = args.real if args.real is not None else (
         [] if args.quick else sorted(glob.glob(os.path.join(REAL_CACHE, "*.safetensors"))))
-    for path in reals:
+    for path in filter(None, reals):  # --real "": none
         cases.update(real(path))
     cases = {k: v for k, v in cases.items() if args.only in k}
     coder = "compiled kernel" if rans._ransc is not None else "numpy reference (kernel not built)"
