@@ -304,3 +304,17 @@ def test_hostile_wide_grid_ids_and_counts_are_refused():
         head = rans.varint_encode(np.array([4 * len(side[0][0]) + side[0][1], 4 * len(side[1][0]) + side[1][1]]))
         with pytest.raises(ArtifactError, match="grid class ids"):
             codecs.Rans().decode(head + side[0][0] + side[1][0] + words, params, ctx)
+
+
+def test_grid_codes_single_symbols_where_order0_codes_tuples():
+    """A tuple-sized stream (>= 2**20 trits, where order-0 codes 5-trit tuples) with joint
+    structure still gets its grid, over single symbols: a tuple spans columns of different
+    classes (a real 30522 x 384 token embedding: 0.963 of order-0 so, 0.988 with tuples)."""
+    codes = _joint_like(23, rows=4096, cols=256)
+    choice, ctx = _choice(codes.reshape(1, -1), tensor_shape=codes.shape)
+    sym, _, nsym = codecs.Rans()._symbols(codes)
+    assert search.tuple_size(nsym, sym.size) == 5
+    assert choice.variant == "grid" and choice.t == 1 and choice.k > 64
+    data, params = codecs.Rans().encode(codes.reshape(1, -1), ctx)
+    assert "tuple" not in params and np.array_equal(codecs.Rans().decode(data, params, ctx), codes.reshape(1, -1))
+    assert len(data) < 0.7 * rans.order0_bits(codes) / 8
