@@ -8,7 +8,13 @@ optimizer size as `shared`, so "vs plain_shared" isolates what the machinery
 costs). Models are timed in interleaved rounds after a warm-up; ratios are the
 median over rounds of the paired ratio, which cancels drift in machine load.
 
+MFU (model FLOP utilization) is each model's counted training FLOPs per second
+(recurnorm.train.flops.step_flops: forward + backward as PyTorch counts them)
+over the machine's measured matmul peak in the training dtype (fp32 on CPU, bf16
+on a GPU), so it says how much of what the hardware reaches the model uses.
+
     python benchmarks/train_speed.py --steps 10 --rounds 5 --schemes shared,norm,lora
+    python benchmarks/train_speed.py --preset golf --device cuda --schemes shared  # on a GPU
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import torch.nn.functional as F
 
 from recurnorm.model import ModelConfig, RecurrentLM, schemes
 from recurnorm.model.layers import apply_rope, rope_tables
+from recurnorm.train.flops import matmul_peak, step_flops
+from recurnorm.train.presets import get_preset
 
 
 class PlainBlock(nn.Module):
@@ -66,16 +74,19 @@ class PlainGPT(nn.Module):
         return F.linear(self.norm(x), self.embed.weight)
 
 
-def make_step(model: nn.Module, batch: torch.Tensor):
+def make_step(model: nn.Module, batch: torch.Tensor, bf16: bool = False):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     inputs, targets = batch[:, :-1], batch[:, 1:]
 
     def step():
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        with torch.autocast(batch.device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(inputs)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if batch.device.type == "cuda":
+            torch.cuda.synchronize()
 
     return step
 
@@ -92,19 +103,35 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    p.add_argument("--preset", help="take the model shape (and micro-batch) from this preset")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast on cuda)")
+    p.add_argument("--no-plain", action="store_true", help="skip the plain GPT anchors")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    base = ModelConfig(d_model=args.d_model, depth=args.depth, n_heads=args.n_heads,
-                       seq_len=args.seq_len)
+    if args.preset:
+        pre = get_preset(args.preset)
+        base = ModelConfig(**pre.model)
+        args.seq_len, args.batch = base.seq_len, pre.micro_batch or pre.batch_size
+        args.d_model, args.depth, args.n_heads = base.d_model, base.depth, base.n_heads
+    else:
+        base = ModelConfig(d_model=args.d_model, depth=args.depth, n_heads=args.n_heads,
+                           seq_len=args.seq_len)
+    dev = torch.device(args.device)
+    bf16 = dev.type == "cuda"
     torch.manual_seed(0)
-    batch = torch.randint(0, base.vocab_size, (args.batch, args.seq_len + 1))
-    names = ["plain", "plain_shared"] + [s for s in args.schemes.split(",") if s]
-    models = {"plain": PlainGPT(base), "plain_shared": PlainGPT(base, shared=True)}
-    for s in names[2:]:
+    batch = torch.randint(0, base.vocab_size, (args.batch, args.seq_len + 1), device=dev)
+    anchors = [] if args.no_plain else ["plain", "plain_shared"]
+    names = anchors + [s for s in args.schemes.split(",") if s]
+    models = {} if args.no_plain else {"plain": PlainGPT(base), "plain_shared": PlainGPT(base, shared=True)}
+    for s in names[len(anchors):]:
         models[s] = RecurrentLM(ModelConfig(**{**base.to_dict(), "scheme": s}))
-    steps = {n: make_step(m, batch) for n, m in models.items()}
+    for m in models.values():
+        m.to(dev)
+    flops = {n: step_flops(m, batch, bf16=bf16) for n, m in models.items()}
+    peak = matmul_peak(dev, torch.bfloat16 if bf16 else torch.float32)
+    steps = {n: make_step(m, batch, bf16=bf16) for n, m in models.items()}
     for step in steps.values():
         for _ in range(args.warmup):
             step()
@@ -120,17 +147,25 @@ def main() -> None:
 
     print(f"d={args.d_model} depth={args.depth} heads={args.n_heads} seq={args.seq_len} "
           f"batch={args.batch} threads={torch.get_num_threads()} "
-          f"steps={args.steps}x{args.rounds} rounds")
-    print(f"{'model':<16} {'params':>9} {'tokens/s':>10} {'ratio':>6} {'vs plain_shared':>16}")
+          f"steps={args.steps}x{args.rounds} rounds device={dev}")
+    print(f"measured matmul peak: {peak / 1e9:,.1f} GFLOP/s "
+          f"({'bf16' if bf16 else 'fp32'}, {torch.get_num_threads()} thread(s) on CPU)")
+    print(f"{'model':<16} {'params':>10} {'tokens/s':>10} {'ratio':>6} {'vs plain_shared':>16} "
+          f"{'GFLOP/s':>9} {'MFU':>6}")
     for n in names:
-        ratio, ratio_shared = (
-            statistics.median(r / a for r, a in zip(rates[n], rates[anchor], strict=True))
-            for anchor in ("plain", "plain_shared")
-        )
+        if anchors:
+            ratio, ratio_shared = (
+                statistics.median(r / a for r, a in zip(rates[n], rates[anchor], strict=True))
+                for anchor in anchors
+            )
+        else:
+            ratio = ratio_shared = float("nan")
         n_params = sum(t.numel() for t in models[n].parameters())
-        flag = "" if ratio >= 0.85 else "  < 0.85"
-        print(f"{n:<16} {n_params:>9} {statistics.median(rates[n]):>10.0f} "
-              f"{ratio:>6.2f} {ratio_shared:>16.2f}{flag}")
+        flag = "" if not anchors or ratio >= 0.85 else "  < 0.85"
+        rate = statistics.median(rates[n])
+        achieved = flops[n] / tok_per_step * rate
+        print(f"{n:<16} {n_params:>10} {rate:>10.0f} {ratio:>6.2f} {ratio_shared:>16.2f} "
+              f"{achieved / 1e9:>9.1f} {achieved / peak:>6.1%}{flag}")
 
 
 if __name__ == "__main__":

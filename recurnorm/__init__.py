@@ -10,7 +10,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 _LAZY = {
-    "pack": "recurnorm.budget.api",
+    "pack": "recurnorm.export.pack",
     "unpack": "recurnorm.budget.api",
     "ModelConfig": "recurnorm.model",
     "RecurrentLM": "recurnorm.model",

@@ -47,3 +47,7 @@ class LossRegressionError(RecurnormError):
 
 class OutputExistsError(RecurnormError, FileExistsError):
     """An output path exists and overwriting was not asked for (--force)."""
+
+
+class WriteError(RecurnormError):
+    """An output cannot be written (read-only filesystem, a parent that is a file, ...)."""

@@ -25,8 +25,8 @@ def _qts(seed: int = 0) -> dict[str, QTensor]:
     gs = np.abs(g).max(1) / 7
     return {
         "int8 per-row": QTensor("int8", (64, 96), "float32", np.round(w / s[:, None]).astype(np.int8),
-                                s.astype(np.float16), None, {"bits": 8}),
-        "int4.group": QTensor("int4", (3072,), "bfloat16", np.clip(np.round(g / gs[:, None]), -8, 7).astype(np.int8),
+                                s.astype(np.float16), None, {}),
+        "int4.group": QTensor("int4", (3072,), "bfloat16", np.clip(np.round(g / gs[:, None]), -7, 7).astype(np.int8),
                               gs.astype(np.float32), rng.normal(size=48).astype(np.float32), {"group": 64}),
         "ternary ∆": QTensor("ternary", (50, 41), "float16",
                              rng.choice([-1, 0, 1], size=(1, 2050)).astype(np.int8), np.array([0.1], np.float32)),

@@ -8,15 +8,15 @@ import torch
 
 import recurnorm.quant as q
 from recurnorm.errors import QuantError
+from recurnorm.export.gptq import gptq_export
+from recurnorm.export.policy import ExportPolicy
 from recurnorm.quant.gptq import (
     calibration_batches,
     collect_hessians,
-    gptq_export,
     gptq_quantize,
     gptq_with_weights,
     output_error,
 )
-from recurnorm.quant.policy import ExportPolicy
 
 CASES = [
     ("int4", {}), ("int4", {"asymmetric": True}), ("int4", {"clip_search": True}),

@@ -221,3 +221,15 @@ def test_cli_loader_writes_both_forms_and_pack_verify_inspect_count_it(tmp_path)
     assert r.exit_code == 0
     r = runner.invoke(main, ["inspect", str(art)])
     assert r.exit_code == 0 and f"(loader {len(loader_source(compact=True).encode()):,})" in r.output
+
+
+def test_verify_with_a_loader_refuses_what_the_loader_cannot_read():
+    from recurnorm.budget import Budget, verify_bytes
+
+    qts = {"w": QTensor("fp16", (64, 64), "float32",
+                        (np.arange(4096) % 7).astype(np.uint16).reshape(1, -1) + 15360)}
+    zstd = pack_qtensors(qts, codecs=("zstd",))
+    assert verify_bytes(zstd).ok  # the library reads it
+    rep = verify_bytes(zstd, Budget(loader=4000))
+    assert rep.exit_code == 4 and "standalone loader" in rep.reason and "zstd" in rep.reason
+    assert verify_bytes(pack_qtensors(qts), Budget(loader=4000)).ok

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from recurnorm.errors import ConfigError
+from recurnorm.export import load as export_load
+from recurnorm.export import qat as export_qat
 from recurnorm.model import ModelConfig, RecurrentLM, save_checkpoint
 from recurnorm.train import qat
 
@@ -25,8 +27,8 @@ def _roundtrip(model):
     """Export through real artifact bytes and rebuild a fresh model the way evaluation does."""
     from recurnorm.evaluate.gate import model_from_artifact
 
-    data = qat.export_qat(model)
-    return qat.prepare_exported(model_from_artifact(data)).eval(), data
+    data = export_qat.export_qat(model)
+    return export_load.prepare_exported(model_from_artifact(data)).eval(), data
 
 
 def _assert_same_logits(a, b, x):
@@ -113,9 +115,9 @@ def test_policy_quantizes_exactly_the_projections(trained_tiny):
 
     model = copy.deepcopy(trained_tiny[0])
     qat.apply_qat(model, {"format": "int4", "options": {"group": 32}})
-    plan = qat.qat_policy(model.config).plan(state_dict_for_export(model))
+    plan = export_qat.qat_policy(model.config).plan(state_dict_for_export(model))
     projected = {f"{n}.weight" for n, _ in model.projections()}
-    assert set(qat.projection_weight_names(model.config)) == projected
+    assert set(export_qat.projection_weight_names(model.config)) == projected
     for name, (fmt, opts, _) in plan.items():
         if name in projected:
             assert (fmt, opts) == ("int4", {"group": 32})
@@ -189,13 +191,13 @@ def test_load_model_reapplies_qat_and_not_on_artifacts(qat_ternary, tmp_path):
     _, ft, _ = qat_ternary
     save_checkpoint(ft, tmp_path / "ckpt")
     assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["qat"]["format"] == "ternary"
-    loaded = qat.load_model(tmp_path / "ckpt")
+    loaded = export_load.load_model(tmp_path / "ckpt")
     x = qat.guard_batch(ft.config)
     _assert_same_logits(ft, loaded, x)
     qat.check_qat(loaded)
     art = tmp_path / "m.rnpk"
-    art.write_bytes(qat.export_qat(ft))
-    from_artifact = qat.load_model(art)
+    art.write_bytes(export_qat.export_qat(ft))
+    from_artifact = export_load.load_model(art)
     assert not from_artifact.qat_state.weights  # grid weights are not fake-quantized again
     _assert_same_logits(ft, from_artifact, x)
 
@@ -216,13 +218,13 @@ def test_cli_pack_of_a_qat_checkpoint_ships_the_training_codes(qat_ternary, tmp_
 
     artifact = read_artifact(art.read_bytes())
     spec = ft.config.qat
-    projections = qat.projection_weight_names(ft.config)
+    projections = export_qat.projection_weight_names(ft.config)
     state = ft.state_dict()
     for name in projections:
         stored = artifact.qtensors[name]
         trained = quant.get(spec["format"], **spec["options"]).quantize(state[name], name=name)
         assert stored.format == spec["format"] and stored.equal(trained), name
-    assert qat.load_model(art).config.qat["exported"] is True
+    assert export_load.load_model(art).config.qat["exported"] is True
 
 
 def test_cli_finetune(trained_tiny, tmp_path):

@@ -7,9 +7,9 @@ import torch
 
 import recurnorm.quant as q
 from recurnorm.errors import QuantError
+from recurnorm.export.policy import ExportPolicy
 from recurnorm.quant.extra_norm import add_extra_norm
 from recurnorm.quant.fake import absmax_act_quant, fake_quant, fake_quant_transform
-from recurnorm.quant.policy import ExportPolicy
 
 
 def state() -> dict[str, torch.Tensor]:
@@ -36,7 +36,8 @@ def test_default_plan():
     for c in ("blocks.0.attn.q.input_norm.weight", "blocks.0.norm_attn.weight",
               "final_norm.weight", "spec.gains", "spec.layerrope.alpha"):
         assert fmt[c] == "fp32" and plan[c][2] == "control"
-    assert fmt["small.proj.weight"] == "fp16"
+    # every weight matrix gets the requested format, however small (no silent fp16)
+    assert fmt["small.proj.weight"] == "int8" and plan["small.proj.weight"][2] == "weight"
     assert fmt["embed.weight"] == "int8" and plan["embed.weight"][2] == "embedding"
     assert fmt["steps"] == "raw"
 
@@ -72,7 +73,8 @@ def test_bad_policy_fails_early():
     with pytest.raises(QuantError, match="options"):
         ExportPolicy(overrides={"x*": ("int4", {"bogus": 1})})
     with pytest.raises(QuantError, match="embedding_format"):
-        ExportPolicy(embedding_format="int4")
+        ExportPolicy(embedding_format="int9")
+    assert ExportPolicy(embedding_format="int6").plan(state())["embed.weight"][0] == "int6"
 
 
 def test_export_and_dequantize_all_restore_dtypes():

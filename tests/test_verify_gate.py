@@ -102,7 +102,9 @@ def test_several_artifacts_json_report_junit(env, tmp_path):
     size = env["int8"].stat().st_size
     summary = tmp_path / "summary.md"
     summary.write_text("earlier step\n")
-    r = _run("verify", env["int8"], "--max-bytes", size - 100, "--junit", junit, "--summary", summary)
+    again = _run("verify", env["int8"], "--max-bytes", size - 100, "--junit", junit)
+    assert again.exit_code == 2 and "--force" in again.output  # junit exists: no clobber
+    r = _run("verify", env["int8"], "--max-bytes", size - 100, "--junit", junit, "--summary", summary, "--force")
     assert r.exit_code == 3
     root = _junit(junit)
     assert root.get("failures") == "1"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import pickle
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from ..errors import ArtifactError, CheckpointError, QuantError
 from ..quant.qtensor import QTensor
 from . import codecs as codecs_mod
 from . import format as fmt
+from . import validate
 from .codecs import DTYPES, StreamContext
 from .rans import order0_bits
 from .search import EFFORTS
@@ -38,7 +41,8 @@ def _stream_dtype(arr: np.ndarray, what: str) -> str:
 
 
 def _sha(arr: np.ndarray, dtype: str) -> str:
-    return hashlib.sha256(codecs_mod.to_le_bytes(arr, dtype)).hexdigest()
+    # Hashed in place when already contiguous little-endian: no copy of a big stream.
+    return hashlib.sha256(np.ascontiguousarray(arr, dtype=DTYPES[dtype]).reshape(-1).view(np.uint8)).hexdigest()
 
 
 def _check_qtensor(name: str, qt: QTensor) -> None:
@@ -133,9 +137,13 @@ def _decode_stream(payload: memoryview, s: dict, kind: str, tensor: dict,
     return arr
 
 
-def read_artifact(data: bytes) -> Artifact:
-    """Validate and decode artifact bytes (ArtifactError on anything wrong)."""
-    manifest, payload = fmt.read_container(data)
+def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact:
+    """Validate and decode artifact bytes (ArtifactError on anything wrong).
+
+    max_decoded_bytes: refuse artifacts whose tensors decode to more than this many bytes
+    (default validate.DEFAULT_MAX_DECODED_BYTES, 1 GiB), checked before decoding.
+    """
+    manifest, payload = fmt.read_container(data, max_decoded_bytes)
     qtensors: dict[str, QTensor] = {}
     aliases: dict[str, str] = {}
     for t in manifest["tensors"]:
@@ -153,6 +161,7 @@ def read_artifact(data: bytes) -> Artifact:
             format=t["format"], shape=tuple(t["shape"]), dtype=t["dtype"], codes=dec["codes"],
             scales=dec.get("scales"), zeros=dec.get("zeros"), params=t["params"],
         )
+        validate.check_decoded(t["name"], qtensors[t["name"]])
     return Artifact(manifest, manifest.get("metadata", {}), qtensors, aliases)
 
 
@@ -297,9 +306,9 @@ def dequantize_all(qtensors: dict[str, QTensor]) -> dict[str, Any]:
     return out
 
 
-def unpack(data: bytes) -> dict[str, Any]:
+def unpack(data: bytes, max_decoded_bytes: int | None = None) -> dict[str, Any]:
     """Artifact bytes to a dequantized state dict in the original dtypes."""
-    return dequantize_all(read_artifact(data).qtensors)
+    return dequantize_all(read_artifact(data, max_decoded_bytes).qtensors)
 
 
 def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
@@ -325,13 +334,24 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
         if cfg_path.exists():
             try:
                 config = json.loads(cfg_path.read_text(encoding="utf-8"))
-            except ValueError as exc:
+            except (OSError, ValueError) as exc:
                 raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from None
+            if not isinstance(config, dict):
+                raise CheckpointError(f"{cfg_path}: expected a JSON object of model settings, "
+                                      f"got {type(config).__name__}")
     elif path.suffix in (".pt", ".pth", ".bin"):
         try:
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's concern
+                warnings.simplefilter("ignore")
+                obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            # torch's own text runs to several lines and suggests weights_only=False: never.
+            raise CheckpointError(
+                f"{path}: holds Python objects besides tensors; recurnorm never unpickles them "
+                "(unpickling runs the file's code): save a plain state dict or .safetensors") from None
         except Exception as exc:
-            raise CheckpointError(f"{path}: cannot load as a weights-only state dict: {exc}") from None
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"{path}: cannot load as a weights-only state dict: {first}") from None
         for key in ("state_dict", "model"):
             if isinstance(obj, dict) and isinstance(obj.get(key), dict):
                 obj = obj[key]
@@ -342,7 +362,20 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
         raise CheckpointError(f"{path}: expected a directory, .safetensors, .pt, .pth or .bin")
     if not state:
         raise CheckpointError(f"{path}: holds no tensors")
+    _check_dtypes(state, path)
     return state, config
+
+
+def _check_dtypes(state: dict, path: Path) -> None:
+    """CheckpointError naming the first tensor of a dtype no format stores (float8, complex)."""
+    from ..quant.registry import _DTYPES
+
+    known = set(_DTYPES.values())
+    for name in sorted(state):
+        if state[name].dtype not in known:
+            dt = str(state[name].dtype).removeprefix("torch.")
+            raise CheckpointError(f"{path}: tensor {name!r} has dtype {dt}, which recurnorm cannot "
+                                  f"store (supported: {', '.join(sorted(_DTYPES))})")
 
 
 # ----------------------------------------------------------------- verify
@@ -366,16 +399,27 @@ class VerifyReport:
                 "cap": self.cap, "tensors": self.tensors, "metadata": self.metadata}
 
 
-def verify_bytes(data: bytes, budget=None, path: str = "<bytes>") -> VerifyReport:
-    """Decode everything, check every checksum, then the cap; never raises for a bad artifact."""
+def verify_bytes(data: bytes, budget=None, path: str = "<bytes>",
+                 max_decoded_bytes: int | None = None) -> VerifyReport:
+    """Decode everything, check every checksum, then the cap; never raises for a bad artifact.
+
+    ok means `unpack` succeeds: read_artifact checks what each quantizer needs; with a loader
+    in the budget, ok also means the standalone loader reads it (the portable profile).
+    """
     from ..errors import OverCapError
     from .cap import Budget
 
     budget = budget or Budget()
     try:
-        art = read_artifact(data)
+        art = read_artifact(data, max_decoded_bytes)
     except ArtifactError as exc:
         return VerifyReport(path, False, 4, str(exc))
+    if budget.loader is not None:  # the loader counted must be able to read it, too
+        from .loader import loader_problem
+
+        problem = loader_problem(data, art.manifest)
+        if problem:
+            return VerifyReport(path, False, 4, f"not readable by the standalone loader: {problem}")
     rows = tensor_stats(art.manifest, art.qtensors)
     try:
         cap = budget.check(len(data), rows)
@@ -384,10 +428,31 @@ def verify_bytes(data: bytes, budget=None, path: str = "<bytes>") -> VerifyRepor
     return VerifyReport(path, True, 0, "valid and under the cap", cap, rows, art.metadata)
 
 
-def verify_artifact(path: str | Path, budget=None) -> VerifyReport:
+def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -> bytes:
+    """An artifact file's bytes: regular files only (not /dev/zero or a FIFO), and no larger
+    than its decoded bytes allow (no stream is longer than its raw form plus the manifest)."""
+    import stat
+
+    limit = ((validate.DEFAULT_MAX_DECODED_BYTES if max_decoded_bytes is None else max_decoded_bytes)
+             + fmt.MAX_MANIFEST_BYTES + fmt.HEADER_SIZE)
+    path = Path(path)
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ArtifactError(f"{path} is not a regular file")
+        if st.st_size > limit:
+            raise ArtifactError(f"{path}: {st.st_size:,} bytes, more than an artifact decoding to at "
+                                f"most {limit - fmt.MAX_MANIFEST_BYTES - fmt.HEADER_SIZE:,} bytes can hold")
+        with open(path, "rb") as f:
+            return f.read(st.st_size + 1)  # read(n) allocates n bytes up front: the size, not the limit
+    except OSError as exc:
+        raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def verify_artifact(path: str | Path, budget=None, max_decoded_bytes: int | None = None) -> VerifyReport:
     """verify_bytes on a file (a missing/unreadable file is reported as corrupt)."""
     try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        return VerifyReport(str(path), False, 4, f"cannot read {path}: {exc.strerror}")
-    return verify_bytes(data, budget, str(path))
+        data = read_artifact_file(path, max_decoded_bytes)
+    except ArtifactError as exc:
+        return VerifyReport(str(path), False, 4, str(exc))
+    return verify_bytes(data, budget, str(path), max_decoded_bytes)

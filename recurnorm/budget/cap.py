@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,15 +11,27 @@ from ..errors import ConfigError, OverCapError
 DEFAULT_MAX_BYTES = 16_000_000  # decimal, as the challenge counts it
 
 
-def code_bytes(paths: list[str | Path]) -> int:
-    """UTF-8 byte count of the code files (a directory counts its .py files)."""
+def code_bytes(paths: list[str | Path], limit: int | None = None) -> int:
+    """UTF-8 byte count of the code files (a directory counts its .py files).
+
+    Regular files only (`/dev/zero` or a FIFO would never end); a file over `limit` bytes
+    (the cap: it cannot fit anyway) is counted by its size, not read."""
     total = 0
     for p in paths:
         p = Path(p)
-        files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
+        files = sorted(f for f in p.rglob("*.py") if f.is_file()) if p.is_dir() else [p]
         for f in files:
             try:
-                total += len(f.read_text(encoding="utf-8").encode("utf-8"))
+                st = f.stat()
+                if not stat.S_ISREG(st.st_mode):
+                    raise ConfigError(f"code file {f} is not a regular file")
+                if limit is not None and st.st_size > limit:
+                    total += st.st_size
+                    continue
+                with open(f, "rb") as fh:
+                    data = fh.read(st.st_size + 1)
+                data.decode("utf-8")
+                total += len(data)
             except (OSError, UnicodeDecodeError) as exc:
                 raise ConfigError(f"code file {f}: {exc}") from None
     return total
@@ -37,13 +50,17 @@ class Budget:
         """The loader's counted bytes (0 without one)."""
         if self.loader is None or isinstance(self.loader, int):
             return self.loader or 0
-        return code_bytes([self.loader])
+        return code_bytes([self.loader], self.max_bytes)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes <= 0:
+            raise ConfigError(f"the byte cap must be a positive integer, got {self.max_bytes!r}")
 
     def check(self, artifact_bytes: int, tensors: list[dict] | None = None) -> dict:
         """A JSON-able report; raises OverCapError(report) when over the cap.
         code_bytes counts the loader too; loader_bytes says how much of it that is."""
         loader = self.loader_bytes()
-        code = code_bytes(self.code_files) + loader
+        code = code_bytes(self.code_files, self.max_bytes) + loader
         total = artifact_bytes + code
         report = {
             "max_bytes": self.max_bytes, "artifact_bytes": artifact_bytes, "code_bytes": code,

@@ -147,6 +147,8 @@ class Raw(Codec, name="raw"):
         return to_le_bytes(arr, ctx.dtype), {}
 
     def decode(self, data, params, ctx):
+        if params:  # a stray layout would mean one thing here and another to a lenient reader
+            raise ArtifactError(f"{ctx.kind} stream: raw takes no params")
         return from_le_bytes(data, ctx)
 
 
@@ -171,7 +173,7 @@ def _unpack_bits(data: bytes, n: int, per: int, bits: int) -> np.ndarray:
     w = np.zeros((len(b), 4), dtype=np.uint8)
     w[:, :nbyte] = b
     words = w.view("<u4").ravel().astype(np.uint32)
-    out = np.empty((len(words), per), dtype=np.int64)
+    out = np.empty((len(words), per), dtype=np.uint8)  # symbols < 64
     for j in range(per):
         out[:, j] = (words >> np.uint32(bits * j)) & np.uint32((1 << bits) - 1)
     return out.ravel()[:n]
@@ -186,7 +188,7 @@ def _pack_trits(sym: np.ndarray) -> bytes:
 
 
 def _unpack_trits(data: bytes, n: int) -> np.ndarray:
-    b = np.frombuffer(data, dtype=np.uint8).astype(np.int64)
+    b = np.frombuffer(data, dtype=np.uint8)
     if b.size and b.max() >= 243:
         raise ArtifactError("trit byte out of range")
     out = np.stack([(b // d) % 3 for d in (1, 3, 9, 27, 81)], axis=1)
@@ -283,9 +285,15 @@ class Compressed(Codec):
         if not isinstance(offset, int) or isinstance(offset, bool) or abs(offset) > 1 << 64:
             raise ArtifactError(f"{self.name} offset must be an integer")
         n = ctx.numel
+        if not isinstance(layout, str):
+            raise ArtifactError(f"{ctx.kind} stream: {self.name} layout must be a string")
         if layout in ("plain", "shuffle"):
+            if offset:
+                raise ArtifactError(f"{ctx.kind} stream: layout {layout} takes no offset")
             expect = ctx.nbytes
-        elif isinstance(layout, str) and layout in PACKED_LAYOUTS:
+        elif layout in PACKED_LAYOUTS:
+            if DTYPES[ctx.dtype].kind not in "iub":
+                raise ArtifactError(f"{ctx.kind} stream: packed layout {layout} needs integer codes")
             expect = PACKED_LAYOUTS[layout][1](n)
         else:
             raise ArtifactError(f"unknown {self.name} layout {layout!r}")
@@ -301,7 +309,7 @@ class Compressed(Codec):
         if layout == "trit5":
             sym = _unpack_trits(raw, n)
         elif layout == "byte":
-            sym = np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+            sym = np.frombuffer(raw, dtype=np.uint8)
         else:
             bits = {"bits2": (4, 2), "nib4": (2, 4), "pack6": (4, 6)}[layout]
             sym = _unpack_bits(raw, n, *bits)
@@ -362,19 +370,23 @@ class Zstd(Compressed, name="zstd"):
 
 
 def _symbols_to_array(sym: np.ndarray, offset: int, ctx: StreamContext) -> np.ndarray:
-    """Codes = symbols + offset, checked to fit the stream dtype."""
+    """Codes = symbols + offset, checked to fit the stream dtype.
+
+    Added in the unsigned type of the stream's width: the sum wraps exactly as the
+    checked result needs, and no int64 copy of the stream is made."""
     dt = np.dtype(ctx.dtype)
+    if dt.kind not in "iub":
+        raise ArtifactError(f"{ctx.kind} stream: symbols cannot decode to {ctx.dtype}")
     if sym.size:
         lo, hi = int(sym.min()) + offset, int(sym.max()) + offset
         info = np.iinfo(dt) if dt != np.bool_ else None
         if (info and (lo < info.min or hi > info.max)) or (info is None and (lo < 0 or hi > 1)):
             raise ArtifactError(f"{ctx.kind} stream: decoded codes do not fit {ctx.dtype}")
-    if dt.kind == "u" and dt.itemsize == 8:
-        out = (sym.astype(np.uint64) + np.uint64(offset)) if offset >= 0 else None
-        if out is None:
-            raise ArtifactError("negative offset for an unsigned stream")
-        return out.astype(dt).reshape(ctx.shape)
-    return (sym.astype(np.int64) + offset).astype(dt).reshape(ctx.shape)
+    udt = np.dtype(f"u{dt.itemsize}")
+    # The decoder's own array is reused when it already has the width: one copy fewer.
+    out = sym.view(udt) if sym.dtype.itemsize == dt.itemsize and sym.flags.writeable else sym.astype(udt)
+    out += udt.type(offset % (1 << (8 * dt.itemsize)))
+    return out.view(dt).reshape(ctx.shape)
 
 
 # ----------------------------------------------------------------- rans
@@ -489,7 +501,10 @@ class Rans(Codec, name="rans"):
         rows, cols = _view_2d(ctx.tensor_shape)
         n = ctx.numel
         n_ids = {"row": rows, "col": cols, "grid": rows + cols}.get(variant, 0)
-        if variant in ("row", "col", "grid") and (rows * cols > n or len(ctx.tensor_shape) < 2):
+        # Class ids are stored per row/column: an empty tensor has none to give, and their
+        # count is bounded by the codes' (a zero dimension must not declare 2**39 rows).
+        if variant in ("row", "col", "grid") and (rows * cols > n or len(ctx.tensor_shape) < 2
+                                                  or rows * cols == 0 or n_ids > 2 * n):
             raise ArtifactError("rans class context does not fit the tensor shape")
         if variant == "scale" and (len(ctx.shape) != 2 or ctx.scales is None):
             raise ArtifactError("rans scale context needs scales")
@@ -499,7 +514,8 @@ class Rans(Codec, name="rans"):
         if variant == "grid" and (ids[:rows].max() >= k // kc or ids[rows:].max() >= kc):
             raise ArtifactError("rans grid class ids do not match the declared classes")
         cvec = geometry(ctx).context_vector(variant, k, ids, t, np.uint8, kc)
-        used = np.bincount(cvec, minlength=k) > 0
+        # One context: its (all-zero) vector is never read, so never touched into memory.
+        used = rans.bincount(cvec, minlength=k) > 0 if k > 1 else np.array([len(cvec) > 0])
         if np.any(tables.sum(axis=1)[used] != 1 << prec):
             raise ArtifactError("rans table does not sum to 2**prec")
         tsym = rans.ilv_decode(words, cvec, tables, prec, lanes, len(cvec))

@@ -18,20 +18,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import struct
 from typing import Any
 
 from ..errors import ArtifactError
 from . import compress
-from .codecs import DTYPES, Codec
 
 MAGIC = b"RNPK"
 VERSION = 2
 READ_VERSIONS = (1, 2)  # version 1: zstd side data and manifest (see rans.split_body)
 HEADER = struct.Struct("<4sHHQ32s")
 HEADER_SIZE = HEADER.size  # 48
-MAX_MANIFEST_BYTES = 64 << 20  # stored, and decompressed
+# Stored, and decompressed. JSON of empty objects takes ~21 bytes of Python per byte, so
+# this bounds parsing to ~90 MB (64 MiB took 1.4 GB); a 16 MB model's manifest is ~50 KB.
+MAX_MANIFEST_BYTES = 4 << 20
 # The manifest's compressor id sits in the flags' low two bits. Per-tensor JSON repeats
 # keys and hex hashes: deflate or lzma take ~80% off.
 MANIFEST_COMPRESSOR_MASK = 3
@@ -92,8 +92,10 @@ def _depth(obj: Any, limit: int) -> int:
             return depth
 
 
-def read_container(data: bytes) -> tuple[dict, memoryview]:
-    """Check header, checksums and the manifest's structure; return (manifest, payload)."""
+def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[dict, memoryview]:
+    """Check header, checksums and the manifest's structure; return (manifest, payload).
+
+    max_decoded_bytes: refuse artifacts whose tensors decode to more (default 1 GiB)."""
     data = memoryview(data)
     if len(data) < HEADER_SIZE:
         raise ArtifactError(f"truncated artifact: {len(data)} bytes, header needs {HEADER_SIZE}")
@@ -129,7 +131,7 @@ def read_container(data: bytes) -> tuple[dict, memoryview]:
         )
     if hashlib.sha256(payload).hexdigest() != manifest.get("payload_sha256"):
         raise ArtifactError("payload checksum mismatch (corrupt artifact)")
-    validate_manifest(manifest)
+    validate_manifest(manifest, max_decoded_bytes)
     return manifest, payload
 
 
@@ -137,67 +139,9 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _shape(v: Any, where: str) -> tuple[int, ...]:
-    if not isinstance(v, list) or len(v) > MAX_NDIM or not all(_is_int(d) and 0 <= d < 1 << 40 for d in v):
-        raise ArtifactError(f"{where}: bad shape {v!r}")
-    return tuple(v)
+def validate_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
+    """Check every field before anything is decoded or allocated (budget/validate.py);
+    the bytes the decoded tensors need."""
+    from . import validate  # it reads this module's limits
 
-
-def validate_manifest(manifest: dict) -> None:
-    """Check every field against the file before anything is decoded or allocated."""
-    if manifest.get("format") != "rnpk" or manifest.get("version") not in READ_VERSIONS:
-        raise ArtifactError("manifest format/version fields are wrong")
-    if not isinstance(manifest.get("metadata", {}), dict):
-        raise ArtifactError("manifest metadata is not an object")
-    tensors = manifest.get("tensors")
-    if not isinstance(tensors, list) or len(tensors) > MAX_TENSORS:
-        raise ArtifactError("manifest tensors is not a list")
-    plen = manifest["payload_length"]
-    names: set[str] = set()
-    total = 0
-    for t in tensors:
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
-            raise ArtifactError("manifest tensor entry without a name")
-        name = t["name"]
-        if name in names:
-            raise ArtifactError(f"tensor {name!r} appears twice")
-        names.add(name)
-        if "alias_of" in t:
-            if set(t) != {"name", "alias_of"} or t["alias_of"] not in names:
-                raise ArtifactError(f"tensor {name!r}: alias must name an earlier tensor")
-            continue
-        shape = _shape(t.get("shape"), name)
-        numel = math.prod(shape)
-        for key in ("dtype", "format"):
-            if not isinstance(t.get(key), str) or len(t[key]) > 64:
-                raise ArtifactError(f"tensor {name!r}: bad {key}")
-        if not isinstance(t.get("params"), dict):
-            raise ArtifactError(f"tensor {name!r}: params is not an object")
-        streams = t.get("streams")
-        if not isinstance(streams, dict) or "codes" not in streams or set(streams) - set(STREAM_KINDS):
-            raise ArtifactError(f"tensor {name!r}: streams must hold codes (and scales/zeros)")
-        for kind in [k for k in STREAM_KINDS if k in streams]:
-            s = streams[kind]
-            where = f"tensor {name!r} {kind}"
-            if not isinstance(s, dict):
-                raise ArtifactError(f"{where}: not an object")
-            if s.get("codec") not in Codec.registry:
-                raise ArtifactError(f"{where}: unknown codec {s.get('codec')!r}")
-            if s.get("dtype") not in DTYPES:
-                raise ArtifactError(f"{where}: unsupported dtype {s.get('dtype')!r}")
-            if not isinstance(s.get("params"), dict) or not isinstance(s.get("sha256"), str):
-                raise ArtifactError(f"{where}: params/sha256 missing")
-            off, length = s.get("offset"), s.get("length")
-            if not (_is_int(off) and _is_int(length) and 0 <= off and 0 <= length and off + length <= plen):
-                raise ArtifactError(f"{where}: bytes [{off}, {off}+{length}) outside the payload")
-            sshape = _shape(s.get("shape"), where)
-            total += math.prod(sshape)
-            if total > MAX_TOTAL_ELEMENTS:
-                raise ArtifactError(f"{where}: declared sizes exceed {MAX_TOTAL_ELEMENTS} elements")
-            if kind == "codes":
-                if len(sshape) != 2 or math.prod(sshape) < numel:
-                    raise ArtifactError(f"{where}: codes {sshape} cannot hold {numel} values")
-            elif len(sshape) != 1 or sshape[0] != streams["codes"]["shape"][0]:
-                raise ArtifactError(f"{where}: expected one value per code row")
-            if s["codec"] == "raw" and length != math.prod(sshape) * DTYPES[s["dtype"]].itemsize:
-                raise ArtifactError(f"{where}: raw stream length does not match its shape")
+    return validate.check_manifest(manifest, max_decoded_bytes)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 SOURCE = Path(__file__).with_name("rnpk_load.py")
+LOADER_CODECS = ("raw", "deflate", "lzma", "rans")  # what rnpk_load decodes
 PUBLIC = {"load", "decode"}  # the names a user calls, kept with their parameters
 # .lzma ("alone") keeps the wrapper short: lzma.decompress finds the format and filter itself.
 WRAPPER = "import lzma,base64\nexec(lzma.decompress(base64.b85decode('{payload}')))\n"
@@ -73,7 +74,7 @@ def _rename(tree: ast.Module) -> None:
         local, fresh = {}, _short_names(kept | set(module.values()))
         for n in ast.walk(node):
             name = n.id if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) else (
-                n.arg if isinstance(n, ast.arg) else None)
+                n.arg if isinstance(n, ast.arg) else n.name if isinstance(n, ast.ExceptHandler) else None)
             if name and name not in kept and name not in module and name not in local:
                 local[name] = next(fresh)
         mapping = {**module, **local}
@@ -82,6 +83,8 @@ def _rename(tree: ast.Module) -> None:
                 n.id = mapping[n.id]
             elif isinstance(n, ast.arg) and n.arg in mapping:
                 n.arg = mapping[n.arg]
+            elif isinstance(n, ast.ExceptHandler) and n.name in mapping:
+                n.name = mapping[n.name]
             elif isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in mapping:
                 n.name = mapping[n.name]
             elif isinstance(n, ast.Attribute) and n.attr in fields:
@@ -139,3 +142,25 @@ def loader_source(compact: bool = False) -> str:
         return source
     packed = lzma.compress(minify(source).encode(), format=lzma.FORMAT_ALONE, filters=COMPACT_FILTERS)
     return WRAPPER.format(payload=base64.b85encode(packed).decode("ascii"))
+
+
+def loader_problem(data: bytes, manifest: dict) -> str | None:
+    """Why the standalone loader cannot read a (valid) artifact, or None when it can: it reads
+    format 2 with portable compressors everywhere (header, streams, rans side data)."""
+    from . import compress, format, rans
+
+    _, version, flags, mlen, _ = format.HEADER.unpack_from(data, 0)
+    if version != 2:
+        return f"format version {version} (the loader reads 2: repack it)"
+    if flags & format.MANIFEST_COMPRESSOR_MASK not in compress.PORTABLE:
+        return "the manifest is zstd-compressed"
+    payload = memoryview(data)[format.HEADER_SIZE + mlen:]
+    for t in manifest["tensors"]:
+        for kind, s in t.get("streams", {}).items():
+            where = f"tensor {t['name']!r} {kind}"
+            if s["codec"] not in LOADER_CODECS:
+                return f"{where} uses the {s['codec']} codec"
+            body = payload[s["offset"]:s["offset"] + s["length"]]
+            if s["codec"] == "rans" and not set(rans.side_compressors(body)) <= set(compress.PORTABLE):
+                return f"{where} has zstd-compressed rans side data"
+    return None

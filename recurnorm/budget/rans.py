@@ -160,11 +160,28 @@ def _entropy_bits(counts: np.ndarray) -> float:
     return float(-(c * np.log2(c / c.sum())).sum())
 
 
+def bincount(values: np.ndarray, minlength: int = 0) -> np.ndarray:
+    """np.bincount of non-negative integers, in chunks: np.bincount makes an intp copy of
+    its input, 8 bytes per value, which on a 2**28-code stream is 2 GB."""
+    v = np.asarray(values).ravel()
+    step = 1 << 20
+    if v.size <= step:
+        return np.bincount(v, minlength=minlength)
+    out = np.zeros(max(minlength, int(v.max()) + 1), dtype=np.int64)
+    for i in range(0, v.size, step):
+        c = np.bincount(v[i : i + step])
+        out[: len(c)] += c
+    return out
+
+
 def order0_bits(symbols: np.ndarray) -> float:
     """The order-0 entropy bound in bits of an integer array."""
     s = np.asarray(symbols).ravel()
     if s.size == 0:
         return 0.0
+    if s.dtype.kind in "iub" and s.dtype.itemsize <= 2:
+        # Counted by bit pattern: a relabelling leaves the entropy as it is; no sort, no copy.
+        return _entropy_bits(bincount(np.ascontiguousarray(s).view(f"u{s.dtype.itemsize}")))
     _, counts = np.unique(s, return_counts=True)
     return _entropy_bits(counts)
 
@@ -257,7 +274,7 @@ def to_tuples(sym: np.ndarray, nsym: int, t: int) -> np.ndarray:
 def from_tuples(tsym: np.ndarray, nsym: int, t: int, n: int) -> np.ndarray:
     """Inverse of to_tuples for n symbols."""
     if t == 1:
-        return tsym.astype(np.int64)
+        return tsym  # already the decoder's narrow type: no int64 copy of the stream
     nt = nsym ** t
     # Digit table per tuple value: one gather instead of t divisions per tuple.
     lut = (np.arange(nt, dtype=np.int64)[:, None] // (nsym ** np.arange(t, dtype=np.int64)) % nsym)
@@ -304,6 +321,13 @@ def encode(sym: np.ndarray, ctx: np.ndarray, k: int, nsym: int, ids: np.ndarray 
     (tblob, tz), (iblob, iz) = side
     head = varint_encode(np.array([4 * len(tblob) + tz, 4 * len(iblob) + iz])) + tblob + iblob
     return head + ilv_encode(sym, ctx if k > 1 else None, tables, prec, lanes)
+
+
+def side_compressors(body: bytes) -> tuple[int, int]:
+    """The compress ids of a (format 2) stream's table and class-id blobs."""
+    th, pos = _read_varint(body, 0)
+    ih, _ = _read_varint(body, pos)
+    return th & 3, ih & 3
 
 
 def split_body(body: bytes, k: int, nsym: int, n_ids: int,

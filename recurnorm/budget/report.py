@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..display import printable
+
 
 def _fmt_ratio(row: dict) -> str:
     o = row.get("overhead")
@@ -18,7 +20,8 @@ def tensor_table(rows: list[dict], limit: int | None = None) -> str:
     for r in rows:
         bound = r.get("order0_bytes")
         lines.append(
-            f"{r['name'][:40]:<40} {'x'.join(map(str, r['shape'])) or 'scalar':<16} {r['format'][:8]:<8} "
+            f"{printable(r['name'])[:40]:<40} {'x'.join(map(str, r['shape'])) or 'scalar':<16} "
+            f"{printable(r['format'])[:8]:<8} "
             f"{r['bytes']:>11,} {r['bits_per_weight']:>7.3f} "
             f"{'' if bound is None else f'{bound:,.0f}':>11} {_fmt_ratio(r):>8}  {r['codec']}"
         )

@@ -22,6 +22,7 @@ import numpy as np
 # bitsandbytes' NF4 table, each the shortest decimal that rounds to the float32 it uses
 NF4 = np.array([-1, -0.6961928, -0.52507305, -0.3949175, -0.28444138, -0.18477343, -0.091050036, 0,
                 0.0795803, 0.1609302, 0.2461123, 0.33791524, 0.44070983, 0.562617, 0.72295684, 1], np.float32)
+BF16 = np.dtype("<u2", metadata={"bf16": 1})  # numpy has no bfloat16: its bits, marked
 PACKED = {"trit5": (5, 1), "bits2": (4, 1), "nib4": (2, 1), "pack6": (4, 3), "byte": (1, 1)}  # symbols, bytes
 
 
@@ -216,7 +217,7 @@ def decode(src, max_bytes=1 << 30):
 
 
 def dequantize(t, codes, scales, zeros):
-    """The tensor (numpy; bfloat16 as uint16 bits) in its original dtype and shape."""
+    """The tensor (numpy; bfloat16 as its uint16 bits, dtype BF16) in its original dtype and shape."""
     fmt, n, dtype = t["format"], int(np.prod(t["shape"])), t["dtype"]
     if fmt in ("fp32", "fp16", "bf16"):
         bits = codes.ravel()[:n]
@@ -232,7 +233,7 @@ def dequantize(t, codes, scales, zeros):
         v = ((c if zeros is None else c - zeros.astype(np.float32)[:, None]) * s).ravel()[:n]
     if dtype == "bfloat16":  # round to nearest even, as torch does (weights are finite)
         b = v.astype(np.float32).view(np.uint32).astype(int)
-        v = ((b + 0x7FFF + (b >> 16 & 1)) >> 16).astype(np.uint16)
+        v = ((b + 0x7FFF + (b >> 16 & 1)) >> 16).astype(BF16)
     else:
         v = v.astype(dtype)
     return v.reshape(t["shape"])
@@ -244,8 +245,8 @@ def load(src, max_bytes=1 << 30):
     import torch
 
     arrays, seen = decode(src, max_bytes)[0], {}
-    for v in arrays.values():  # uint16 holds bfloat16 bits (no torch dtype here is uint16)
+    for v in arrays.values():
         if id(v) not in seen:
-            seen[id(v)] = (torch.from_numpy(v.view(np.int16)).view(torch.bfloat16) if v.dtype == np.uint16
+            seen[id(v)] = (torch.from_numpy(v.view(np.int16)).view(torch.bfloat16) if v.dtype.metadata
                            else torch.from_numpy(np.ascontiguousarray(v)))
     return {k: seen[id(v)] for k, v in arrays.items()}

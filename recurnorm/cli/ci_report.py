@@ -7,7 +7,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ConfigError
+from .. import io
+from ..display import printable
 from . import exitcodes
 
 # Which failure decides the exit code when several artifacts or checks fail: a
@@ -122,17 +123,19 @@ def junit_xml(outcomes: list[Outcome]) -> str:
                   "failures": sum(c.status == "failed" for c in checks),
                   "errors": sum(c.status == "error" for c in checks),
                   "skipped": sum(c.status == "skipped" for c in checks)}
-        suite = ET.SubElement(root, "testsuite", name=o.path, **{k: str(v) for k, v in counts.items()})
+        # printable(): XML 1.0 cannot hold control characters, even escaped.
+        suite = ET.SubElement(root, "testsuite", name=printable(o.path), **{k: str(v) for k, v in counts.items()})
         for c in checks:
             case = ET.SubElement(suite, "testcase", name=c.name, classname=f"recurnorm.verify.{_class(o.path)}")
+            message = printable(c.message)
             if c.status in ("failed", "error"):
                 el = ET.SubElement(case, "failure" if c.status == "failed" else "error",
-                                   message=c.message, type=c.kind)
-                el.text = c.message
+                                   message=message, type=c.kind)
+                el.text = message
             elif c.status == "skipped":
-                ET.SubElement(case, "skipped", message=c.message)
+                ET.SubElement(case, "skipped", message=message)
             else:
-                ET.SubElement(case, "system-out").text = c.message
+                ET.SubElement(case, "system-out").text = message
         for k in totals:
             totals[k] += counts[k]
     for k, v in totals.items():
@@ -152,7 +155,7 @@ def _class(path: str) -> str:
 
 def _md(text: str) -> str:
     """Text safe inside a Markdown table cell."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return printable(text).replace("|", "\\|").replace("`", "'")
 
 
 VERDICT = {
@@ -207,11 +210,4 @@ def markdown_summary(outcomes: list[Outcome], top: int = 10) -> str:
 
 def append_text(path: str | os.PathLike, text: str) -> None:
     """Append to a file, as GitHub's $GITHUB_STEP_SUMMARY expects (earlier steps' text stays)."""
-    path = Path(path)
-    if str(path) != os.devnull:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as exc:
-        raise ConfigError(f"cannot append the summary to {path}: {exc.strerror or exc}") from None
+    io.append_text(path, text)

@@ -13,6 +13,7 @@ import sys
 import click
 
 from .. import errors
+from ..display import printable
 from . import exitcodes
 
 # command name -> "module:attribute" (relative to recurnorm.cli)
@@ -23,6 +24,7 @@ COMMANDS = {
     "unpack": "pack_cmd:unpack",
     "verify": "pack_cmd:verify",
     "inspect": "pack_cmd:inspect",
+    "plan": "plan_cmd:plan",
     "loader": "loader_cmd:loader",
     "roundtrip": "roundtrip_cmd:roundtrip",
     "demo": "roundtrip_cmd:demo",
@@ -49,7 +51,8 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except errors.RecurnormError as exc:
-            click.echo(f"error: {exc}", err=True)
+            # One line, whatever the message quotes from a hostile file.
+            click.echo(f"error: {printable(exc)}", err=True)
             ctx.exit(exitcodes.for_error(exc))
 
 

@@ -10,7 +10,25 @@ import click
 from ..errors import ArtifactError, OverCapError
 from .exitcodes import OVER_CAP
 
-MAX_BYTES_HELP = "byte cap (decimal), counting the artifact plus --code files"
+MAX_BYTES_HELP = "byte cap (decimal), counting the artifact plus --code files and --loader"
+CAP = click.IntRange(min=1)  # a cap of 0 or less is a mistake, not a request
+CODE_HELP = "code file (or folder of .py files) counted against the cap; regular files only"
+LOADER_HELP = "the artifact's loader (recurnorm loader -o FILE): counted against the cap like code"
+DECODED_OPTION = click.option(
+    "--max-decoded-bytes", type=CAP, default=None,
+    help="refuse artifacts whose tensors decode to more bytes than this [default: 1 GiB]; "
+         "checked before decoding, so a small hostile file cannot take the machine's memory")
+
+
+def _inputs(*paths) -> list[Path]:
+    """Files a command reads, which its outputs must never replace."""
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        out.append(p)
+        if p.is_dir():
+            out += [p / "model.safetensors", p / "config.json"]
+    return out
 
 
 def _echo_json(obj: object) -> None:
@@ -24,88 +42,127 @@ def _is_artifact(path: Path) -> bool:
         return f.read(4) == b"RNPK"
 
 
-def _policy(quant: str, keep_float_max_numel: int | None, quantize_controls: bool):
-    from ..quant.policy import ExportPolicy
-
-    kw = {"quantizer": quant, "quantize_controls": quantize_controls}
-    if keep_float_max_numel is not None:
-        kw["keep_float_max_numel"] = keep_float_max_numel
-    return ExportPolicy(**kw)
+QUANT_HELP = ("format with options (int6, int4:group=128) or rules, first match wins "
+              "('tok_emb.weight=int8,blocks.*.mlp.*=int5,*=int6'); a wildcard rule reaches weights "
+              "and embeddings, a control tensor only by its exact name")
 
 
-def _pack_checkpoint(ckpt: Path, quant: str, keep_float_max_numel, quantize_controls,
-                     effort: str = "normal"):
-    """(artifact bytes, stats rows) for a checkpoint."""
-    from ..budget import api
+def policy_options(f):
+    """-q, --policy, --keep-float, --quantize-controls, --keep-float-max-numel (pack and inspect)."""
+    for opt in reversed([
+        click.option("-q", "--quant", "quant", default=None, help=QUANT_HELP + " [default: int8]"),
+        click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="TOML policy file (format, options, embedding, keep_float, rules); -q's rules come first"),
+        click.option("--keep-float", "keep_float", multiple=True, metavar="PATTERN",
+                     help="tensors matching PATTERN stay fp32 (repeatable)"),
+        click.option("--quantize-controls", is_flag=True, help="quantize gains/gates too (fragility probe)"),
+        click.option("--keep-float-max-numel", type=int, default=None,
+                     help="float vectors this small stay fp16 (weight matrices are always quantized)"),
+    ]):
+        f = opt(f)
+    return f
 
-    state, config = api.load_checkpoint_state(ckpt)
-    policy = _policy(quant, keep_float_max_numel, quantize_controls)
-    qat = (config or {}).get("qat")
-    if qat and not qat.get("exported", False):
-        # A QAT checkpoint ships exactly the codes its training saw: its
-        # projections use the recorded QAT quantizer, whatever -q says.
-        from ..model import ModelConfig
-        from ..train.qat import export_config, qat_policy
 
-        model_config = ModelConfig.from_dict(config)
-        policy = qat_policy(model_config, base=policy)
-        config = export_config(model_config)
-    small = [n for n, (_, _, why) in policy.plan(state).items() if why.startswith("small")]
-    if small:
-        # The Parameter Golf default keeps small matrices in float: say so, since
-        # on a tiny model it means -q touches almost nothing.
-        click.echo(f"note: {len(small)} float tensors of <= {policy.keep_float_max_numel:,} "
-                   "elements kept as fp16 (--keep-float-max-numel 0 quantizes them too)", err=True)
-    qts = api.export_qtensors(state, quant, policy)
-    metadata = {"quant": quant, "source": ckpt.name}
-    if config is not None:
-        metadata["config"] = config
-    data = api.pack_qtensors(qts, metadata, effort=effort)
-    manifest = api.read_artifact(data)  # decode once: proves the round trip and gives bounds
-    return data, api.tensor_stats(manifest.manifest, manifest.qtensors)
+def _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel):
+    from ..export.spec import build_policy
+
+    if quant is None and policy_file is None:
+        quant = "int8"
+    return build_policy(quant, policy_file=policy_file, keep_float=keep_float,
+                        quantize_controls=quantize_controls, keep_float_max_numel=keep_float_max_numel)
 
 
 @click.command()
 @click.argument("ckpt", type=click.Path(exists=True, path_type=Path))
-@click.option("-q", "--quant", "quant", default="int8", show_default=True, help="main quantizer format")
+@policy_options
 @click.option("-o", "--out", type=click.Path(path_type=Path), help="artifact path (default: CKPT stem + .rnpk)")
-@click.option("--max-bytes", type=int, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
-@click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help="code file counted against the cap")
-@click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help="the artifact's loader (recurnorm loader -o FILE): counted against the cap like code")
-@click.option("--force", is_flag=True, help="overwrite OUT")
+@click.option("--max-bytes", type=CAP, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
+@click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help=CODE_HELP)
+@click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help=LOADER_HELP)
+@click.option("--force", is_flag=True, help="overwrite OUT (never the checkpoint itself)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-@click.option("--quantize-controls", is_flag=True, help="quantize gains/gates too (fragility probe)")
-@click.option("--keep-float-max-numel", type=int, default=None, help="float tensors this small stay fp16")
 @click.option("--effort", type=click.Choice(["normal", "max"]), default="normal", show_default=True,
               help="codec search: max tries every context size and zstd layout at its slow level "
                    "for the last bytes (several times slower; the artifact reads the same)")
-def pack(ckpt, quant, out, max_bytes, code_files, loader, force, as_json, quantize_controls,
-         keep_float_max_numel, effort):
-    """Quantize and entropy-pack any checkpoint into one .rnpk artifact."""
+@click.option("--fit", "fit_bytes", type=click.IntRange(min=1), default=None, metavar="BYTES",
+              help="choose a format per weight tensor (int8..int4) minimizing the predicted loss "
+                   "increase with artifact + --code files + --loader <= BYTES; without --calib-data "
+                   "the sensitivities are a weight-space proxy (it says so)")
+@click.option("--fit-formats", default=None, metavar="LIST",
+              help="candidate formats for --fit, comma separated [default: int8,int7,int6,int5,int4]; "
+                   "add ternary only for a model trained for it")
+@click.option("--gptq", is_flag=True, help="GPTQ codes for the weight matrices (needs --calib-data)")
+@click.option("--calib-data", default=None, metavar="DATA",
+              help="calibration data for --gptq and --fit (default, a text path or shards:GLOB); "
+                   "only its training split is read")
+@click.option("--tokenizer", default=None, help="SentencePiece model of --calib-data text")
+@click.option("--calib-tokens", type=click.IntRange(min=1), default=None,
+              help="training tokens for calibration [default: 32768]")
+@click.option("--fit-sensitivity", type=click.Choice(["direct", "fisher"]), default="direct", show_default=True,
+              help="direct: calibration Δloss with each tensor alone quantized (formats x tensors passes); "
+                   "fisher: ½ΣFδ² from one backward per window (cheaper on large models)")
+@click.option("--model-factory", default=None, metavar="MODULE:FUNCTION",
+              help="build a foreign checkpoint's model with FUNCTION(config or None) -> nn.Module "
+                   "(for --gptq and --fit); imports and runs that code")
+def pack(ckpt, quant, policy_file, keep_float, quantize_controls, keep_float_max_numel, out, max_bytes,
+         code_files, loader, force, as_json, effort, fit_bytes, fit_formats, gptq, calib_data, tokenizer,
+         calib_tokens, fit_sensitivity, model_factory):
+    """Quantize and entropy-pack any checkpoint into one .rnpk artifact.
+
+    The export policy is printed with every result: every weight matrix gets the
+    -q format, embeddings int8, control tensors (gains, gates, scales) fp32,
+    small vectors fp16; `inspect` shows the rule that chose each tensor's format.
+    """
     from ..budget import Budget, report
+    from ..budget.cap import code_bytes
+    from ..export import ship
+    from ..export.fit import parse_formats
     from ..io import atomic_write_bytes, check_writable
 
+    policy = _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
+    formats = parse_formats(fit_formats) if fit_formats is not None else None
+    if fit_formats is not None and fit_bytes is None:
+        raise click.UsageError("--fit-formats only applies with --fit BYTES")
     out = out or ckpt.with_name((ckpt.stem if ckpt.is_file() else ckpt.name) + ".rnpk")
-    check_writable(out, force)
-    data, rows = _pack_checkpoint(ckpt, quant, keep_float_max_numel, quantize_controls, effort)
+    shipped = [*code_files, *([loader] if loader else [])]
+    check_writable(out, force, _inputs(ckpt, *shipped))
+    n_code = code_bytes(shipped, max_bytes)  # a bad --code fails now, before any work
+    progress = None if as_json else (lambda msg: click.echo(msg, err=True))
     budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
+    packed = ship.ship(ckpt, policy, effort=effort, fit_bytes=fit_bytes, code_bytes=n_code if fit_bytes else 0,
+                       fit_formats=formats, gptq=gptq, calib_data=calib_data, tokenizer=tokenizer,
+                       calib_tokens=calib_tokens, model_factory=model_factory,
+                       sensitivity=fit_sensitivity, progress=progress)
+    data, rows = packed.data, packed.rows
+    for note in packed.notes:
+        click.echo(f"note: {note}", err=True)
     try:
         cap = budget.check(len(data), rows)
     except OverCapError as exc:
-        # Refuse to write: show where the bytes go so the user can act.
+        # Refuse to write: show where the bytes go, and what would fit, so the user can act.
+        hint = None if fit_bytes else ship.over_cap_hint(ckpt, packed.policy, max_bytes,
+                                                         exc.report["code_bytes"], effort)
         if as_json:
-            _echo_json(exc.report)
+            _echo_json({**exc.report, "policy": packed.policy.summary(), "hint": hint})
         else:
             click.echo(report.tensor_table(rows, limit=15), err=True)
             click.echo(report.totals_lines(rows, exc.report), err=True)
-        raise OverCapError(f"not written: {exc}", exc.report) from None
+            click.echo(packed.policy.summary(), err=True)
+        raise OverCapError(f"not written: {exc}" + (f"; {hint.removeprefix('hint: ')}" if hint else ""),
+                           exc.report) from None
     atomic_write_bytes(out, data)
     cap["path"] = str(out)
+    cap["policy"] = packed.policy.summary()
+    if packed.fit is not None:
+        cap["fit"] = packed.fit.to_dict()
     if as_json:
         _echo_json(cap)
     else:
         click.echo(report.tensor_table(rows, limit=15))
         click.echo(report.totals_lines(rows, cap))
+        if packed.fit is not None:
+            click.echo(packed.fit.lines())
+        click.echo(packed.policy.summary())
         click.echo(f"wrote {out} ({len(data):,} bytes)")
 
 
@@ -113,31 +170,24 @@ def pack(ckpt, quant, out, max_bytes, code_files, loader, force, as_json, quanti
 @click.argument("artifact", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="output .safetensors")
 @click.option("--force", is_flag=True, help="overwrite OUT (and config.json beside it)")
-def unpack(artifact, out, force):
+@DECODED_OPTION
+def unpack(artifact, out, force, max_decoded_bytes):
     """Decode an artifact to dequantized weights (+ config.json beside them)."""
-    from safetensors.torch import save
+    from ..budget import api, safetensors_out
+    from ..io import atomic_write_json, atomic_write_stream, check_writable
 
-    from ..budget import api
-    from ..io import atomic_write_bytes, atomic_write_json, check_writable
-
-    check_writable(out, force)
-    art = api.read_artifact(artifact.read_bytes())
+    check_writable(out, force, [artifact])
+    art = api.read_artifact(api.read_artifact_file(artifact, max_decoded_bytes), max_decoded_bytes)
     config = art.metadata.get("config")
     cfg_path = out.with_name("config.json")
     if config is not None:
-        check_writable(cfg_path, force)
+        check_writable(cfg_path, force, [artifact])
     tensors = api.dequantize_all(art.qtensors)
-    # safetensors refuses shared storage: tied weights are written as separate copies.
-    seen: set[int] = set()
-    flat = {}
-    for name in sorted(tensors):
-        t = tensors[name]
-        flat[name] = t.clone() if id(t) in seen else t.contiguous()
-        seen.add(id(t))
-    atomic_write_bytes(out, save(flat))
+    # Written from the tensors' memory (tied names get their own copy in the file, not in RAM).
+    atomic_write_stream(out, lambda f: safetensors_out.write(f, tensors))
     if config is not None:
         atomic_write_json(cfg_path, config)
-    click.echo(f"wrote {out} ({len(flat)} tensors){' and ' + str(cfg_path) if config is not None else ''}")
+    click.echo(f"wrote {out} ({len(tensors)} tensors){' and ' + str(cfg_path) if config is not None else ''}")
 
 
 OUT_FILE = click.Path(dir_okay=False, path_type=Path)
@@ -145,9 +195,9 @@ OUT_FILE = click.Path(dir_okay=False, path_type=Path)
 
 @click.command()
 @click.argument("artifacts", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--max-bytes", type=int, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
-@click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help="code file counted against the cap")
-@click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help="the artifact's loader (recurnorm loader -o FILE): counted against the cap like code")
+@click.option("--max-bytes", type=CAP, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
+@click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help=CODE_HELP)
+@click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help=LOADER_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report to stdout")
 @click.option("--report", "report_path", type=OUT_FILE, help="write the JSON report to FILE")
 @click.option("--junit", "junit_path", type=OUT_FILE, help="write JUnit XML (one testcase per check) to FILE")
@@ -158,16 +208,19 @@ OUT_FILE = click.Path(dir_okay=False, path_type=Path)
 @click.option("--max-loss-delta", type=float, default=None, help="allowed bpb increase over the reference (needed with --reference)")
 @click.option("--model-factory", default=None, metavar="MODULE:FUNCTION",
               help="build foreign models with FUNCTION(config or None) -> nn.Module; imports and runs that code")
+@click.option("--force", is_flag=True, help="overwrite an existing --report/--junit file (never an input)")
+@DECODED_OPTION
 def verify(artifacts, max_bytes, code_files, loader, as_json, report_path, junit_path, summary_path,
-           reference, data, tokenizer, max_loss_delta, model_factory):
+           reference, data, tokenizer, max_loss_delta, model_factory, force, max_decoded_bytes):
     """Integrity, byte cap and (with --reference) loss gate for each artifact.
 
     Exit 0 when every check passes; otherwise the first of 4 corrupt, 3 over the
     cap, 5 loss regression, 1 other error that any artifact hit.
     """
     from ..budget import Budget, report, verify_artifact
+    from ..budget.cap import code_bytes
     from ..errors import LossRegressionError, RecurnormError
-    from ..io import atomic_write_json, atomic_write_text
+    from ..io import atomic_write_json, atomic_write_text, check_writable
     from . import ci_report, exitcodes
 
     if reference is None:
@@ -179,6 +232,14 @@ def verify(artifacts, max_bytes, code_files, loader, as_json, report_path, junit
         raise click.UsageError("--reference needs --max-loss-delta (the allowed bpb increase)")
     elif not max_loss_delta >= 0:
         raise click.BadParameter(f"must be >= 0, got {max_loss_delta}", param_hint="--max-loss-delta")
+    # Outputs are checked before any work: a clash must not cost a long loss gate.
+    inputs = _inputs(*artifacts, *code_files, *([reference] if reference is not None else []))
+    for path in (report_path, junit_path):
+        if path is not None:
+            check_writable(path, force, inputs)
+    if summary_path is not None:  # appended to ($GITHUB_STEP_SUMMARY exists): never an input
+        check_writable(summary_path, True, inputs)
+    code_bytes([*code_files, *([loader] if loader else [])], max_bytes)  # a bad --code: a usage error, up front
     factory = None
     if model_factory is not None:
         from ..evaluate.factory import load_factory
@@ -189,7 +250,8 @@ def verify(artifacts, max_bytes, code_files, loader, as_json, report_path, junit
     corpus = None
     outcomes = []
     for artifact in artifacts:
-        out = ci_report.Outcome(verify_artifact(artifact, budget), gate_requested=reference is not None)
+        out = ci_report.Outcome(verify_artifact(artifact, budget, max_decoded_bytes),
+                                gate_requested=reference is not None)
         if reference is not None and out.report.exit_code != exitcodes.CORRUPT:
             from ..evaluate.gate import loss_gate
             from ..train.data import load_corpus
@@ -222,45 +284,52 @@ def verify(artifacts, max_bytes, code_files, loader, as_json, report_path, junit
 
 def _print_outcome(out, report) -> None:
     """Human lines for one artifact: totals and ok, or one error line (plus the table when over cap)."""
+    from ..display import printable
     from .ci_report import gate_line
     from .exitcodes import OK
 
     rep = out.report
+    path = printable(rep.path)
     if out.exit_code == OK:
         click.echo(report.totals_lines(rep.tensors, rep.cap))
         if out.gate:
             click.echo(f"loss gate: {gate_line(out.gate)}")
-        click.echo(f"ok: {rep.path}: {rep.reason}{'; loss within the allowed delta' if out.gate else ''}")
+        click.echo(f"ok: {path}: {rep.reason}{'; loss within the allowed delta' if out.gate else ''}")
         return
     if rep.exit_code == OVER_CAP:
         click.echo(report.tensor_table(rep.tensors, limit=15), err=True)
-    click.echo(f"error: {rep.path}: {rep.reason if rep.exit_code != OK else out.gate_error}", err=True)
+    click.echo(f"error: {path}: {printable(rep.reason if rep.exit_code != OK else out.gate_error)}", err=True)
     if rep.exit_code == OVER_CAP and out.gate_error:
-        click.echo(f"error: {rep.path}: {out.gate_error}", err=True)
+        click.echo(f"error: {path}: {printable(out.gate_error)}", err=True)
 
 
 @click.command()
 @click.argument("target", type=click.Path(exists=True, path_type=Path))
-@click.option("-q", "--quant", "quant", default="int8", show_default=True, help="quantizer for a checkpoint")
-@click.option("--max-bytes", type=int, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
+@policy_options
+@click.option("--max-bytes", type=CAP, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False),
               help="count this loader file (default: the compact loader's bytes, as shipped)")
-def inspect(target, quant, max_bytes, as_json, loader):
-    """Per-tensor bytes, bits/weight and order-0 bound of an artifact (or a checkpoint, packed in
-    memory), and the budget line counting the loader that ships with it."""
+@DECODED_OPTION
+def inspect(target, quant, policy_file, keep_float, quantize_controls, keep_float_max_numel, max_bytes,
+            as_json, loader, max_decoded_bytes):
+    """Per-tensor bytes, bits/weight, order-0 bound and the rule that chose each format.
+
+    TARGET is an artifact, or a checkpoint packed in memory under the policy options; the
+    budget line counts the loader that ships with it.
+    """
     from ..budget import Budget, api, report
+    from ..export.pack import pack_checkpoint, rows_with_rules, rules_table
 
     if _is_artifact(target):
-        data = target.read_bytes()
-        art = api.read_artifact(data)
-        rows = api.tensor_stats(art.manifest, art.qtensors)
-        metadata = art.metadata
+        data = api.read_artifact_file(target, max_decoded_bytes)
+        rows, metadata = rows_with_rules(data, max_decoded_bytes)
     elif target.suffix == ".rnpk":
         raise ArtifactError(f"{target}: not a recurnorm artifact (bad magic)")
     else:
-        data, rows = _pack_checkpoint(target, quant, None, False)
-        metadata = {}
+        policy = _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
+        packed = pack_checkpoint(target, policy)
+        data, rows, metadata = packed.data, packed.rows, packed.metadata
     from ..budget.loader import loader_source
 
     budget = Budget(max_bytes=max_bytes, loader=loader or len(loader_source(compact=True).encode()))
@@ -273,3 +342,8 @@ def inspect(target, quant, max_bytes, as_json, loader):
         return
     click.echo(report.tensor_table(rows))
     click.echo(report.totals_lines(rows, cap))
+    click.echo("")
+    click.echo(rules_table(rows))
+    policy_line = (metadata.get("export") or {}).get("policy")
+    if policy_line:
+        click.echo(policy_line)

@@ -46,11 +46,12 @@ def finetune(
 
     from ..errors import OutputExistsError
     from ..evaluate import loss
+    from ..export.qat import export_qat
     from ..io import atomic_write_bytes, check_writable
     from ..model import load_checkpoint
     from ..train.data import load_corpus
     from ..train.presets import get_preset
-    from ..train.qat import QATSpec, export_qat, remove_qat, train_qat
+    from ..train.qat import QATSpec, remove_qat, train_qat
 
     out_dir = Path(out)
     if out_dir.exists() and not force:

@@ -73,8 +73,11 @@ def _print_result(result, as_json: bool) -> None:
               help="QAT fine-tuning steps per scheme and format")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch CPU threads (default: torch's choice)")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="train the (scheme, seed) models in N parallel processes first "
+                   "(one per GPU where there are GPUs; CPU threads split between them)")
 def roundtrip(schemes, quants, data, tokenizer, seeds, preset, steps, out_dir, checkpoints_dir,
-              probes, match_bytes, force, as_json, no_progress, qat, qat_steps, threads):
+              probes, match_bytes, force, as_json, no_progress, qat, qat_steps, threads, jobs):
     """Train each scheme, export it under each quantizer, and measure what the export costs."""
     from ..evaluate.roundtrip import roundtrip as run
 
@@ -83,7 +86,7 @@ def roundtrip(schemes, quants, data, tokenizer, seeds, preset, steps, out_dir, c
     result = run(schemes, quants, data=data, tokenizer=tokenizer, seeds=seeds, preset=preset,
                  steps=steps, out_dir=out_dir, checkpoints_dir=checkpoints_dir, probes=probes,
                  match_bytes=match_bytes, force=force, progress=not no_progress and not as_json,
-                 qat=qat or (), qat_steps=qat_steps)
+                 qat=qat or (), qat_steps=qat_steps, jobs=jobs)
     _print_result(result, as_json)
 
 

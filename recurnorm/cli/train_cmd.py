@@ -1,15 +1,41 @@
-"""`recurnorm train`: train one shared-depth model from a preset, print its summary."""
+"""`recurnorm train`: train one shared-depth model from a preset, print its summary.
+
+With ``--nproc N`` the same arguments run on N ranks under torchrun
+(recurnorm.train.launch); each rank runs this command as
+``python -m recurnorm.train``, and only rank 0 prints.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
 from .options import parse_key_values
 
 
-@click.command()
+class _KeepArgs(click.Command):
+    """A command that remembers its raw arguments (--nproc passes them on to torchrun)."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["raw_args"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+def _without_nproc(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            out.append(a)
+    return out
+
+
+@click.command(cls=_KeepArgs)
 @click.option(
     "--scheme",
     default="shared",
@@ -17,7 +43,8 @@ from .options import parse_key_values
     help="Specialization scheme (shared, norm, norm_gate, unique, lora, ...).",
 )
 @click.option(
-    "--preset", default="tiny", show_default=True, help="Preset: tiny (CPU) or small (GPU)."
+    "--preset", default="tiny", show_default=True,
+    help="Preset: tiny (CPU demo), small, golf (fills a 16 MB artifact; one GPU, ~10 min).",
 )
 @click.option("--steps", type=click.IntRange(min=1), help="Training steps (optimizer updates).")
 @click.option("--depth", type=click.IntRange(min=1), help="Block applications per forward pass.")
@@ -48,6 +75,21 @@ from .options import parse_key_values
 @click.option("--resume", is_flag=True, help="Continue the run saved in --out (same options).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --out.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
+@click.option("--optimizer", type=click.Choice(["adamw", "muon"]),
+              help="adamw, or muon for weight matrices with adamw for the rest "
+                   "(default: the preset's).")
+@click.option("--muon-lr-mult", type=click.FloatRange(min=0, min_open=True),
+              help="--optimizer muon: the matrices' learning rate over --lr (default: preset's).")
+@click.option("--micro-batch", type=click.IntRange(min=1),
+              help="Windows per forward pass on a rank; the rest of the batch is accumulated.")
+@click.option("--compile", "compile_model", is_flag=True, help="Run the model under torch.compile.")
+@click.option("--log-every", type=click.IntRange(min=1), help="Steps between log records.")
+@click.option("--eval-every", type=click.IntRange(min=0),
+              help="Steps between validation passes (0: only at the end).")
+@click.option("--save-every", type=click.IntRange(min=1),
+              help="Steps between resume states (default: at each validation pass).")
+@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Processes (one per GPU) via torchrun; gloo on CPU, nccl on GPU.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--qat", "qat_format", metavar="FORMAT",
@@ -62,22 +104,47 @@ def train(
     batch_size: int | None, seed: int, batch_seed: int | None, data: str, tokenizer: str | None,
     scheme_options: dict, out: str, resume: bool, force: bool, device: str, as_json: bool,
     no_progress: bool, qat_format: str | None = None, qat_noise: bool = False,
-    qat_ramp: float = 0.5, act_quant: bool = False,
+    qat_ramp: float = 0.5, act_quant: bool = False, optimizer: str | None = None,
+    micro_batch: int | None = None, compile_model: bool = False, nproc: int = 1,
+    log_every: int | None = None, eval_every: int | None = None, save_every: int | None = None,
+    muon_lr_mult: float | None = None,
 ) -> None:  # fmt: skip
-    """Train a model and write model.safetensors, config.json and train_log.jsonl to --out."""
+    """Train a model and write model.safetensors, config.json and train_log.jsonl to --out.
+
+    \b
+    Several processes (DistributedDataParallel, --batch-size is the global batch):
+      recurnorm train --nproc 8 --preset golf --data shards:DIR --tokenizer SP.model --out R
+      torchrun --nproc_per_node=8 -m recurnorm.train --preset golf ... (the same)
+    --resume continues a run on any number of processes.
+    """
     from pathlib import Path
 
-    from ..errors import OutputExistsError
+    from ..errors import ConfigError, OutputExistsError
     from ..evaluate import loss
     from ..model import ModelConfig
     from ..train.data import load_corpus
+    from ..train.distributed import env_world
     from ..train.loop import train as run_training
     from ..train.presets import get_preset
 
     out_dir = Path(out)
     if out_dir.exists() and not (force or resume):
         raise OutputExistsError(f"{out_dir} exists; pass --force to overwrite it or --resume")
-    p = get_preset(preset).with_overrides(steps=steps, lr=lr, batch_size=batch_size)
+    p = get_preset(preset).with_overrides(steps=steps, lr=lr, batch_size=batch_size,
+                                          optimizer=optimizer, micro_batch=micro_batch,
+                                          log_every=log_every, eval_every=eval_every,
+                                          save_every=save_every, muon_lr_mult=muon_lr_mult)
+    rank, world, _ = env_world()
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:  # the launcher, not a rank
+        if qat_format is not None:
+            raise ConfigError("--qat runs in one process (its guard log is written per rank)")
+        from ..train.launch import launch
+
+        launch(_without_nproc(click.get_current_context().meta["raw_args"]), nproc)
+        return
+    if world > 1 and qat_format is not None:
+        raise ConfigError("--qat runs in one process (its guard log is written per rank)")
+    main_rank = rank == 0
     corpus = load_corpus(data, tokenizer=tokenizer)
     overrides = {"depth": depth, "d_model": d_model, "n_heads": heads, "seq_len": seq_len,
                  "norm": norm}  # fmt: skip
@@ -86,10 +153,22 @@ def train(
         "scheme_options": scheme_options, **{k: v for k, v in overrides.items() if v is not None},
     })  # fmt: skip
 
+    from ..train.sizing import estimate_artifact_bytes
+
+    size = estimate_artifact_bytes(config)
+    if main_rank and not as_json:
+        click.echo(f"{preset} preset, {config.scheme}: {size.line()}", err=True)
+        if config.vocab_size != p.model.get("vocab_size", config.vocab_size):
+            click.echo(f"note: {preset} is sized for vocab {p.model['vocab_size']}; this corpus "
+                       f"has {config.vocab_size} (pass --data shards:DIR --tokenizer MODEL)",
+                       err=True)  # fmt: skip
     last = {}
 
     def evaluate(model):
-        last["loss"] = loss(model, corpus)
+        # Split over the ranks; under bf16 autocast on a GPU, as training ran (the FineWeb
+        # validation split is 62M tokens: fp32 would cost minutes of a ten-minute budget).
+        on_gpu = next(model.parameters()).device.type == "cuda"
+        last["loss"] = loss(model, corpus, distributed=True, bf16=on_gpu)
         return last["loss"]
 
     if qat_format is not None:  # QAT from scratch: fake quant hooked in before the optimizer
@@ -106,9 +185,11 @@ def train(
         result = run_training(
             config, corpus, seed=seed, batch_seed=batch_seed, out_dir=out_dir, resume=resume,
             force=force, eval_fn=evaluate, progress=not no_progress, device=device,
-            **p.train_kwargs(),
+            compile=compile_model, **p.train_kwargs(),
         )  # fmt: skip
-    final = last.get("loss") or loss(result.model, corpus)  # resumed a finished run
+    final = last.get("loss") or evaluate(result.model)  # resumed a finished run
+    if not main_rank:
+        return
     summary = {
         "scheme": scheme,
         "preset": preset,
@@ -121,6 +202,9 @@ def train(
         "train_s": result.elapsed_s,
         "tokens_per_s": result.tokens_per_s,
         "data": corpus.source,
+        "optimizer": p.optimizer,
+        "estimated_artifact_bytes": size.bytes,
+        "ranks": world,
         "out": str(out_dir),
         "config": config.to_dict(),
     }

@@ -45,7 +45,7 @@ def model_from_decoded(art, source: str = "artifact"):
     config = art.metadata.get("config")
     if not isinstance(config, dict):
         raise ArtifactError(f"{source} has no model config in its metadata; cannot rebuild the model")
-    from ..train.qat import prepare_exported
+    from ..export.load import prepare_exported
 
     try:
         # Grid weights are never fake-quantized again; a QAT model's activation hooks are restored.
@@ -67,7 +67,7 @@ def model_from_artifact(artifact: str | os.PathLike | bytes, source: str | None 
 
 def _load_reference(reference):
     """A reference model from a checkpoint path (a QAT one as what it is), or the model itself."""
-    from ..train.qat import load_model
+    from ..export.load import load_model
 
     if isinstance(reference, (str, os.PathLike)):
         return load_model(reference)

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..errors import ConfigError, DataError
 from ..train.corpus import Corpus
+from ..train.tokens import TokenStream
 
 
 @dataclass(frozen=True)
@@ -45,74 +46,120 @@ def loss(
     batch_size: int = 32,
     seq_len: int | None = None,
     val_bytes: np.ndarray | None = None,
+    distributed: bool = False,
+    bf16: bool = False,
 ) -> LossResult:
-    """Loss of model (idx_BxT -> logits_BxTxV) over the whole validation split or token stream."""
+    """Loss of model (idx_BxT -> logits_BxTxV) over the whole validation split or token stream.
+
+    Streaming: each batch of ``batch_size`` windows is read from the token array
+    (a memory-mapped shard stays on disk) only when it is scored, and the sum
+    stays on the device until the end, so memory is one batch of logits whatever
+    the length of the split. With ``distributed`` and a torch.distributed
+    process group, rank r scores batches r, r + N, ... and the sums are added:
+    every rank returns the same result. ``bf16`` runs the forward pass under
+    bfloat16 autocast (GPU speed; the sum is still float64).
+    """
     if isinstance(corpus_or_tokens, Corpus):
         tokens = corpus_or_tokens.val_tokens
         if val_bytes is None:
             val_bytes = corpus_or_tokens.val_bytes
     else:
         tokens = corpus_or_tokens
-    tokens_N = torch.as_tensor(np.asarray(tokens), dtype=torch.long).reshape(-1)
-    n = tokens_N.numel()
+    if torch.is_tensor(tokens):
+        tokens = tokens.detach().cpu().reshape(-1).numpy()
+    if not isinstance(tokens, TokenStream):  # a TokenStream is read window by window
+        tokens = (tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)).reshape(-1)
+    n = len(tokens)
     if n < 2:
         raise DataError(f"need at least 2 tokens to score, got {n}")
     if val_bytes is None:
-        bytes_N = torch.ones(n, dtype=torch.float64)
+        n_bytes = float(n - 1)
     else:
-        bytes_N = torch.as_tensor(np.asarray(val_bytes), dtype=torch.float64).reshape(-1)
-        if bytes_N.numel() != n:
-            raise DataError(f"val_bytes has {bytes_N.numel()} entries for {n} tokens")
+        if torch.is_tensor(val_bytes):
+            val_bytes = val_bytes.detach().cpu().numpy()
+        val_bytes = np.asarray(val_bytes).reshape(-1)
+        if len(val_bytes) != n:
+            raise DataError(f"val_bytes has {len(val_bytes)} entries for {n} tokens")
+        n_bytes = float(val_bytes[1:].sum(dtype=np.float64))
     if seq_len is None:
         seq_len = getattr(getattr(model, "config", None), "seq_len", None)
         if seq_len is None:
             raise ConfigError("seq_len is required for a model without config.seq_len")
     if seq_len < 1 or batch_size < 1:
         raise ConfigError(f"seq_len and batch_size must be >= 1, got {seq_len}, {batch_size}")
+    if n_bytes <= 0:
+        raise DataError("the target tokens stand for zero bytes; bits per byte is undefined")
 
+    rank, world = _rank_world(distributed)
     device = _device_of(model)
     was_training = model.training
     model.eval()
-    total_nats = 0.0
+    # Summed in float64 on the device (one sync at the end) so the result does not
+    # depend on batch order or the number of ranks beyond float64 rounding.
+    total_nats = torch.zeros((), dtype=torch.float64, device=device)
     try:
         with torch.no_grad():
-            for inp_BxT, tgt_BxT in _windows(tokens_N, seq_len, batch_size):
-                logits = model(inp_BxT.to(device))
+            for j, (inp_BxT, tgt_BxT) in enumerate(_windows(tokens, seq_len, batch_size)):
+                if j % world != rank:
+                    continue
+                inp_BxT = inp_BxT.to(device, non_blocking=True)
+                tgt_BxT = tgt_BxT.to(device, non_blocking=True)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                    logits = model(inp_BxT)
                 ce = F.cross_entropy(
-                    logits.float().reshape(-1, logits.shape[-1]),
-                    tgt_BxT.to(device).reshape(-1),
+                    logits.float().reshape(-1, logits.shape[-1]), tgt_BxT.reshape(-1),
                     reduction="none",
-                )
-                # Summed in float64 so the result does not depend on batch order.
-                total_nats += ce.double().sum().item()
+                )  # fmt: skip
+                total_nats += ce.double().sum()
     finally:
         model.train(was_training)
+    if world > 1:
+        import torch.distributed as dist
+
+        reduce_on = torch.device("cuda", torch.cuda.current_device()) if (
+            dist.get_backend() == "nccl") else torch.device("cpu")  # fmt: skip
+        summed = total_nats.to(reduce_on)
+        dist.all_reduce(summed)
+        total_nats = summed
+    nats = float(total_nats.item())
 
     n_targets = n - 1
-    n_bytes = float(bytes_N[1:].sum().item())
-    if n_bytes <= 0:
-        raise DataError("the target tokens stand for zero bytes; bits per byte is undefined")
     return LossResult(
-        nats_per_token=total_nats / n_targets,
-        bits_per_byte=total_nats / math.log(2) / n_bytes,
+        nats_per_token=nats / n_targets,
+        bits_per_byte=nats / math.log(2) / n_bytes,
         tokens=n_targets,
         bytes=int(round(n_bytes)),
     )
 
 
-def _windows(tokens_N: torch.Tensor, seq_len: int, batch_size: int):
-    """Batches of (inputs, targets): full windows stacked, the partial tail on its own."""
-    n_targets = tokens_N.numel() - 1
+def _rank_world(distributed: bool) -> tuple[int, int]:
+    """(rank, world size) of the process group when asked for and present, else (0, 1)."""
+    if distributed:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _windows(tokens: np.ndarray, seq_len: int, batch_size: int):
+    """Batches of (inputs, targets): full windows stacked, the partial tail on its own.
+
+    Each batch is read from ``tokens`` when it is yielded (one slice, one copy to int64).
+    """
+    n_targets = len(tokens) - 1
     n_full = n_targets // seq_len
-    if n_full:
-        inp = tokens_N[: n_full * seq_len].view(n_full, seq_len)
-        tgt = tokens_N[1 : n_full * seq_len + 1].view(n_full, seq_len)
-        for i in range(0, n_full, batch_size):
-            yield inp[i : i + batch_size], tgt[i : i + batch_size]
+    for i in range(0, n_full, batch_size):
+        k = min(batch_size, n_full - i)
+        chunk = torch.from_numpy(
+            np.asarray(tokens[i * seq_len : (i + k) * seq_len + 1], dtype=np.int64)
+        )
+        yield chunk[:-1].view(k, seq_len), chunk[1:].view(k, seq_len)
     rest = n_targets - n_full * seq_len
     if rest:
         start = n_full * seq_len
-        yield tokens_N[start : start + rest][None], tokens_N[start + 1 : start + rest + 1][None]
+        chunk = torch.from_numpy(np.asarray(tokens[start : start + rest + 1], dtype=np.int64))
+        yield chunk[:-1][None], chunk[1:][None]
 
 
 def _device_of(model: nn.Module) -> torch.device:

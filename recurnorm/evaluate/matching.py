@@ -3,10 +3,11 @@
 Comparing schemes at equal width favours the ones that spend more bytes
 (unique stores S blocks). With ``--match-bytes N`` each scheme gets the width
 d (a multiple of 2·n_heads, so heads stay even for rotary positions) whose
-artifact under the first quantizer is closest to N. The estimate packs a
-freshly initialized model through the real packer — cheap, and it counts
-scales, codec side data and the manifest — and the roundtrip then checks the
-trained model's artifact against the same ±3% band.
+artifact under the first quantizer is closest to N. The estimate is the
+size planner's (recurnorm.export.plan: a freshly initialized model through the
+real packer, which counts scales, codec side data and the manifest, with the
+growth training brings measured on trained checkpoints), and the roundtrip
+then checks the trained model's artifact against the same ±3% band.
 """
 
 from __future__ import annotations
@@ -43,15 +44,12 @@ class WidthMatch:
 
 def fresh_artifact_bytes(config: dict, quant: str, seed: int = 0,
                          quant_options: dict | None = None) -> int:
-    """Artifact bytes of a freshly initialized model with this config (real pack)."""
-    import torch
+    """The planner's predicted artifact bytes for this config after training (recurnorm.export.plan)."""
+    from ..export.plan import predict_size
+    from .roundtrip import export_policy
 
-    from ..model import ModelConfig, RecurrentLM
-    from .roundtrip import pack_model
-
-    torch.manual_seed(seed)
-    model = RecurrentLM(ModelConfig.from_dict(config))
-    return len(pack_model(model, quant, quant_options=quant_options))
+    return predict_size(config, lambda m: export_policy(m, quant, quant_options=quant_options),
+                        seed=seed).predicted_bytes
 
 
 def match_width(config: dict, quant: str, target_bytes: int, tolerance: float = TOLERANCE,

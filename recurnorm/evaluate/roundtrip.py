@@ -55,46 +55,48 @@ class RoundtripResult:
         return rep.to_markdown(self.rows, self.aggregates, self.falsification, self.config)
 
 
-# Why not the Parameter Golf default (keep float tensors <= 65,536 elements in fp16):
-# at the tiny scale every matrix is that small, so nothing would be quantized and
-# the roundtrip would measure fp16, not the quantizer. Here every weight matrix is.
-KEEP_FLOAT_MAX_NUMEL = 0
 # Passthrough formats export every tensor in that format: fp32 is the lossless reference.
 PASSTHROUGH = ("fp32", "fp16", "bf16")
 
 
 def export_policy(model, quant: str, *, quantize_controls: bool = False,
-                  quant_options: dict | None = None,
-                  keep_float_max_numel: int = KEEP_FLOAT_MAX_NUMEL):
-    """The ExportPolicy the roundtrip uses for one model and quantizer.
+                  quant_options: dict | None = None, keep_float_max_numel: int | None = None):
+    """The ExportPolicy the roundtrip uses for one model and quantizer: the default policy.
 
-    Control tensors are the model's own ``control_names()`` (gains, gates,
-    scalars) plus the policy's name patterns except ``spec.*``: a LoRA adapter
-    or any other step-specific *matrix* is a weight and is quantized like one.
+    Every weight matrix gets the quantizer whatever its size (recurnorm.export's
+    default). Control tensors are the model's own ``control_names()`` (gains,
+    gates, scalars) plus the policy's name patterns except ``spec.*``: a LoRA
+    adapter or any other step-specific *matrix* is a weight and is quantized like one.
     """
-    from ..quant.policy import CONTROL_PATTERNS, ExportPolicy
+    from dataclasses import replace
 
+    from ..export.policy import CONTROL_PATTERNS, ExportPolicy
+    from ..export.spec import check_format
+
+    check_format(quant, dict(quant_options or {}), "roundtrip quantizer")
     if quant in PASSTHROUGH:
         return ExportPolicy(quantizer=quant, overrides={"*": (quant, dict(quant_options or {}))})
-    return ExportPolicy(
+    policy = ExportPolicy(
         quantizer=quant, options=dict(quant_options or {}), quantize_controls=quantize_controls,
-        keep_float_max_numel=keep_float_max_numel,
         control_patterns=tuple(p for p in CONTROL_PATTERNS if p != "spec.*"),
         control_names=frozenset(model.control_names()),
     )
+    if keep_float_max_numel is not None:
+        policy = replace(policy, keep_float_max_numel=keep_float_max_numel)
+    return policy
 
 
 def pack_model(model, quant: str, *, quantize_controls: bool = False,
                quant_options: dict | None = None, policy=None) -> bytes:
     """Artifact bytes of a model under a quantizer (the real export path); config in metadata."""
-    from ..budget.api import pack
+    from ..export.pack import pack_state
     from ..model import state_dict_for_export
 
     if policy is None:
         policy = export_policy(model, quant, quantize_controls=quantize_controls,
                                quant_options=quant_options)
-    return pack(state_dict_for_export(model), quant=quant, policy=policy,
-                metadata={"config": model.config.to_dict(), "quant": quant})
+    return pack_state(state_dict_for_export(model), policy,
+                      {"config": model.config.to_dict(), "quant": quant})
 
 
 def export_model(model, quant: str, *, quantize_controls: bool = False,
@@ -119,7 +121,8 @@ def qat_row(model, corpus, quant: str, *, scheme: str, seed: int, steps: int, tr
     """A ``qat-<quant>`` row: QAT-fine-tune a copy of model, export with qat_policy, measure."""
     import copy
 
-    from ..train.qat import QATSpec, qat_policy, remove_qat, train_qat
+    from ..export.qat import qat_policy
+    from ..train.qat import QATSpec, remove_qat, train_qat
     from .loss import loss
 
     ft = remove_qat(copy.deepcopy(model).cpu())  # fine-tune from the latent float weights
@@ -147,6 +150,33 @@ def _step_postfix(bar, steps: int):
             bar.set_postfix(step=f"{done}/{steps}", loss=f"{record.get('loss', 0.0):.3f}")
 
     return on_step
+
+
+def _train_in_parallel(jobs, schemes, seeds, configs, checkpoints_dir, data, corpus, tokenizer,
+                       train_kw, bar):  # fmt: skip
+    """(pretrained {(scheme, seed): JobResult}, temporary folder or None) for --jobs > 1."""
+    if jobs <= 1:
+        return {}, None
+    import tempfile
+
+    from .parallel import TrainJob, train_parallel
+
+    tmp = None if checkpoints_dir is not None else tempfile.TemporaryDirectory(prefix="rt-jobs-")
+    root = Path(checkpoints_dir) if checkpoints_dir is not None else Path(tmp.name)
+    todo = [TrainJob(s, seed, configs[s], str(root / s / f"seed{seed}"))
+            for seed in range(seeds) for s in schemes
+            if checkpoints_dir is None or checkpoint_path(checkpoints_dir, s, seed, seeds) is None]
+    bar.set_description(f"train {len(todo)} models on {jobs} processes")
+    spec = data if isinstance(data, (str, os.PathLike)) else corpus
+    try:
+        done = train_parallel(todo, data=spec, tokenizer=tokenizer, train_kw=train_kw,
+                              n_jobs=jobs, on_done=lambda r: bar.set_postfix(done=f"{r.scheme}/"
+                                                                              f"seed{r.seed}"))
+    except BaseException:
+        if tmp is not None:
+            tmp.cleanup()
+        raise
+    return done, tmp
 
 
 def resolve_schemes(schemes: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -218,6 +248,7 @@ def roundtrip(
     write: bool = True,
     qat: str | list[str] | tuple[str, ...] = (),
     qat_steps: int = 100,
+    jobs: int = 1,
 ) -> RoundtripResult:
     """Train or load every scheme per seed, export under every quantizer, measure, and report.
 
@@ -228,15 +259,17 @@ def roundtrip(
     formats add a ``qat-<format>`` row per scheme: the trained model
     QAT-fine-tuned for ``qat_steps`` steps; pre = the QAT model (fake quant at
     λ=1), post = its export under ``train.qat.qat_policy`` (the codes training saw).
+    ``jobs`` > 1 trains the models in that many parallel processes first
+    (``evaluate.parallel``; one per GPU where there are GPUs), then measures them here.
     """
     import torch
     from tqdm import tqdm
 
+    from ..export.load import load_model
     from ..model import ModelConfig, save_checkpoint
     from ..train.data import load_corpus
     from ..train.loop import train
     from ..train.presets import get_preset
-    from ..train.qat import load_model
     from .loss import loss
 
     t0 = time.perf_counter()
@@ -277,13 +310,21 @@ def roundtrip(
                disable=not progress, dynamic_ncols=True)
     rows: list[rep.Row] = []
     sources: dict[str, str] = {}
+    pretrained, tmp = _train_in_parallel(jobs, schemes, seeds, configs, checkpoints_dir, data,
+                                         corpus, tokenizer, train_kw, bar)  # fmt: skip
     try:
         for seed in range(seeds):
             for scheme in schemes:
                 key = f"{scheme}/seed{seed}"
                 ckpt = (checkpoint_path(checkpoints_dir, scheme, seed, seeds)
                         if checkpoints_dir is not None else None)
-                if ckpt is not None:
+                done = pretrained.get((scheme, seed))
+                if done is not None:
+                    bar.set_description(f"load {key}")
+                    model = load_model(done.path)
+                    sources[key] = (f"trained {train_kw['steps']} steps in {done.elapsed_s:.1f} s "
+                                    f"(parallel job on {done.device})")
+                elif ckpt is not None:
                     bar.set_description(f"load {key}")
                     model = load_model(ckpt)  # a QAT checkpoint is evaluated as what it is
                     if model.config.scheme != scheme:
@@ -340,6 +381,8 @@ def roundtrip(
                     bar.set_postfix(bpb=f"{rows[-1].bpb_pre:.3f}→{rows[-1].bpb_post:.3f}")
     finally:
         bar.close()
+        if tmp is not None:
+            tmp.cleanup()
 
     for s, m in matches.items():
         got = [r.artifact_bytes for r in rows if r.scheme == s and r.quant == quants[0]]
@@ -355,9 +398,9 @@ def roundtrip(
         "scheme_options": scheme_options, "quant_options": quant_options,
         "probes": list(probes), "match_bytes": match_bytes,
         "qat": qat_formats, "qat_steps": qat_steps if qat_formats else None,
-        "export_policy": (f"every weight matrix quantized (keep_float_max_numel="
-                          f"{KEEP_FLOAT_MAX_NUMEL}); controls (model.control_names() and norm/gate/"
-                          "scale name patterns) kept fp32; embeddings int8; fp32/fp16/bf16 export "
+        "export_policy": ("recurnorm.export default: every weight matrix quantized whatever its "
+                          "size; controls (model.control_names() and norm/gate/scale name patterns) "
+                          "kept fp32; embeddings int8; vectors fp16; fp32/fp16/bf16 export "
                           "every tensor in that format"),
         "matched_widths": {s: m.to_dict() for s, m in matches.items()},
         "sources": sources,

@@ -17,9 +17,8 @@ from torch import Tensor, nn
 
 from ..errors import QuantError
 from .grid import GridQuantizer
-from .policy import ExportPolicy, state_dict_for_export
 from .qtensor import QTensor
-from .registry import Quantizer, check_finite, get
+from .registry import Quantizer, check_finite
 
 
 def _grid_quantizer(quantizer: Quantizer) -> GridQuantizer:
@@ -135,16 +134,19 @@ def _projection_input_hook(store: dict[str, Tensor], key: str):
 
 
 @torch.no_grad()
-def collect_hessians(model: nn.Module, token_batches: Iterable[Tensor]) -> dict[str, Tensor]:
+def collect_hessians(model: nn.Module, token_batches: Iterable[Tensor],
+                     layers: list[tuple[str, nn.Module]] | None = None) -> dict[str, Tensor]:
     """{projection name: H = Σ xxᵀ} over the actual inputs of each projection's weight.
 
     A shared block runs `depth` times per forward; its hooks fire every step,
     so H sums over all steps. With an extra RMSNorm the weight sees the
-    normalized input, so the hook sits on `input_norm`'s output.
+    normalized input, so the hook sits on `input_norm`'s output. ``layers``
+    (name, Linear) defaults to ``model.projections()`` (a RecurrentLM); any
+    model's ``nn.Linear`` modules work too.
     """
     store: dict[str, Tensor] = {}
     handles = []
-    for name, lin in model.projections():
+    for name, lin in (model.projections() if layers is None else layers):
         norm = getattr(lin, "input_norm", None)
         if norm is not None:
             handles.append(norm.register_forward_hook(_projection_input_hook(store, name)))
@@ -173,30 +175,6 @@ def calibration_batches(
         raise QuantError(f"calibration needs at least seq_len={seq_len} training tokens, got {toks.numel()}")
     windows = toks[: n_seq * seq_len].reshape(n_seq, seq_len)
     return [windows[i : i + batch_size] for i in range(0, n_seq, batch_size)]
-
-
-def gptq_export(
-    model: nn.Module, policy: ExportPolicy, train_tokens: np.ndarray | Tensor,
-    n_tokens: int = 32768, block: int = 128, damp: float = 0.01,
-) -> dict[str, QTensor]:
-    """Export a model: GPTQ for projection weights the policy quantizes, the policy for the rest.
-
-    `train_tokens` must be the training split (``corpus.train_tokens``), never validation.
-    """
-    state = state_dict_for_export(model)
-    plan = policy.plan(state)
-    batches = calibration_batches(train_tokens, model.config.seq_len, n_tokens)
-    hessians = collect_hessians(model, batches)
-    out: dict[str, QTensor] = {}
-    for name, (fmt, opts, _) in plan.items():
-        quantizer = get(fmt, **opts)
-        proj = name.removesuffix(".weight")
-        if name.endswith(".weight") and proj in hessians and isinstance(quantizer, GridQuantizer) \
-                and fmt != "int8_pg":
-            out[name] = gptq_quantize(state[name], hessians[proj], quantizer, block, damp, name=name)
-        else:
-            out[name] = quantizer.quantize(state[name], name=name)
-    return out
 
 
 def output_error(W: Tensor, W_hat: Tensor, H: Tensor) -> float:

@@ -48,6 +48,7 @@ class GridQuantizer(Quantizer):
     code_dtype: ClassVar[type] = np.int8
     scale_dtype: ClassVar[type] = np.float16
     per_tensor_default: ClassVar[bool] = False  # group=None: whole tensor (else per row)
+    side_streams: ClassVar[dict[str, bool]] = {"scales": True}
 
     # -- layout ------------------------------------------------------------
 
@@ -121,8 +122,10 @@ class GridQuantizer(Quantizer):
         return self.pack(codes, s, z, tuple(t.shape), t.dtype)
 
     def _dequantize(self, qt: QTensor) -> Tensor:
-        codes = torch.from_numpy(qt.codes.astype(np.float32))
         s = torch.from_numpy(qt.scales.astype(np.float32))[:, None]
         z = None if qt.zeros is None else torch.from_numpy(qt.zeros.astype(np.float32))[:, None]
-        values = self._decode(codes, s, z).reshape(-1)[: qt.numel]
-        return values.reshape(qt.shape)
+        out = torch.empty(qt.codes.shape, dtype=torch.float32)
+        for r, c in qt.blocks():  # elementwise, so piece by piece gives the same values
+            codes = torch.from_numpy(qt.codes[r, c].astype(np.float32))
+            out[r, c] = self._decode(codes, s[r], None if z is None else z[r])
+        return out.reshape(-1)[: qt.numel].reshape(qt.shape)

@@ -65,8 +65,13 @@ class IntN(GridQuantizer):
     def code_dtype(self) -> type:  # type: ignore[override]
         return np.uint8 if self.params["asymmetric"] else np.int8
 
+    side_streams: ClassVar[dict[str, bool]] = {"scales": True, "zeros": False}
+
     def code_bits(self) -> float:
         return float(self.bits)
+
+    def code_range(self) -> tuple[int, int]:
+        return (0, self.qmax) if self.params["asymmetric"] else (-self.qmax, self.qmax)
 
     # -- the grid ------------------------------------------------------------
 
@@ -172,6 +177,9 @@ class Int8PG(GridQuantizer, name="int8_pg"):
 
     def code_bits(self) -> float:
         return 8.0
+
+    def code_range(self) -> tuple[int, int]:
+        return (-127, 127)
 
     def _decode(self, codes: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
         return codes * scales

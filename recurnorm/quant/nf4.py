@@ -60,6 +60,7 @@ class NF4(Quantizer, name="nf4"):
     """QLoRA NormalFloat4 with a float32 absmax per block of `group` elements."""
 
     defaults: ClassVar[dict[str, Any]] = {"group": 64}
+    side_streams: ClassVar[dict[str, bool]] = {"scales": True}
 
     def _validate(self) -> None:
         g = self.params["group"]
@@ -68,6 +69,9 @@ class NF4(Quantizer, name="nf4"):
 
     def code_bits(self) -> float:
         return 4.0
+
+    def code_range(self) -> tuple[int, int]:
+        return (0, len(NF4_TABLE) - 1)  # indices into the 16-entry table
 
     def _quantize(self, t: Tensor, name: str) -> QTensor:
         bnbf = _bnb_functional()
@@ -95,10 +99,11 @@ class NF4(Quantizer, name="nf4"):
         )
 
     def _dequantize(self, qt: QTensor) -> Tensor:
-        idx = torch.from_numpy(qt.codes.astype(np.int64))
-        absmax = torch.from_numpy(qt.scales.astype(np.float32))
-        values = NF4_TABLE[idx] * absmax[:, None]
-        return values.reshape(-1)[: qt.numel].reshape(qt.shape)
+        absmax = torch.from_numpy(qt.scales.astype(np.float32))[:, None]
+        out = torch.empty(qt.codes.shape, dtype=torch.float32)
+        for r, c in qt.blocks():  # int64 indices of a piece, not of the whole tensor
+            out[r, c] = NF4_TABLE[torch.from_numpy(qt.codes[r, c].astype(np.int64))] * absmax[r]
+        return out.reshape(-1)[: qt.numel].reshape(qt.shape)
 
 
 def dequantize_with_bnb(qt: QTensor) -> Tensor:

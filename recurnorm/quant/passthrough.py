@@ -25,6 +25,21 @@ class _FloatBits(Quantizer):
     def code_bits(self) -> float:
         return float(torch.finfo(self.store).bits)
 
+    def check_streams(self, dtypes: dict[str, str]) -> str | None:
+        dt = np.dtype(dtypes["codes"])
+        if dt.kind not in "iu" or dt.itemsize != np.dtype(self.view_uint).itemsize:
+            return f"{self.name} codes are {np.dtype(self.view_uint).name} bit patterns, not {dt.name}"
+        return super().check_streams(dtypes)
+
+    def check_values(self, qt: QTensor) -> str | None:
+        # quantize() refuses NaN/Inf, so a stored all-ones exponent is forged.
+        bits = np.ascontiguousarray(qt.codes).view(self.view_uint)
+        mant = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[self.store]  # mantissa bits
+        exp_mask = self.view_uint((1 << (8 * bits.itemsize - 1 - mant)) - 1)
+        if bits.size and bool(((bits >> self.view_uint(mant)) & exp_mask == exp_mask).any()):
+            return f"{self.name} values hold NaN or Inf"
+        return None
+
     def _quantize(self, t: Tensor, name: str) -> QTensor:
         bits = t.to(self.store).reshape(1, -1).view(self.view_int).numpy().view(self.view_uint)
         return QTensor(self.name, tuple(t.shape), dtype_name(t.dtype), bits.copy(), params={})
@@ -58,6 +73,22 @@ class Raw(Quantizer, name="raw"):
 
     def code_bits(self) -> float:
         return 8.0  # nominal: the packer sees the actual integer width
+
+    def check_streams(self, dtypes: dict[str, str]) -> str | None:
+        if dtypes["codes"] == "bool":
+            return super().check_streams({**dtypes, "codes": "uint8"})
+        return super().check_streams(dtypes)
+
+    def check_values(self, qt: QTensor) -> str | None:
+        # Values must survive the cast to the original dtype unchanged.
+        dt = torch_dtype(qt.dtype)
+        if qt.codes.size == 0 or dt.is_floating_point:
+            return None
+        lo, hi = (0, 1) if dt == torch.bool else (torch.iinfo(dt).min, torch.iinfo(dt).max)
+        cmin, cmax = int(qt.codes.min()), int(qt.codes.max())
+        if cmin < lo or cmax > hi:
+            return f"raw codes span [{cmin}, {cmax}], outside {qt.dtype}"
+        return None
 
     def _quantize(self, t: Tensor, name: str) -> QTensor:
         if t.is_floating_point() or t.is_complex():

@@ -38,6 +38,17 @@ class QTensor:
     def numel(self) -> int:
         return math.prod(self.shape)
 
+    def blocks(self, elements: int = 1 << 22):
+        """(rows, cols) slices covering codes [G, L] in pieces of about `elements` codes:
+        dequantizing piece by piece keeps float temporaries small (an int64 or float32 copy
+        of 2**28 codes is 1-2 GB)."""
+        G, L = self.codes.shape
+        rows = max(1, elements // max(L, 1))
+        cols = L if rows > 1 or L <= elements else elements
+        for i in range(0, G, rows):
+            for j in range(0, max(L, 1), max(cols, 1)):
+                yield slice(i, i + rows), slice(j, j + cols)
+
     def equal(self, other: QTensor) -> bool:
         """Bit-exact equality of everything that is stored."""
 

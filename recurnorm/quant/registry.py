@@ -27,6 +27,7 @@ _DTYPES: dict[str, torch.dtype] = {
     for d in (
         torch.float32, torch.float16, torch.bfloat16, torch.float64,
         torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+        torch.uint16, torch.uint32, torch.uint64,  # raw buffers: artifact streams can hold them
     )
 }  # fmt: skip
 
@@ -117,6 +118,42 @@ class Quantizer:
     def code_bits(self) -> float:
         """Bits one code needs before entropy coding (for bits-per-weight reports)."""
         raise NotImplementedError
+
+    # -- what a stored QTensor must hold (artifacts are untrusted: budget/validate.py asks) --
+
+    # scales/zeros: kind -> required; kinds not listed must be absent.
+    side_streams: ClassVar[dict[str, bool]] = {}
+
+    def code_range(self) -> tuple[int, int] | None:
+        """(lowest, highest) code `dequantize` accepts, or None when any value of the dtype is."""
+        return None
+
+    def check_streams(self, dtypes: dict[str, str]) -> str | None:
+        """Why streams of these numpy dtype names ({"codes": "int8", ...}) cannot be dequantized
+        by this format, or None. Checked before anything is decoded."""
+        if np.dtype(dtypes["codes"]).kind not in "iu":
+            return f"{self.name} codes must be integers, not {dtypes['codes']}"
+        for kind in ("scales", "zeros"):
+            if kind not in self.side_streams and kind in dtypes:
+                return f"format {self.name} has no {kind}"
+            if self.side_streams.get(kind) and kind not in dtypes:
+                return f"format {self.name} needs {kind}"
+            if kind in dtypes and np.dtype(dtypes[kind]).kind != "f":
+                return f"{kind} must be floats, not {dtypes[kind]}"
+        return None
+
+    def check_values(self, qt: QTensor) -> str | None:
+        """Why decoded codes/scales would not dequantize to finite weights, or None."""
+        rng = self.code_range()
+        if rng is not None and qt.codes.size:
+            lo, hi = int(qt.codes.min()), int(qt.codes.max())
+            if lo < rng[0] or hi > rng[1]:
+                return f"{self.name} codes span [{lo}, {hi}], outside [{rng[0]}, {rng[1]}]"
+        for kind in ("scales", "zeros"):
+            arr = getattr(qt, kind)
+            if arr is not None and arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                return f"{kind} hold NaN or Inf"
+        return None
 
     # -- what a format implements ------------------------------------------
 

@@ -32,6 +32,9 @@ class Ternary(GridQuantizer, name="ternary"):
     def code_bits(self) -> float:
         return math.log2(3)  # 5 trits per byte packing reaches 1.6
 
+    def code_range(self) -> tuple[int, int]:
+        return (-1, 1)
+
     def _counts(self, numel: int, G: int, L: int) -> Tensor:
         """Real elements per group: padding zeros must not dilute the last group's mean."""
         counts = torch.full((G,), float(max(L, 1)))

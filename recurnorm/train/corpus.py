@@ -16,7 +16,7 @@ class Corpus:
     otherwise), so ``bpb = sum(CE over targets) / ln 2 / sum(val_bytes of targets)``.
     """
 
-    train_tokens: np.ndarray  # 1-D int64
+    train_tokens: np.ndarray  # 1-D int64, or a memory-mapped tokens.TokenStream (shards)
     val_tokens: np.ndarray  # 1-D int64
     val_bytes: np.ndarray  # 1-D int64, aligned with val_tokens
     vocab_size: int

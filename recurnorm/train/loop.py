@@ -1,4 +1,4 @@
-"""The training loop: AdamW, warm-up + cosine, gradient clipping, resumable and reproducible.
+"""The training loop: AdamW or Muon, warm-up + cosine, clipping, resumable, one or many ranks.
 
 Reproducibility: ``seed`` fixes the initial weights and ``batch_seed`` (default:
 ``seed``) the batch order, drawn from its own numpy Generator. With
@@ -6,18 +6,26 @@ Reproducibility: ``seed`` fixes the initial weights and ``batch_seed`` (default:
 the very values the ``shared`` scheme would get, so schemes trained with one
 seed differ only in what they add (reference §5: compare schemes paired).
 
+Scale-out: under ``torchrun`` (recurnorm.train.distributed) the model is wrapped
+in DistributedDataParallel and every rank takes its slice of each step's
+global batch, drawn from the same generator; gradient accumulation splits a
+rank's slice into micro-batches. Only rank 0 writes. The resume state holds
+no rank count, so a run saved on N ranks resumes on M.
+
 Output directory::
 
     model.safetensors, config.json   final (or latest saved) weights, via save_checkpoint
     train_log.jsonl                  one JSON object per line: train and eval records
-    resume.safetensors               weights, AdamW state and RNG states; the
+    resume.safetensors               weights, optimizer and RNG states; the
                                      step counter and hyper-parameters sit in
                                      its JSON metadata. No pickle anywhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -36,19 +44,25 @@ from tqdm import tqdm
 from ..errors import CheckpointError, ConfigError, DataError, RecurnormError
 from ..io import atomic_write_bytes, atomic_write_text, check_writable
 from ..model import ModelConfig, RecurrentLM, save_checkpoint
+from . import distributed
 from .corpus import Corpus
+from .optim import Optimizers, build_optimizer, parameter_groups  # noqa: F401 (re-exported)
 from .schedule import lr_at
 
 LOG_NAME = "train_log.jsonl"
 RESUME_NAME = "resume.safetensors"
-RESUME_FORMAT = 1
-BETAS = (0.9, 0.95)
+# 2: one entry per optimizer (AdamW, Muon); format 1 (a single AdamW) still loads.
+RESUME_FORMAT = 2
+READABLE_FORMATS = (1, 2)
 
-# Hyper-parameters a resumed run must share with the run it continues.
+# Hyper-parameters a resumed run must share with the run it continues. The number of
+# ranks and the micro-batch are not among them: they do not change the loss curve.
 RESUME_KEYS = (
     "steps", "batch_size", "lr", "warmup", "min_lr_frac", "weight_decay", "grad_clip",
-    "control_lr_mult", "seed", "batch_seed",
+    "control_lr_mult", "seed", "batch_seed", "optimizer", "muon_lr_mult",
 )  # fmt: skip
+# What a saved run that predates a key used.
+RESUME_DEFAULTS = {"optimizer": "adamw", "muon_lr_mult": 1.0}
 
 
 @dataclass
@@ -63,34 +77,6 @@ class TrainResult:
     tokens_per_s: float  # training throughput of this run
     out_dir: Path | None = None
     log: list[dict] = field(default_factory=list)  # records written by this run
-
-
-def parameter_groups(
-    model: nn.Module, *, weight_decay: float, control_lr_mult: float = 1.0
-) -> list[dict]:
-    """AdamW groups: decayed matrices; undecayed vectors; control tensors (own lr scale, no decay)."""
-    control = set(model.control_names()) if hasattr(model, "control_names") else set()
-    no_decay = set(model.no_decay_names()) if hasattr(model, "no_decay_names") else set()
-    groups: dict[str, list] = {"decay": [], "no_decay": [], "control": []}
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if name in control:
-            groups["control"].append(p)
-        elif p.ndim < 2 or name in no_decay:
-            groups["no_decay"].append(p)
-        else:
-            groups["decay"].append(p)
-    settings = {
-        "decay": (weight_decay, 1.0),
-        "no_decay": (0.0, 1.0),
-        "control": (0.0, control_lr_mult),
-    }
-    return [
-        {"params": ps, "weight_decay": settings[k][0], "lr_scale": settings[k][1], "name": k}
-        for k, ps in groups.items()
-        if ps
-    ]
 
 
 def build_model(config: ModelConfig, seed: int, *, pair_init: bool = True) -> RecurrentLM:
@@ -130,8 +116,12 @@ def train(
     weight_decay: float = 0.1,
     grad_clip: float = 1.0,
     control_lr_mult: float = 1.0,
+    optimizer: str = "adamw",
+    muon_lr_mult: float = 1.0,
     seed: int = 0,
     batch_seed: int | None = None,
+    micro_batch: int | None = None,
+    compile: bool = False,
     out_dir: str | Path | None = None,
     resume: bool = False,
     force: bool = False,
@@ -148,8 +138,17 @@ def train(
 ) -> TrainResult:
     """Train config's model on corpus.train_tokens; see the module docstring for outputs.
 
+    ``batch_size`` is the global batch: windows per optimizer step over all
+    ranks. Each rank takes its slice of every step's windows and runs it in
+    micro-batches of ``micro_batch`` windows (default: the whole slice),
+    accumulating gradients; so the loss curve does not depend on the number of
+    ranks or the micro-batch, up to floating-point summation order.
+    ``optimizer`` is "adamw" or "muon" (recurnorm.train.optim). ``compile``
+    runs the forward pass through torch.compile.
+
     ``eval_fn(model)`` returns the validation bits per byte (a float or anything
-    with ``bits_per_byte``); it runs every ``eval_every`` steps and at the end.
+    with ``bits_per_byte``); it runs every ``eval_every`` steps and at the end,
+    on every rank (so it may be a distributed evaluation).
     ``model`` trains an existing module (fine-tuning); ``init_state`` overwrites
     the matching tensors of a fresh one.
     """
@@ -157,12 +156,13 @@ def train(
     hparams = dict(
         steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, min_lr_frac=min_lr_frac,
         weight_decay=weight_decay, grad_clip=grad_clip, control_lr_mult=control_lr_mult,
-        seed=seed, batch_seed=batch_seed,
+        seed=seed, batch_seed=batch_seed, optimizer=optimizer,
+        muon_lr_mult=muon_lr_mult if optimizer == "muon" else 1.0,  # AdamW runs ignore it
     )  # fmt: skip
     _check_args(config, corpus, hparams)
-    dev = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    )
+    ctx = distributed.context(device)
+    dev = ctx.device(device)
+    local, micro, accum = _batch_split(batch_size, micro_batch, ctx.world_size)
 
     out = Path(out_dir) if out_dir is not None else None
     saved = None
@@ -172,32 +172,42 @@ def train(
             _check_resume_matches(saved, config, hparams, _corpus_id(corpus))
         elif out.exists():
             check_writable(out, force=force)
+    # Every rank has read and checked --out before the main rank changes anything there.
+    ctx.barrier()
+    writer = out if ctx.is_main else None
 
     if model is None:
         model = build_model(config, seed, pair_init=pair_init)
         if init_state is not None:
             copy_matching(model, init_state)
     model.to(dev)
-    optimizer = torch.optim.AdamW(
-        parameter_groups(model, weight_decay=weight_decay, control_lr_mult=control_lr_mult),
-        lr=lr, betas=BETAS, eps=1e-8,
-    )  # fmt: skip
+    opt = build_optimizer(model, optimizer, lr=lr, weight_decay=weight_decay,
+                          control_lr_mult=control_lr_mult, muon_lr_mult=muon_lr_mult)  # fmt: skip
     rng = np.random.Generator(np.random.PCG64(batch_seed))
     # Training-time randomness (e.g. noise injection) gets its own stream, apart from init.
     torch.manual_seed(batch_seed + 1)
 
     start, elapsed_before, loss_sum, loss_count = 0, 0.0, 0.0, 0
     if saved is not None:
-        start, elapsed_before, loss_sum, loss_count = _restore(saved, model, optimizer, rng)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        _prepare_log(out / LOG_NAME, keep_until=start if saved is not None else None)
+        start, elapsed_before, loss_sum, loss_count = _restore(saved, model, opt, rng)
+    if writer is not None:
+        writer.mkdir(parents=True, exist_ok=True)
+        _prepare_log(writer / LOG_NAME, keep_until=start if saved is not None else None)
         if saved is None:
-            (out / RESUME_NAME).unlink(missing_ok=True)
+            (writer / RESUME_NAME).unlink(missing_ok=True)
 
-    data_N = torch.from_numpy(np.ascontiguousarray(corpus.train_tokens, dtype=np.int64))
+    fwd: nn.Module = model
+    if ctx.distributed:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        fwd = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    if compile:
+        fwd = torch.compile(fwd)
+
+    tokens = corpus.train_tokens
+    n_starts = len(tokens) - config.seq_len
     seq_len = config.seq_len
-    offsets = torch.arange(seq_len + 1)
+    offsets = np.arange(seq_len + 1)
     save_every = save_every or eval_every or steps
     use_bf16 = dev.type == "cuda"
 
@@ -208,33 +218,46 @@ def train(
     train_s_since_log, tokens_since_log, train_s_total = 0.0, 0, 0.0
     bar = tqdm(
         total=steps, initial=start, unit="step", dynamic_ncols=True,
-        disable=not progress or not sys.stderr.isatty(),
+        disable=not progress or not ctx.is_main or not sys.stderr.isatty(),
     )  # fmt: skip
     model.train()
     try:
         for step in range(start, steps):
             t_step = time.perf_counter()
+            distributed.maybe_crash(ctx, step + 1)
             lr_now = lr_at(step, lr=lr, warmup=warmup, steps=steps, min_lr_frac=min_lr_frac)
-            for group in optimizer.param_groups:
+            for group in opt.param_groups:
                 group["lr"] = lr_now * group["lr_scale"]
-            starts = torch.from_numpy(rng.integers(0, len(data_N) - seq_len, size=batch_size))
-            batch_BxT1 = data_N[starts[:, None] + offsets].to(dev, non_blocking=True)
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
-                logits_BxTxV = model(batch_BxT1[:, :-1])
-            loss = nn.functional.cross_entropy(
-                logits_BxTxV.float().reshape(-1, logits_BxTxV.shape[-1]),
-                batch_BxT1[:, 1:].reshape(-1),
-            )
-            if not torch.isfinite(loss):
-                raise RecurnormError(f"training loss became {loss.item()} at step {step + 1}; "
+            # One draw of the global batch on every rank (the same generator state), so the
+            # data order is that of one process whatever the number of ranks.
+            starts = rng.integers(0, n_starts, size=batch_size)
+            mine = starts[ctx.rank * local : (ctx.rank + 1) * local]
+            opt.zero_grad(set_to_none=True)
+            loss_local = 0.0
+            for m in range(accum):
+                idx = mine[m * micro : (m + 1) * micro, None] + offsets
+                batch_BxT1 = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
+                batch_BxT1 = batch_BxT1.to(dev, non_blocking=True)
+                # Gradients are averaged across ranks only on the last micro-batch.
+                sync = m == accum - 1 or not ctx.distributed
+                with contextlib.nullcontext() if sync else fwd.no_sync():
+                    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
+                        logits_BxTxV = fwd(batch_BxT1[:, :-1])
+                    loss = nn.functional.cross_entropy(
+                        logits_BxTxV.float().reshape(-1, logits_BxTxV.shape[-1]),
+                        batch_BxT1[:, 1:].reshape(-1),
+                    )
+                    (loss / accum if accum > 1 else loss).backward()
+                loss_local += loss.item()
+            step_loss = ctx.mean(loss_local / accum)
+            if not math.isfinite(step_loss):
+                raise RecurnormError(f"training loss became {step_loss} at step {step + 1}; "
                                      "lower the learning rate")  # fmt: skip
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            optimizer.step()
+            opt.step()
 
             done = step + 1
-            loss_sum += loss.item()
+            loss_sum += step_loss
             loss_count += 1
             tokens_since_log += batch_size * seq_len
             step_s = time.perf_counter() - t_step
@@ -258,17 +281,17 @@ def train(
                 bar.set_postfix(
                     loss=f"{last_loss:.3f}" if last_loss else "", val_bpb=f"{val_bpb:.3f}"
                 )
-            if out is not None:
-                _append_log(out / LOG_NAME, records)
+            if writer is not None:
+                _append_log(writer / LOG_NAME, records)
                 if done % save_every == 0 or done == steps:
                     elapsed = elapsed_before + time.perf_counter() - t_run
-                    save_checkpoint(model, out, force=True)
-                    _write_resume(out / RESUME_NAME, model, optimizer, rng, config, hparams,
+                    save_checkpoint(model, writer, force=True)
+                    _write_resume(writer / RESUME_NAME, model, opt, rng, config, hparams,
                                   _corpus_id(corpus), step=done, elapsed=elapsed,
                                   loss_acc=(loss_sum, loss_count))  # fmt: skip
             run_log.extend(records)
             if on_step is not None:
-                on_step(done, records[0] if records else {"step": done, "loss": loss.item()})
+                on_step(done, records[0] if records else {"step": done, "loss": step_loss})
     finally:
         bar.close()
 
@@ -284,6 +307,20 @@ def train(
         out_dir=out,
         log=run_log,
     )
+
+
+def _batch_split(batch_size: int, micro_batch: int | None, world: int) -> tuple[int, int, int]:
+    """(windows per rank, windows per micro-batch, micro-batches per step); ConfigError if uneven."""
+    if batch_size % world:
+        raise ConfigError(f"batch_size {batch_size} is not divisible by the {world} ranks")
+    local = batch_size // world
+    micro = local if micro_batch is None else min(int(micro_batch), local)
+    if micro < 1 or local % micro:
+        raise ConfigError(
+            f"micro_batch {micro_batch} must divide the {local} windows per rank "
+            f"(batch_size {batch_size} over {world} rank(s))"
+        )
+    return local, micro, local // micro
 
 
 def _check_args(config: ModelConfig, corpus: Corpus, hp: dict) -> None:
@@ -336,23 +373,27 @@ def read_log(out_dir: str | Path) -> list[dict]:
 
 
 def _write_resume(
-    path, model, optimizer, rng, config, hparams, corpus_id, *, step, elapsed, loss_acc
+    path, model, opt: Optimizers, rng, config, hparams, corpus_id, *, step, elapsed, loss_acc
 ) -> None:
     """Weights, optimizer and RNG states in one safetensors file, written atomically."""
     tensors = {f"model/{k}": v.detach().cpu().clone().contiguous()
                for k, v in model.state_dict().items()}  # fmt: skip
-    opt_state = optimizer.state_dict()
-    scalars: dict[str, dict] = {}
-    for idx, state in opt_state["state"].items():
-        for key, value in state.items():
-            if torch.is_tensor(value):
-                tensors[f"opt/{idx}/{key}"] = value.detach().cpu().clone().contiguous()
-            else:
-                scalars.setdefault(str(idx), {})[key] = value
+    optimizers = []
+    for j, sub in enumerate(opt.optimizers):
+        opt_state = sub.state_dict()
+        scalars: dict[str, dict] = {}
+        for idx, state in opt_state["state"].items():
+            for key, value in state.items():
+                if torch.is_tensor(value):
+                    tensors[f"opt{j}/{idx}/{key}"] = value.detach().cpu().clone().contiguous()
+                else:
+                    scalars.setdefault(str(idx), {})[key] = value
+        groups = [{k: v for k, v in g.items()} for g in opt_state["param_groups"]]
+        optimizers.append({"type": type(sub).__name__, "param_groups": groups,
+                           "opt_scalars": scalars})  # fmt: skip
     tensors["rng/torch"] = torch.get_rng_state()
     if torch.cuda.is_available():
         tensors["rng/cuda"] = torch.cuda.get_rng_state()
-    groups = [{k: v for k, v in g.items()} for g in opt_state["param_groups"]]
     meta = {
         "format": RESUME_FORMAT,
         "step": step,
@@ -362,8 +403,7 @@ def _write_resume(
         "hparams": hparams,
         "corpus": corpus_id,
         "numpy_rng": rng.bit_generator.state,
-        "param_groups": groups,
-        "opt_scalars": scalars,
+        "optimizers": optimizers,
     }
     data = st_save(tensors, metadata={"recurnorm_resume": json.dumps(meta)})
     atomic_write_bytes(path, data)
@@ -380,8 +420,12 @@ def read_resume_state(out_dir: str | Path) -> dict:
             meta = json.loads((f.metadata() or {})["recurnorm_resume"])
     except Exception as exc:  # any parse failure means the file is unusable
         raise CheckpointError(f"{path} is not a valid resume state: {exc}") from exc
-    if meta.get("format") != RESUME_FORMAT:
+    if meta.get("format") not in READABLE_FORMATS:
         raise CheckpointError(f"{path}: unsupported resume format {meta.get('format')!r}")
+    if meta["format"] == 1:  # one AdamW: its tensors were "opt/<idx>/<key>"
+        meta["optimizers"] = [{"type": "AdamW", "param_groups": meta.pop("param_groups"),
+                               "opt_scalars": meta.pop("opt_scalars")}]  # fmt: skip
+        tensors = {("opt0/" + k[4:] if k.startswith("opt/") else k): v for k, v in tensors.items()}
     return {"meta": meta, "tensors": tensors}
 
 
@@ -408,13 +452,12 @@ def _check_resume_matches(saved: dict, config: ModelConfig, hparams: dict, corpu
                 f"{meta['config'].get(key)!r}"
             )
     for key in RESUME_KEYS:
-        if meta["hparams"].get(key) != hparams[key]:
-            raise ConfigError(
-                f"--resume: {key} is {hparams[key]!r}, the saved run used {meta['hparams'].get(key)!r}"
-            )
+        was = meta["hparams"].get(key, RESUME_DEFAULTS.get(key))
+        if was != hparams[key]:
+            raise ConfigError(f"--resume: {key} is {hparams[key]!r}, the saved run used {was!r}")
 
 
-def _restore(saved: dict, model, optimizer, rng) -> tuple[int, float, float, int]:
+def _restore(saved: dict, model, opt: Optimizers, rng) -> tuple[int, float, float, int]:
     """Load weights, optimizer and RNG states; return (step, elapsed, loss_sum, loss_count)."""
     meta, tensors = saved["meta"], saved["tensors"]
     model_state = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
@@ -422,17 +465,29 @@ def _restore(saved: dict, model, optimizer, rng) -> tuple[int, float, float, int
         model.load_state_dict(model_state, strict=True)
     except RuntimeError as exc:
         raise CheckpointError(f"resume state does not fit the model: {exc}") from exc
-    state: dict[int, dict] = {}
-    for key, value in tensors.items():
-        if key.startswith("opt/"):
-            _, idx, name = key.split("/", 2)
-            state.setdefault(int(idx), {})[name] = value
-    for idx, extra in meta["opt_scalars"].items():
-        state.setdefault(int(idx), {}).update(extra)
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    if len(meta["optimizers"]) != len(opt.optimizers):
+        raise CheckpointError(f"resume state holds {len(meta['optimizers'])} optimizer(s), "
+                              f"the {opt.name} run has {len(opt.optimizers)}")  # fmt: skip
+    for j, (sub, entry) in enumerate(zip(opt.optimizers, meta["optimizers"], strict=True)):
+        state: dict[int, dict] = {}
+        prefix = f"opt{j}/"
+        for key, value in tensors.items():
+            if key.startswith(prefix):
+                _, idx, name = key.split("/", 2)
+                state.setdefault(int(idx), {})[name] = value.to(_param_device(sub))
+        for idx, extra in entry["opt_scalars"].items():
+            state.setdefault(int(idx), {}).update(extra)
+        sub.load_state_dict({"state": state, "param_groups": entry["param_groups"]})
     torch.set_rng_state(tensors["rng/torch"])
     if "rng/cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state(tensors["rng/cuda"])
     rng.bit_generator.state = meta["numpy_rng"]
     loss_sum, loss_count = meta["loss_acc"]
     return int(meta["step"]), float(meta["elapsed_s"]), float(loss_sum), int(loss_count)
+
+
+def _param_device(opt: torch.optim.Optimizer) -> torch.device:
+    for group in opt.param_groups:
+        for p in group["params"]:
+            return p.device
+    return torch.device("cpu")

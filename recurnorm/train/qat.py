@@ -20,16 +20,13 @@ Why: quantization error of a shared block is amplified over the loop (reference
   ``ramp·steps·(i+1)/n``. A shared block serves every step with one weight,
   so stepwise is a no-op there (documented choice, not an error).
 - ``config.qat`` records ``{"format", "options", "ramp", "act_quant", "noise",
-  "stepwise", "extra_norm"}``. ``load_model`` re-applies QAT (λ = 1) to a
-  checkpoint that records it, so a QAT checkpoint is always evaluated as the
-  model it is. A model rebuilt from an *artifact* already holds the
-  dequantized grid weights; re-quantizing them is not a fixed point (ternary
-  absmean: ``mean|s·Q| ≠ s``), so artifact models get only the activation
-  hooks (``weights=False``); the loader decides by source, and exports also
-  mark ``config.qat["exported"] = True``.
-- ``qat_policy(config)`` is an ExportPolicy whose overrides quantize exactly
-  the fake-quantized projection weights with the training quantizer and
-  options; every other tensor follows the base policy.
+  "stepwise", "extra_norm"}``. A model rebuilt from an *artifact* already holds
+  the dequantized grid weights; re-quantizing them is not a fixed point (ternary
+  absmean: ``mean|s·Q| ≠ s``), so artifact models get only the activation hooks
+  (``weights=False``); exports mark ``config.qat["exported"] = True``.
+- Exporting a QAT model (``qat_policy``, ``export_qat``) and loading a checkpoint
+  or artifact as the model it is (``load_model``) live in `recurnorm.export`:
+  train/ never touches artifacts (docs/DESIGN.md, one-way flow).
 - ``check_qat`` (the guard) raises `QATGuardError` when the forward pass does
   not really use quantized weights (missing/replaced transforms, transforms
   never called — e.g. folded away by torch.compile — or logits that do not
@@ -39,7 +36,6 @@ Why: quantization error of a shared block is amplified over the loop (reference
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -49,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..errors import CheckpointError, ConfigError, RecurnormError
+from ..errors import ConfigError, RecurnormError
 
 DEFAULT_RAMP = 0.5
 QAT_KEYS = ("format", "options", "ramp", "act_quant", "noise", "stepwise", "extra_norm", "exported")
@@ -386,98 +382,6 @@ def _expected_logits(model: nn.Module, state: QATState, batch: Tensor) -> Tensor
         for name, lin in model.projections():
             if name in saved:
                 lin.weight.copy_(saved[name])
-
-
-# --- export -----------------------------------------------------------------
-
-
-def projection_weight_names(config) -> list[str]:
-    """State-dict names of the projection weights a model of this config fake-quantizes."""
-    from ..model import schemes
-    from ..model.layers import PROJECTIONS
-
-    n_blocks = config.depth if schemes.get(config.scheme).untied_blocks else 1
-    return [
-        f"blocks.{i}.{'attn' if p in ('q', 'k', 'v', 'o') else 'mlp'}.{p}.weight"
-        for i in range(n_blocks) for p in PROJECTIONS
-    ]
-
-
-def lossless_policy():
-    """The default base of qat_policy: every tensor QAT did not train against stays fp32."""
-    from ..quant.policy import ExportPolicy
-
-    return ExportPolicy(quantizer="fp32", overrides={"*": ("fp32", {})})
-
-
-def qat_policy(config, base=None):
-    """ExportPolicy quantizing exactly the projection weights with the QAT quantizer + options.
-
-    Every other tensor follows ``base``. The default keeps them fp32, so the
-    artifact reproduces the QAT model's logits exactly; a lossy base (e.g.
-    int8 embeddings) costs fewer bytes but adds its own error on top, since
-    QAT never saw those tensors quantized.
-    """
-    from dataclasses import replace
-
-    if config.qat is None:
-        raise ConfigError("qat_policy: the model config records no QAT (config.qat is null)")
-    spec = QATSpec.from_dict(config.qat)
-    base = lossless_policy() if base is None else base
-    overrides = {name: (spec.format, dict(spec.options)) for name in projection_weight_names(config)}
-    # Projection names first: the first matching override wins, so a base "*" cannot shadow them.
-    return replace(base, overrides={**overrides, **base.overrides})
-
-
-def export_config(config) -> dict:
-    """The config dict an artifact of this QAT model carries (qat marked exported)."""
-    d = config.to_dict()
-    if d.get("qat") is not None:
-        d["qat"] = {**d["qat"], "exported": True}
-    return d
-
-
-def export_qat(model: nn.Module, base=None, metadata: dict | None = None) -> bytes:
-    """Artifact bytes of a QAT model: qat_policy codes, the config (qat exported) in metadata."""
-    from ..budget.api import pack
-    from ..model import state_dict_for_export
-
-    policy = qat_policy(model.config, base)
-    meta = {**(metadata or {}), "config": export_config(model.config), "quant": model.config.qat["format"]}
-    return pack(state_dict_for_export(model), quant=model.config.qat["format"], policy=policy,
-                metadata=meta)  # fmt: skip
-
-
-def prepare_exported(model: nn.Module) -> nn.Module:
-    """Finish a model rebuilt from an artifact: activation hooks only, never weight fake quant."""
-    if getattr(model.config, "qat", None):
-        apply_qat(model, {**model.config.qat, "exported": True})
-    return model
-
-
-def load_model(path: str | os.PathLike) -> nn.Module:
-    """A checkpoint (dir or .safetensors) or artifact as the model it is: QAT re-applied at λ = 1."""
-    from ..model import load_checkpoint, model_from_state_dict
-
-    path = Path(path)
-    is_artifact = path.is_file() and path.suffix != ".safetensors"
-    if not is_artifact:
-        model = load_checkpoint(path)
-        if model.config.qat:
-            spec = QATSpec.from_dict(model.config.qat)
-            apply_qat(model, spec)  # exported=True in the record keeps weights as they are
-        return model.eval()
-    from ..budget.api import dequantize_all, read_artifact
-
-    try:
-        art = read_artifact(path.read_bytes())
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
-    config = art.metadata.get("config")
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path} has no model config in its metadata; cannot rebuild the model")
-    model = model_from_state_dict(config, dequantize_all(art.qtensors), source=str(path))
-    return prepare_exported(model).eval()
 
 
 # --- training ----------------------------------------------------------------

@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import DataError, OutputExistsError
 from ..io import atomic_write_bytes, check_writable
 from .corpus import Corpus
+from .tokens import TokenStream
 
 MAGIC = 20240520
 VERSION = 1
@@ -162,14 +163,16 @@ def load_shard_corpus(glob_pattern: str, tokenizer_path: Any = None) -> Corpus:
 
     A directory stands for ``DIR/*.bin``. Names containing 'train' go to train, 'val' to validation (each sorted and
     concatenated); there must be at least one validation shard, train may be
-    empty (evaluation only). ``tokenizer_path`` is a SentencePiece model path
+    empty (evaluation only); the training tokens are a memory-mapped
+    ``TokenStream``. ``tokenizer_path`` is a SentencePiece model path
     or a ``SentencePieceTokenizer``; it gives ``vocab_size`` and ``val_bytes``.
     Without one (or with "byte"), only byte-level shards (every token < 256) load, with
     vocab_size 256 and 1 byte per token.
     """
     pattern = glob_pattern[len("shards:") :] if glob_pattern.startswith("shards:") else glob_pattern
     train_files, val_files = _split_shard_files(pattern)
-    train = _concat(train_files)
+    # Training shards stay memory-mapped (read per batch); validation is scored whole.
+    train = TokenStream([read_shard(f, mmap=True) for f in train_files])
     val = _concat(val_files)
     if tokenizer_path is None or tokenizer_path == "byte":
         hi = max((int(a.max()) for a in (train, val) if a.size), default=-1)

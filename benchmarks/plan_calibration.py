@@ -1,0 +1,81 @@
+"""Measure how many more code bytes trained weights take than a fresh init, per format (the planner's table).
+
+recurnorm.export.plan predicts an artifact's size by packing a freshly
+initialized model of the config (exact for scales, controls, manifest and codec
+side data) and scaling each quantized tensor's *code* bytes by
+TRAINED_CODE_RATIO[format]: trained weights code to slightly more bytes than
+their init; and fp32 controls (gains initialized to exactly 1.0, which compress
+to nothing) at PASSTHROUGH_FILL of their raw bytes. This script trains short runs of several schemes and prints
+those ratios (median over runs), the numbers the tables hold.
+
+    .venv/bin/python benchmarks/plan_calibration.py [--steps 300] [--d 64,96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+FORMATS = ("int8", "int7", "int6", "int5", "int4", "ternary")
+
+
+def stats(model, fmt: str) -> list[dict]:
+    from recurnorm.budget.api import read_artifact, tensor_stats
+    from recurnorm.export.pack import pack_state
+    from recurnorm.export.policy import state_dict_for_export
+    from recurnorm.export.spec import build_policy
+
+    data = pack_state(state_dict_for_export(model), build_policy(fmt))
+    art = read_artifact(data)
+    return tensor_stats(art.manifest, art.qtensors)
+
+
+def code_bytes(rows: list[dict], fmt: str) -> int:
+    return sum(r["codes_bytes"] for r in rows if r.get("format") == fmt)
+
+
+def fill(rows: list[dict], fmt: str, itemsize: int) -> float | None:
+    """Stored bytes of a float passthrough format / its raw bytes (trained floats barely compress)."""
+    raw = sum(r["numel"] * itemsize for r in rows if r.get("format") == fmt)
+    return sum(r["bytes"] for r in rows if r.get("format") == fmt) / raw if raw else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--d", default="64,96")
+    ap.add_argument("--schemes", default="shared,norm,norm_gate,unique")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    from recurnorm.model import ModelConfig, RecurrentLM
+    from recurnorm.train.data import load_corpus
+    from recurnorm.train.loop import train
+
+    corpus = load_corpus("default")
+    ratios: dict[str, list[float]] = {f: [] for f in FORMATS}
+    fills: list[float] = []
+    for d in (int(x) for x in args.d.split(",")):
+        for scheme in args.schemes.split(","):
+            config = ModelConfig(d_model=d, n_heads=2, depth=3, seq_len=64, scheme=scheme)
+            trained = train(config, corpus, steps=args.steps, batch_size=16, lr=3e-3, warmup=20,
+                            seed=0, progress=False).model.eval()
+            torch.manual_seed(0)
+            fresh = RecurrentLM(ModelConfig.from_dict(config.to_dict()))
+            row = []
+            for f in FORMATS:
+                t_rows = stats(trained, f)
+                r = code_bytes(t_rows, f) / code_bytes(stats(fresh, f), f)
+                ratios[f].append(r)
+                row.append(f"{f} {r:.4f}")
+                if f == "int8":  # the controls are fp32 under every format
+                    fills.append(fill(t_rows, "fp32", 4))
+            print(f"d={d} {scheme:<10} " + "  ".join(row) + f"  fp32 fill {fills[-1]:.4f}", flush=True)
+    print("TRAINED_CODE_RATIO = {" + ", ".join(
+        f'"{f}": {statistics.median(v):.4f}' for f, v in ratios.items()) + "}")
+    print(f"PASSTHROUGH_FILL fp32 = {statistics.median(fills):.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""One validation pass over an artifact's manifest before any stream is decoded, and one check
+of the decoded values after: an artifact that passes both dequantizes and writes.
+
+Artifacts arrive from strangers (a CI gate reads pull requests), so every field is typed
+here (a string is a string, an int an int in range, lists where lists belong), each
+tensor is checked against what its quantizer needs (asked of the quantizer class:
+`Quantizer.check_streams` before decoding, `Quantizer.check_values` after), and memory is
+bounded in bytes: the bytes the decoded tensors take are summed before anything is
+decoded and compared with a limit (`DEFAULT_MAX_DECODED_BYTES`, `--max-decoded-bytes`).
+Codec parameters are checked by each codec's decode, which knows them.
+Every failure is an ArtifactError naming the tensor and field.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..errors import ArtifactError, QuantError
+from . import format as fmt
+from .codecs import DTYPES, Codec
+
+DEFAULT_MAX_DECODED_BYTES = 1 << 30
+MAX_NAME_CHARS = 4096  # tensor names are dotted paths; nothing legitimate comes close
+FLOAT_STAGE_BYTES = 4  # quantized formats dequantize through float32, whatever the output dtype
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _str(v: Any, where: str, limit: int = 64) -> str:
+    if not isinstance(v, str) or len(v) > limit:
+        raise ArtifactError(f"{where} must be a string of at most {limit} characters, got {_short(v)}")
+    return v
+
+
+def _short(v: Any) -> str:
+    """A hostile value, shown safely: type name and a bounded repr (control characters escaped)."""
+    text = repr(v)
+    return text if len(text) <= 40 else f"{type(v).__name__} {text[:37]}..."
+
+
+def _shape(v: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(v, list) or len(v) > fmt.MAX_NDIM or not all(_is_int(d) and 0 <= d < 1 << 40 for d in v):
+        raise ArtifactError(f"{where}: bad shape {_short(v)}")
+    return tuple(v)
+
+
+def _quant():
+    """recurnorm.quant's registry, or None where it is not importable (then only raw reads)."""
+    try:
+        from ..quant import registry
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return None
+    return registry
+
+
+def quantizer_for(entry: dict, where: str):
+    """The quantizer an entry's format and params name; ArtifactError if it cannot exist."""
+    reg = _quant()
+    if reg is None:
+        if entry["format"] != "raw":
+            raise ArtifactError(f"{where}: format {entry['format']!r} needs recurnorm.quant")
+        return None
+    try:
+        return reg.get(entry["format"], **entry["params"])
+    except QuantError as exc:
+        raise ArtifactError(f"{where}: {exc}") from None
+
+
+def output_itemsize(dtype: str, where: str) -> int:
+    """Bytes per element of the tensor dequantize returns (the original dtype)."""
+    reg = _quant()
+    if reg is None:
+        if dtype not in DTYPES:
+            raise ArtifactError(f"{where}: unsupported dtype {dtype!r}")
+        return DTYPES[dtype].itemsize
+    try:
+        return reg.torch_dtype(dtype).itemsize
+    except QuantError:
+        raise ArtifactError(f"{where}: unsupported tensor dtype {_short(dtype)}") from None
+
+
+def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
+    """Check every field before anything is decoded; the decoded bytes the artifact needs.
+
+    max_decoded_bytes: the limit on those bytes (default DEFAULT_MAX_DECODED_BYTES).
+    """
+    limit = DEFAULT_MAX_DECODED_BYTES if max_decoded_bytes is None else max_decoded_bytes
+    if manifest.get("format") != "rnpk" or manifest.get("version") not in fmt.READ_VERSIONS:
+        raise ArtifactError("manifest format/version fields are wrong")
+    if not isinstance(manifest.get("metadata", {}), dict):
+        raise ArtifactError("manifest metadata is not an object")
+    tensors = manifest.get("tensors")
+    if not isinstance(tensors, list) or len(tensors) > fmt.MAX_TENSORS:
+        raise ArtifactError(f"manifest tensors must be a list of at most {fmt.MAX_TENSORS:,} entries")
+    plen = manifest["payload_length"]
+    stored: dict[str, int] = {}  # name -> decoded bytes
+    names: set[str] = set()
+    total_elements = total_bytes = 0
+    n_aliases = 0
+    for t in tensors:
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise ArtifactError("manifest tensor entry without a name")
+        name = t["name"]
+        if len(name) > MAX_NAME_CHARS:
+            raise ArtifactError(f"tensor name of {len(name):,} characters (at most {MAX_NAME_CHARS})")
+        if name in names:
+            raise ArtifactError(f"tensor {name!r} appears twice")
+        names.add(name)
+        if "alias_of" in t:
+            # Aliases name a stored tensor listed before them: no chains, no self or forward
+            # references, and at most one per stored tensor (tied weights come in pairs).
+            target = t["alias_of"]
+            if set(t) != {"name", "alias_of"} or not isinstance(target, str) or target not in stored:
+                raise ArtifactError(f"tensor {name!r}: alias must name an earlier stored tensor")
+            n_aliases += 1
+            if n_aliases > len(stored):
+                raise ArtifactError(f"{n_aliases:,} aliases for {len(stored):,} stored tensors")
+            total_bytes += stored[target]  # unpack writes a copy per name
+        else:
+            nbytes, elements = _check_tensor(t, name, plen)
+            stored[name] = nbytes
+            total_bytes += nbytes
+            total_elements += elements
+            if total_elements > fmt.MAX_TOTAL_ELEMENTS:
+                raise ArtifactError(f"tensor {name!r}: declared sizes exceed "
+                                    f"{fmt.MAX_TOTAL_ELEMENTS} elements")
+        if total_bytes > limit:
+            raise ArtifactError(f"tensor {name!r}: decoding needs more than {limit:,} bytes "
+                                "(--max-decoded-bytes raises the limit)")
+    return total_bytes
+
+
+def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
+    """(decoded bytes, stream elements) of one stored tensor entry, after checking every field."""
+    where = f"tensor {name!r}"
+    shape = _shape(t.get("shape"), where)
+    numel = math.prod(shape)
+    _str(t.get("dtype"), f"{where} dtype")
+    _str(t.get("format"), f"{where} format")
+    if not isinstance(t.get("params"), dict):
+        raise ArtifactError(f"{where}: params is not an object")
+    out_size = output_itemsize(t["dtype"], where)
+    quantizer = quantizer_for(t, where)
+    if quantizer is not None and quantizer.float_only != t["dtype"].startswith(("float", "bfloat")):
+        # What a float format would give an integer tensor (or raw integers a float one) depends
+        # on how a reader casts (torch and numpy differ): no writer makes one, so none is read.
+        kind = "a float" if quantizer.float_only else "an integer or bool"
+        raise ArtifactError(f"{where}: format {t['format']} stands for {kind} tensor, not {t['dtype']}")
+    streams = t.get("streams")
+    if not isinstance(streams, dict) or "codes" not in streams or set(streams) - set(fmt.STREAM_KINDS):
+        raise ArtifactError(f"{where}: streams must hold codes (and scales/zeros)")
+    stream_bytes = elements = 0
+    shapes: dict[str, tuple[int, ...]] = {}
+    for kind in [k for k in fmt.STREAM_KINDS if k in streams]:
+        s = streams[kind]
+        swhere = f"{where} {kind}"
+        if not isinstance(s, dict):
+            raise ArtifactError(f"{swhere}: not an object")
+        codec, dtype = s.get("codec"), s.get("dtype")
+        if not isinstance(codec, str) or codec not in Codec.registry:
+            raise ArtifactError(f"{swhere}: unknown codec {_short(codec)}")
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise ArtifactError(f"{swhere}: unsupported dtype {_short(dtype)}")
+        if not isinstance(s.get("params"), dict) or not isinstance(s.get("sha256"), str):
+            raise ArtifactError(f"{swhere}: params/sha256 missing")
+        off, length = s.get("offset"), s.get("length")
+        if not (_is_int(off) and _is_int(length) and 0 <= off and 0 <= length and off + length <= plen):
+            raise ArtifactError(f"{swhere}: bytes [{off}, {off}+{length}) outside the payload")
+        sshape = shapes[kind] = _shape(s.get("shape"), swhere)
+        n = math.prod(sshape)
+        elements += n
+        stream_bytes += n * DTYPES[dtype].itemsize
+        if codec == "raw" and length != n * DTYPES[dtype].itemsize:
+            raise ArtifactError(f"{swhere}: raw stream length does not match its shape")
+    G_L = shapes["codes"]
+    if len(G_L) != 2:
+        raise ArtifactError(f"{where} codes: shape {list(G_L)} is not [groups, group length]")
+    G, L = G_L
+    # Padding fills the last group only: G = ceil(numel / L) (G * L = numel when both are 0).
+    if G * L < numel or (G * L > numel and (G - 1) * L >= numel):
+        raise ArtifactError(f"{where} codes: shape {list(G_L)} does not hold {numel} values "
+                            "with padding in the last group only")
+    for kind in ("scales", "zeros"):
+        if kind in shapes and shapes[kind] != (G,):
+            raise ArtifactError(f"{where} {kind}: expected one value per code row ({G})")
+    if quantizer is not None:
+        why = quantizer.check_streams({k: streams[k]["dtype"] for k in shapes})
+        if why:
+            raise ArtifactError(f"{where}: {why}")
+    stage = out_size if t["format"] == "raw" else max(out_size, FLOAT_STAGE_BYTES)
+    return max(numel * stage, stream_bytes) + 8 * G, elements
+
+
+def check_decoded(name: str, qt) -> None:
+    """After decoding: code values in the format's range, finite scales and zeros."""
+    reg = _quant()
+    if reg is None:
+        return
+    why = reg.get(qt.format, **qt.params).check_values(qt)
+    if why:
+        raise ArtifactError(f"tensor {name!r}: {why}")
+

@@ -1,0 +1,100 @@
+"""Train independent (scheme, seed) models in parallel processes, one per GPU where there are GPUs.
+
+``recurnorm roundtrip --jobs N`` calls ``train_parallel`` before its measuring
+loop: every model it would otherwise train one after another is trained by a
+pool of N spawned processes and saved as a checkpoint, which the loop then
+loads. Each job is the very call the sequential path makes (same config, seed,
+pair_init and hyper-parameters), so on CPU the weights are bit-identical; on a
+machine with GPUs job i runs on GPU ``i % n_gpus``, and on CPU each process
+gets ``cpu_count // N`` torch threads so the jobs do not fight over cores.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """One model to train: its key, config, seed and where its checkpoint goes."""
+
+    scheme: str
+    seed: int
+    config: dict
+    out: str
+
+
+@dataclass(frozen=True)
+class JobResult:
+    scheme: str
+    seed: int
+    path: str
+    elapsed_s: float
+    device: str
+
+
+def job_devices(n_jobs: int) -> list[str]:
+    """The device of each job slot: the GPUs in turn, or the CPU."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [f"cuda:{i % gpus}" if gpus else "cpu" for i in range(n_jobs)]
+
+
+_DEVICE = "cpu"  # this worker process's device, set once by _init_worker
+
+
+def _init_worker(slots, threads: int) -> None:
+    """Take one device slot for the life of this worker, so two workers never share a GPU."""
+    import torch
+
+    global _DEVICE
+    _DEVICE = slots.get()
+    torch.set_num_threads(threads)
+
+
+def _run_job(job: TrainJob, data: Any, tokenizer: str | None, train_kw: dict) -> JobResult:
+    """One job in a worker process (top level: spawn must import it)."""
+    from ..model import ModelConfig, save_checkpoint
+    from ..train.data import load_corpus
+    from ..train.loop import train
+
+    device = _DEVICE
+    corpus = load_corpus(data, tokenizer=tokenizer) if isinstance(data, (str, os.PathLike)) else data
+    t0 = time.perf_counter()
+    result = train(ModelConfig.from_dict(job.config), corpus, seed=job.seed, pair_init=True,
+                   progress=False, device=device, **train_kw)  # fmt: skip
+    save_checkpoint(result.model, job.out, force=True)
+    return JobResult(job.scheme, job.seed, job.out, time.perf_counter() - t0, device)
+
+
+def train_parallel(
+    jobs: list[TrainJob], *, data: Any, tokenizer: str | None, train_kw: dict, n_jobs: int,
+    on_done: Callable[[JobResult], None] | None = None,
+) -> dict[tuple[str, int], JobResult]:  # fmt: skip
+    """Run the jobs on n_jobs processes; {(scheme, seed): JobResult}. A failing job raises."""
+    if not jobs:
+        return {}
+    n = max(1, min(int(n_jobs), len(jobs)))
+    devices = job_devices(n)
+    threads = max(1, (os.cpu_count() or 1) // n)
+    results: dict[tuple[str, int], JobResult] = {}
+    ctx = mp.get_context("spawn")
+    slots = ctx.SimpleQueue()
+    for dev in devices:
+        slots.put(dev)
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init_worker,
+                             initargs=(slots, threads)) as pool:  # fmt: skip
+        futures = {pool.submit(_run_job, job, data, tokenizer, train_kw): job for job in jobs}
+        for fut in as_completed(futures):
+            res = fut.result()  # re-raises the worker's error (a RecurnormError keeps its type)
+            results[(res.scheme, res.seed)] = res
+            if on_done is not None:
+                on_done(res)
+    return results

@@ -1,0 +1,366 @@
+"""``pack --fit BYTES``: choose a format per tensor that minimizes predicted Δloss under a byte budget.
+
+1. Candidates: every weight matrix and embedding the policy would quantize
+   (controls, vectors, user rules and QAT projections stay as the policy says).
+2. Bytes: the whole model is packed once per candidate format and each
+   tensor's bytes are read from the artifact's manifest (the packer's measured
+   stream lengths, not estimates); everything else (controls, manifest) is the
+   fixed part.
+3. Sensitivity of each tensor to each format: Δloss on calibration batches of
+   the *training* split with that tensor alone quantized (direct; the loss is
+   what the knapsack adds up). A checkpoint recurnorm cannot evaluate falls
+   back to a weight-space proxy (relative reconstruction error times size),
+   and the result says so.
+4. A multiple-choice knapsack (dynamic programming over bytes in fine units,
+   each tensor's bytes rounded *up*, so the prediction never undershoots)
+   minimizes the summed Δloss subject to the budget.
+5. The choice is packed for real; if the measured artifact lands over the
+   budget (codecs are not exactly additive), the budget is tightened by the
+   miss and the knapsack solved again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..errors import ConfigError, OverCapError
+from ..quant.qtensor import QTensor
+from .policy import FIT_RULE, ExportPolicy, Plan, Rule, format_spec
+
+# Candidate formats, widest first. Ternary only where asked (--fit-formats): a model
+# not trained for it loses far more than the bytes are worth.
+DEFAULT_FORMATS = ("int8", "int7", "int6", "int5", "int4")
+CANDIDATE_REASONS = ("weight", "embedding")
+DP_UNITS = 100_000  # knapsack resolution: each tensor's bytes are rounded up to budget / DP_UNITS
+MAX_REPAIRS = 6
+
+# (state, policy) -> (qtensors, plan): how the export quantizes (RTN, or GPTQ for the grid formats)
+Quantize = Callable[[dict[str, Tensor], ExportPolicy], tuple[dict[str, QTensor], Plan]]
+# {name: replacement float tensor} -> loss on the calibration batches
+LossFn = Callable[[dict[str, Tensor]], float]
+
+
+@dataclass
+class FitResult:
+    """What --fit chose, what it predicted and what the packer measured."""
+
+    policy: ExportPolicy
+    data: bytes
+    allocation: dict[str, str]  # candidate tensor -> format spec
+    predicted_bytes: int
+    measured_bytes: int
+    budget_bytes: int  # for the artifact alone (the fit budget minus code)
+    predicted_dloss: float
+    method: str
+    formats: tuple[str, ...]
+    bytes_table: dict[str, dict[str, int]] = field(default_factory=dict)
+    sensitivity: dict[str, dict[str, float]] = field(default_factory=dict)
+    uniform_bytes: dict[str, int] = field(default_factory=dict)  # whole artifact per format
+
+    @property
+    def direct(self) -> bool:
+        """True when the sensitivities estimate Δloss (direct or Fisher), not the weight-space proxy."""
+        return not self.method.startswith("weight-space")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (allocation, predicted vs measured, the method)."""
+        return {"allocation": self.allocation, "predicted_bytes": self.predicted_bytes,
+                "measured_bytes": self.measured_bytes, "budget_bytes": self.budget_bytes,
+                "predicted_dloss": self.predicted_dloss, "method": self.method,
+                "formats": list(self.formats), "uniform_bytes": self.uniform_bytes}  # fmt: skip
+
+    def lines(self) -> str:
+        """The allocation and predicted vs measured size, for people."""
+        counts: dict[str, int] = {}
+        for spec in self.allocation.values():
+            counts[spec] = counts.get(spec, 0) + 1
+        width = max((len(n) for n in self.allocation), default=6)
+        out = [f"fit: {self.method}"]
+        out += [f"  {n:<{width}}  {spec:<10} {self.bytes_table[n][spec]:>11,} B  "
+                f"{'Δloss' if self.direct else 'proxy'} {self.sensitivity[n][spec]:+.2e}"
+                for n, spec in self.allocation.items()]  # fmt: skip
+        out.append("fit: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) +
+                   f"; predicted {self.predicted_bytes:,} B, measured {self.measured_bytes:,} B "
+                   f"({(self.measured_bytes / max(self.predicted_bytes, 1) - 1) * 100:+.2f}%), "
+                   f"budget {self.budget_bytes:,} B for the artifact; "
+                   + (f"predicted Δloss {self.predicted_dloss:+.4f} nats/token" if self.direct
+                      else f"proxy error {self.predicted_dloss:.4g} (weight-space units)"))
+        return "\n".join(out)
+
+
+def parse_formats(text: str | None) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """``int8,int6,int4:group=128`` -> validated (format, options), widest first as given."""
+    from .spec import parse_format
+
+    items = DEFAULT_FORMATS if not text else tuple(s.strip() for s in text.split(","))
+    specs = tuple(parse_format(s, "--fit-formats") for s in items)
+    if len(specs) < 1:
+        raise ConfigError("--fit-formats needs at least one format")
+    return specs
+
+
+def _uniform_policy(policy: ExportPolicy, names: list[str], fmt: str, opts: dict) -> ExportPolicy:
+    from dataclasses import replace
+
+    fit_rules = tuple(Rule(n, fmt, opts, FIT_RULE) for n in names)
+    return replace(policy, rules=fit_rules + policy.rules)
+
+
+def _alloc_policy(policy: ExportPolicy, alloc: dict[str, tuple[str, dict]], plan: Plan) -> ExportPolicy:
+    """The policy plus one exact rule per tensor whose chosen format differs from the policy's own
+    (so that a fit which changes nothing writes the very artifact the policy alone writes)."""
+    from dataclasses import replace
+
+    fit_rules = tuple(Rule(n, f, o, FIT_RULE) for n, (f, o) in alloc.items()
+                      if (f, o) != tuple(plan[n][:2]))  # fmt: skip
+    return replace(policy, rules=fit_rules + policy.rules)
+
+
+def _pack(qts: dict[str, QTensor], plan: Plan, policy: ExportPolicy, metadata: dict,
+          effort: str) -> tuple[bytes, dict[str, int]]:
+    """(artifact bytes, packed bytes per stored tensor) through the real packer."""
+    from ..budget.api import pack_qtensors, read_artifact, tensor_stats
+    from .pack import export_metadata
+
+    data = pack_qtensors(qts, {**metadata, "export": export_metadata(policy, plan)}, effort=effort)
+    rows = tensor_stats(read_artifact(data).manifest)
+    return data, {r["name"]: int(r["bytes"]) for r in rows}
+
+
+def default_quantize(state: dict[str, Tensor], policy: ExportPolicy):
+    from .pack import quantize
+
+    return quantize(state, policy)
+
+
+def solve(costs: np.ndarray, losses: np.ndarray, capacity: int) -> list[int] | None:
+    """Multiple-choice knapsack: one column per row minimizing Σ losses with Σ costs <= capacity.
+
+    costs, losses: [n, k]; costs are non-negative ints. None when nothing fits.
+    """
+    n, k = costs.shape
+    if capacity < 0 or int(costs.min(axis=1).sum()) > capacity:
+        return None
+    dp = np.zeros(capacity + 1)
+    choice = np.zeros((n, capacity + 1), dtype=np.int16)
+    for i in range(n):
+        new = np.full(capacity + 1, np.inf)
+        for j in range(k):
+            c = int(costs[i, j])
+            if c > capacity:
+                continue
+            cand = np.full(capacity + 1, np.inf)
+            cand[c:] = dp[: capacity + 1 - c] + losses[i, j]
+            better = cand < new
+            new[better] = cand[better]
+            choice[i, better] = j
+        dp = new
+    if not np.isfinite(dp[capacity]):
+        return None
+    picks, b = [0] * n, capacity
+    for i in range(n - 1, -1, -1):
+        j = int(choice[i, b])
+        picks[i] = j
+        b -= int(costs[i, j])
+    return picks
+
+
+def calibration_loss_fn(model: nn.Module, batches: list[Tensor]) -> LossFn:
+    """Mean next-token cross entropy on training-split windows with some weights swapped in."""
+    params = dict(model.state_dict(keep_vars=False))
+
+    @torch.no_grad()
+    def fn(replace: dict[str, Tensor]) -> float:
+        saved = {n: params[n].detach().clone() for n in replace}
+        try:
+            for n, t in replace.items():
+                params[n].copy_(t.to(params[n].dtype))
+            total, count = 0.0, 0
+            for x in batches:
+                logits = model(x[:, :-1])
+                ce = nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1), reduction="sum")
+                total, count = total + float(ce), count + x[:, 1:].numel()
+            return total / max(count, 1)
+        finally:
+            for n, t in saved.items():
+                params[n].copy_(t)
+
+    return fn
+
+
+def fisher_diagonal(model: nn.Module, batches: list[Tensor], micro: int = 1) -> dict[str, Tensor]:
+    """{state-dict name: E[g²]}: squared gradients of the next-token loss over micro-batches.
+
+    The diagonal Fisher estimate of the loss curvature: Δloss of a perturbation δ is
+    about ½ Σ F δ². One backward per micro-batch of ``micro`` windows (training split).
+    """
+    named = model.state_dict(keep_vars=True)  # tied weights under each of their names
+    params = {n: p for n, p in named.items() if isinstance(p, nn.Parameter) and p.requires_grad}
+    acc = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
+    was_training = model.training
+    model.eval()
+    count = 0
+    try:
+        for batch in batches:
+            for x in batch.split(micro):
+                model.zero_grad(set_to_none=True)
+                logits = model(x[:, :-1])
+                nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                            x[:, 1:].reshape(-1)).backward()
+                for n, p in params.items():
+                    if p.grad is not None:
+                        acc[n] += p.grad.detach().float().square()
+                count += 1
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return {n: a / max(count, 1) for n, a in acc.items()}
+
+
+def fisher_proxy(fisher: Tensor, original: Tensor, approx: Tensor) -> float:
+    """½ Σ F (W − Ŵ)²: the second-order estimate of the Δloss of one quantized tensor."""
+    d = original.detach().float() - approx.float()
+    return 0.5 * float((fisher.reshape(d.shape) * d.square()).sum())
+
+
+def weight_proxy(original: Tensor, approx: Tensor) -> float:
+    """Relative reconstruction error weighted by size: Σ(W − Ŵ)² / mean(W²)."""
+    w = original.detach().float()
+    ms = float(w.square().mean())
+    return float((w - approx.float()).square().sum()) / ms if ms > 0 else 0.0
+
+
+def fit_budget(
+    state: dict[str, Tensor], policy: ExportPolicy, budget_bytes: int, *,
+    formats=None, loss_fn: LossFn | None = None, fisher: dict[str, Tensor] | None = None,
+    method: str = "",
+    quantize_fn: Quantize | None = None, metadata: dict | None = None, effort: str = "normal",
+    code_bytes: int = 0, progress: Callable[[str], None] | None = None,
+) -> FitResult:  # fmt: skip
+    """Choose formats for the candidate tensors so that artifact + code_bytes <= budget_bytes.
+
+    ``fisher`` (diagonal Fisher per tensor) gives the second-order sensitivity;
+    else ``loss_fn`` measures the calibration loss with some tensors replaced
+    (direct sensitivity); neither falls back to the weight-space proxy. OverCapError names
+    the smallest achievable size when even the narrowest format is too big.
+    """
+    from ..quant import dequantize
+
+    formats = parse_formats(None) if formats is None else tuple(formats)
+    quantize_fn = quantize_fn or default_quantize
+    metadata = dict(metadata or {})
+    say = progress or (lambda _msg: None)
+    avail = budget_bytes - code_bytes
+    plan = policy.plan(state)
+    names = sorted(n for n, (_, _, why) in plan.items() if why in CANDIDATE_REASONS)
+    if not names:
+        raise ConfigError("--fit: the policy leaves no weight matrix or embedding to choose a format for")
+
+    # 2. measured bytes of every candidate under every format (one real pack per format)
+    specs = [format_spec(f, o) for f, o in formats]
+    bytes_table: dict[str, dict[str, int]] = {n: {} for n in names}
+    deq: dict[str, dict[str, Tensor]] = {n: {} for n in names}
+    uniform: dict[str, int] = {}
+    fixed: list[int] = []
+    aliases: dict[str, str] = {}  # tied tensors: one QTensor, one choice (the first name's)
+    all_names = names
+    for (fmt, opts), spec in zip(formats, specs, strict=True):
+        say(f"fit: packing every candidate as {spec}")
+        pol = _uniform_policy(policy, all_names, fmt, opts)
+        qts, pplan = quantize_fn(state, pol)
+        if names is all_names:  # the first pack: find the tied tensors
+            first: dict[int, str] = {}
+            for n in all_names:
+                aliases.update({n: first[id(qts[n])]} if id(qts[n]) in first else {})
+                first.setdefault(id(qts[n]), n)
+            names = [n for n in all_names if n not in aliases]
+            bytes_table = {n: {} for n in names}
+        data, per_tensor = _pack(qts, pplan, pol, metadata, effort)
+        uniform[spec] = len(data)
+        for n in names:
+            bytes_table[n][spec] = per_tensor.get(n, 0)
+            deq[n][spec] = dequantize(qts[n], original_dtype=True)
+        fixed.append(len(data) - sum(bytes_table[n][spec] for n in names))
+    fixed_bytes = max(fixed)
+    smallest = min(uniform.values())
+    if smallest + code_bytes > budget_bytes:
+        narrow = min(uniform, key=uniform.get)
+        raise OverCapError(
+            f"--fit {budget_bytes:,} is impossible: the smallest achievable artifact is "
+            f"{smallest:,} bytes (every candidate tensor at {narrow}) + code {code_bytes:,} = "
+            f"{smallest + code_bytes:,} bytes", {"smallest_bytes": smallest, "code_bytes": code_bytes})
+
+    # 3. sensitivity of each tensor to each format
+    sens: dict[str, dict[str, float]] = {n: {} for n in names}
+    if fisher is not None:
+        for n in names:
+            for spec in specs:
+                sens[n][spec] = fisher_proxy(fisher[n], state[n], deq[n][spec])
+        method = method or "Fisher (½ Σ F δ²) per tensor on training-split calibration batches"
+    elif loss_fn is not None:
+        base = loss_fn({})
+        for i, n in enumerate(names):
+            say(f"fit: sensitivity {i + 1}/{len(names)} {n}")
+            for spec in specs:
+                sens[n][spec] = loss_fn({n: deq[n][spec]}) - base
+        method = method or "direct Δloss per tensor on training-split calibration batches"
+    else:
+        for n in names:
+            for spec in specs:
+                sens[n][spec] = weight_proxy(state[n], deq[n][spec])
+        method = method or ("weight-space proxy (relative reconstruction error x size): "
+                            "recurnorm cannot evaluate this checkpoint")
+    # Wider is never predicted worse than narrower (measurement noise), and ties go to the wider.
+    order = sorted(range(len(specs)), key=lambda j: -np.mean([bytes_table[n][specs[j]] for n in names]))
+    losses = np.zeros((len(names), len(specs)))
+    costs_b = np.zeros((len(names), len(specs)), dtype=np.int64)
+    for i, n in enumerate(names):
+        run = 0.0
+        scale = max(abs(v) for v in sens[n].values()) or 1.0
+        for rank, j in enumerate(order):
+            run = max(run, sens[n][specs[j]], 0.0)
+            losses[i, j] = run + 1e-9 * scale * rank
+            costs_b[i, j] = bytes_table[n][specs[j]]
+
+    # 4.-5. knapsack, real pack, tighten on a miss
+    target = avail - fixed_bytes
+    # The widest everywhere is optimal when it fits: try it first when it is about the budget
+    # (metadata differs by a few bytes between the measuring packs and the final one).
+    try_widest = uniform[specs[order[0]]] <= avail * 1.005
+    for _attempt in range(MAX_REPAIRS + 1):
+        unit = max(1, math.ceil(max(target, 1) / DP_UNITS))
+        picks = [order[0]] * len(names) if try_widest else \
+            solve(-(-costs_b // unit), losses, target // unit)
+        if picks is None:
+            picks = [order[-1]] * len(names)  # the narrowest everywhere: known to fit
+        alloc = {n: formats[j] for n, j in zip(names, picks, strict=True)}
+        pol = _alloc_policy(policy, {**alloc, **{a: alloc[t] for a, t in aliases.items()}}, plan)
+        qts, pplan = quantize_fn(state, pol)
+        data, _ = _pack(qts, pplan, pol, metadata, effort)
+        predicted = fixed_bytes + int(sum(costs_b[i, j] for i, j in enumerate(picks)))
+        say(f"fit: predicted {predicted:,} B, measured {len(data):,} B")
+        if len(data) <= avail:
+            break
+        if try_widest:
+            try_widest = False
+            continue
+        target -= len(data) - avail + max(64, len(data) // 5000)
+    else:
+        raise OverCapError(f"--fit {budget_bytes:,}: could not land under the budget after "
+                           f"{MAX_REPAIRS} tries (last {len(data) + code_bytes:,} bytes)")
+    return FitResult(
+        policy=pol, data=data,
+        allocation={n: format_spec(*alloc[n]) for n in names},
+        predicted_bytes=predicted, measured_bytes=len(data), budget_bytes=avail,
+        predicted_dloss=float(sum(sens[n][specs[j]] for n, j in zip(names, picks, strict=True))),
+        method=method, formats=tuple(specs), bytes_table=bytes_table, sensitivity=sens,
+        uniform_bytes=uniform,
+    )  # fmt: skip

@@ -1,0 +1,150 @@
+"""State dicts and checkpoints to artifact bytes through one policy; the rule of each tensor kept.
+
+Every artifact carries ``metadata["export"] = {"policy": <one line>, "rules":
+{tensor: <the rule that chose its format>}}`` so that ``inspect`` can say why
+each tensor has its format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from ..quant.qtensor import QTensor
+from .policy import ExportPolicy, Plan
+
+
+def export_metadata(policy: ExportPolicy, plan: Plan) -> dict:
+    """The ``export`` metadata entry: the policy line and the rule of every tensor."""
+    return {"policy": policy.summary(), "rules": {n: reason for n, (_, _, reason) in sorted(plan.items())}}
+
+
+def quantize(state: dict[str, Tensor], policy: ExportPolicy,
+             replace: dict[str, QTensor] | None = None) -> tuple[dict[str, QTensor], Plan]:
+    """(QTensors, plan): tied tensors share one QTensor; ``replace`` swaps in QTensors (GPTQ)."""
+    from ..budget.api import export_qtensors
+
+    qts = export_qtensors(state, policy=policy)
+    for name, qt in (replace or {}).items():
+        old = qts[name]
+        for n in [n for n, v in qts.items() if v is old]:  # its aliases follow
+            qts[n] = qt
+    return qts, policy.plan(state)
+
+
+def pack_state(state: dict[str, Tensor], policy: ExportPolicy, metadata: dict | None = None, *,
+               effort: str = "normal", codecs=None, replace: dict[str, QTensor] | None = None) -> bytes:
+    """Artifact bytes of a state dict under a policy (export rules recorded in the metadata)."""
+    from ..budget.api import pack_qtensors
+
+    qts, plan = quantize(state, policy, replace)
+    meta = {**(metadata or {}), "export": export_metadata(policy, plan)}
+    return pack_qtensors(qts, meta, codecs, effort)
+
+
+def checkpoint_policy(policy: ExportPolicy, config: dict | None,
+                      source: str = "checkpoint") -> tuple[ExportPolicy, dict | None]:
+    """(policy, config for the metadata): a QAT checkpoint ships exactly the codes training saw.
+
+    Its projections use the recorded QAT quantizer whatever -q says; the config
+    is marked exported so that loaders do not fake-quantize the grid weights again.
+    """
+    from .qat import export_config, is_qat_pending, qat_policy
+
+    if not is_qat_pending(config, source):
+        return policy, config
+    from ..model import ModelConfig
+
+    model_config = ModelConfig.from_dict(config)
+    return qat_policy(model_config, base=policy), export_config(model_config)
+
+
+def pack(state_dict_or_model, quant: str = "int8", policy: ExportPolicy | None = None,
+         metadata: dict | None = None, codecs=None, effort: str = "normal", *,
+         config: dict | None = None, **quant_options) -> bytes:
+    """``recurnorm.pack``: quantize a state dict (or a model) with the export policy and pack it.
+
+    ``quant`` is a -q string (``int6``, ``int4:group=128``, rules); options may
+    also come as keywords. A model brings its config into the metadata (a state
+    dict may pass ``config=``), and a QAT model is exported with the QAT policy,
+    as ``recurnorm pack`` does.
+    """
+    from torch import nn
+
+    from .policy import state_dict_for_export
+    from .spec import build_policy
+
+    state = state_dict_or_model
+    if isinstance(state_dict_or_model, nn.Module):
+        state = state_dict_for_export(state_dict_or_model)
+        cfg = getattr(state_dict_or_model, "config", None)
+        config = cfg.to_dict() if hasattr(cfg, "to_dict") else config
+    if policy is None:
+        policy = build_policy(quant)
+        if quant_options:
+            from dataclasses import replace
+
+            from .spec import check_format
+
+            check_format(policy.quantizer, {**policy.options, **quant_options}, "pack")
+            policy = replace(policy, options={**policy.options, **quant_options})
+    policy, config = checkpoint_policy(policy, config)
+    meta = dict(metadata or {})
+    if config is not None:
+        meta.setdefault("config", config)
+    return pack_state(state, policy, meta, effort=effort, codecs=codecs)
+
+
+@dataclass
+class Packed:
+    """A packed checkpoint: bytes, per-tensor rows (with the rule), the policy used, notes to print."""
+
+    data: bytes
+    rows: list[dict]
+    policy: ExportPolicy
+    metadata: dict
+    notes: list[str] = field(default_factory=list)
+    fit: Any = None  # a fit.FitResult when --fit chose the formats
+
+
+def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None) -> tuple[list[dict], dict]:
+    """(tensor_stats rows with each tensor's ``rule``, metadata) of artifact bytes."""
+    from ..budget.api import read_artifact, tensor_stats
+
+    art = read_artifact(data, max_decoded_bytes)  # decode once: proves the round trip, gives bounds
+    rows = tensor_stats(art.manifest, art.qtensors)
+    rules = (art.metadata.get("export") or {}).get("rules") or {}
+    for row in rows:
+        row["rule"] = rules.get(row["name"], "alias" if "alias_of" in row else "unknown (no export record)")
+    return rows, art.metadata
+
+
+def pack_checkpoint(ckpt: str | Path, policy: ExportPolicy, *, effort: str = "normal",
+                    replace: dict[str, QTensor] | None = None, state=None, config=None,
+                    extra_metadata: dict | None = None) -> Packed:
+    """Pack a checkpoint (dir, .safetensors, .pt/.pth/.bin) under a policy."""
+    from ..budget.api import load_checkpoint_state
+
+    ckpt = Path(ckpt)
+    if state is None:
+        state, config = load_checkpoint_state(ckpt)
+    policy, config = checkpoint_policy(policy, config, str(ckpt))
+    metadata = {"quant": policy.quantizer, "source": ckpt.name, **(extra_metadata or {})}
+    if config is not None:
+        metadata["config"] = config
+    data = pack_state(state, policy, metadata, effort=effort, replace=replace)
+    rows, metadata = rows_with_rules(data)
+    return Packed(data, rows, policy, metadata)
+
+
+def rules_table(rows: list[dict]) -> str:
+    """tensor, format and the rule that chose it, in manifest order (aliases included)."""
+    width = max((len(r["name"]) for r in rows), default=6)
+    lines = [f"{'tensor':<{width}}  {'format':<8} rule"]
+    for r in rows:
+        fmt = f"= {r['alias_of']}" if "alias_of" in r else r["format"]
+        lines.append(f"{r['name']:<{width}}  {fmt:<8} {r.get('rule', '')}")
+    return "\n".join(lines)

@@ -1,0 +1,230 @@
+"""ExportPolicy: which tensor gets which format, and why — every rule in one visible place.
+
+Decision order for each tensor (first rule that applies wins):
+
+1. non-float tensor                        -> ``raw`` (exact)
+2. name matches an ``overrides`` glob      -> that (format, options); forced, reaches every
+                                              tensor (the QAT projections, lossless exports)
+3. user ``rules`` in order (``-q 'PATTERN=FORMAT,...'``, ``--policy``, ``--keep-float``):
+   a pattern with wildcards reaches weights and embeddings only; a control tensor or a
+   small vector is changed only by a rule that names it exactly
+4. control tensor (norm gains, gates,      -> ``fp32``, or the main quantizer when
+   scalars, LayerRoPE, ``spec.``, the         ``quantize_controls`` (fragility probe)
+   Parameter Golf baseline's ``attn_scale``,
+   ``mlp_scale``, ``resid_mix``, ``q_gain``, ``skip_weight``) up to
+   ``control_max_numel`` elements
+5. embedding (recurnorm ``embed``/``head``, -> ``embedding_format`` (int8 unless the main
+   Parameter Golf ``tok_emb``/``lm_head``,     format is a float passthrough)
+   Hugging Face ``embed_tokens``/``wte``/...)
+6. a *vector* of <= ``keep_float_max_numel`` -> ``small_float_format`` (fp16): biases cost little
+7. everything else (every weight matrix,   -> ``quantizer`` with ``options``
+   whatever its size)
+
+Rule 6 used to keep every float tensor of <= 65,536 elements in fp16 (the
+Parameter Golf baseline's rule). On recurnorm's tiny models every matrix is
+that small, so ``-q ternary`` exported no ternary weight at all; now the
+requested format reaches every weight matrix.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import QuantError
+from ..quant.qtensor import QTensor
+from ..quant.registry import available, get
+
+DEFAULT_QUANTIZER = "int8"
+KEEP_FLOAT_MAX_NUMEL = 65_536  # small float *vectors* cost little: keep them fp16
+PASSTHROUGH = ("fp32", "fp16", "bf16")
+
+# Name conventions, one block per family. Globs, matched against state-dict names.
+RECURNORM_CONTROLS = (
+    "*norm*.weight",  # RMSNorm gains, including final_norm and <proj>.input_norm
+    "*.input_norm.*",
+    "spec.*",  # step-specific controls: per-step gains, gates, scalars, LayerRoPE
+    "*gate*",
+    "*gain*",
+    "*scale*",
+    "*scalar*",
+    "*rope*",
+    "*alpha*",
+    "*beta*",
+)
+# The Parameter Golf baseline's CONTROL_TENSOR_NAME_PATTERNS (kept fp32 by its export).
+PARAMETER_GOLF_CONTROLS = ("*attn_scale*", "*mlp_scale*", "*resid_mix*", "*q_gain*", "*skip_weight*")
+HUGGING_FACE_CONTROLS = ("*layernorm*", "*layer_norm*", "*ln_f.*", "*ln_1.*", "*ln_2.*")
+CONTROL_PATTERNS = RECURNORM_CONTROLS + PARAMETER_GOLF_CONTROLS + HUGGING_FACE_CONTROLS
+# Step-specific *matrices* (LoRA adapters, unique blocks) are weights, not controls.
+CONTROL_MAX_NUMEL = 65_536
+
+RECURNORM_EMBEDDINGS = ("embed.weight", "head.weight")
+PARAMETER_GOLF_EMBEDDINGS = ("tok_emb.weight", "lm_head.weight")
+HUGGING_FACE_EMBEDDINGS = (
+    "*embed_tokens.weight", "*.lm_head.weight", "*wte.weight", "*word_embeddings.weight",
+    "embed_out.weight", "*.embed_out.weight",
+)  # fmt: skip
+EMBEDDING_NAMES = RECURNORM_EMBEDDINGS + PARAMETER_GOLF_EMBEDDINGS + HUGGING_FACE_EMBEDDINGS
+
+WILDCARDS = frozenset("*?[")
+FIT_RULE = "fit"  # the text of the exact-name rules pack --fit writes (the format is in the row)
+
+Plan = dict[str, tuple[str, dict[str, Any], str]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``pattern=format(options)``: one user rule; `text` is how the user wrote it."""
+
+    pattern: str
+    format: str
+    options: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
+
+    @property
+    def exact(self) -> bool:
+        """True when the pattern names one tensor (no wildcard): it may reach controls."""
+        return not (WILDCARDS & set(self.pattern))
+
+    def label(self) -> str:
+        """How inspect names the rule."""
+        return self.text or f"{self.pattern}={format_spec(self.format, self.options)}"
+
+
+def format_spec(fmt: str, options: dict[str, Any]) -> str:
+    """``int4:group=128`` — the -q spelling of a format and its options."""
+    opts = "".join(f":{k}={_value_text(v)}" for k, v in options.items())
+    return fmt + opts
+
+
+def _value_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return "none" if v is None else str(v)
+
+
+def _matches(name: str, patterns) -> bool:
+    return any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+@dataclass
+class ExportPolicy:
+    """Which format each tensor of a state dict is exported with (see the module docstring)."""
+
+    quantizer: str = DEFAULT_QUANTIZER
+    options: dict[str, Any] = field(default_factory=dict)
+    keep_float_max_numel: int = KEEP_FLOAT_MAX_NUMEL
+    small_float_format: str = "fp16"
+    control_patterns: tuple[str, ...] = CONTROL_PATTERNS
+    control_max_numel: int = CONTROL_MAX_NUMEL
+    control_format: str = "fp32"
+    embedding_names: tuple[str, ...] = EMBEDDING_NAMES
+    embedding_format: str | None = None  # None: int8, or the main format when it is a float one
+    embedding_options: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    rules: tuple[Rule, ...] = ()
+    quantize_controls: bool = False
+    control_names: frozenset[str] = frozenset()  # e.g. model.control_names(), on top of patterns
+
+    def __post_init__(self) -> None:
+        self.control_names = frozenset(self.control_names)
+        self.rules = tuple(self.rules)
+        if self.embedding_format is None:
+            self.embedding_format = self.quantizer if self.quantizer in PASSTHROUGH else "int8"
+        for fmt, opts, where in self._choices():
+            if fmt not in available():
+                raise QuantError(f"export policy {where}: unknown format {fmt!r}; available: {', '.join(available())}")
+            get(fmt, **opts)  # QuantError on a bad option, before any tensor is touched
+
+    def _choices(self) -> list[tuple[str, dict[str, Any], str]]:
+        out = [
+            (self.quantizer, self.options, "quantizer"),
+            (self.small_float_format, {}, "small_float_format"),
+            (self.control_format, {}, "control_format"),
+            (self.embedding_format, self.embedding_options, "embedding_format"),
+        ]
+        for pattern, spec in self.overrides.items():
+            if not (isinstance(spec, (tuple, list)) and len(spec) == 2 and isinstance(spec[1], dict)):
+                raise QuantError(f"override {pattern!r} must be (format, options dict), got {spec!r}")
+            out.append((spec[0], spec[1], f"override {pattern!r}"))
+        out += [(r.format, r.options, f"rule {r.label()!r}") for r in self.rules]
+        return out
+
+    def is_control(self, name: str, t: Tensor) -> bool:
+        """A small control tensor: listed in control_names or matching a control pattern."""
+        if t.numel() > self.control_max_numel:
+            return False
+        return name in self.control_names or _matches(name, self.control_patterns)
+
+    def is_small_vector(self, t: Tensor) -> bool:
+        """A vector (or scalar) small enough to stay in float: biases, per-channel gains."""
+        return t.dim() < 2 and t.numel() <= self.keep_float_max_numel
+
+    def choose(self, name: str, t: Tensor) -> tuple[str, dict[str, Any], str]:
+        """(format, options, reason) for one tensor; the reason names the rule that chose it."""
+        if not t.is_floating_point():
+            return "raw", {}, f"non-float ({str(t.dtype).removeprefix('torch.')})"
+        for pattern, (fmt, opts) in self.overrides.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                return fmt, dict(opts), f"override {pattern}"
+        control = self.is_control(name, t)
+        protected = control or self.is_small_vector(t)
+        for rule in self.rules:
+            if (rule.exact and name == rule.pattern) or (
+                not rule.exact and not protected and fnmatch.fnmatchcase(name, rule.pattern)
+            ):
+                return rule.format, dict(rule.options), rule.text if rule.text == FIT_RULE else f"rule {rule.label()}"
+        if control:
+            if self.quantize_controls:
+                return self.quantizer, dict(self.options), "control (quantize_controls)"
+            return self.control_format, {}, "control"
+        if _matches(name, self.embedding_names):
+            return self.embedding_format, dict(self.embedding_options), "embedding"
+        if self.is_small_vector(t):
+            return self.small_float_format, {}, f"small vector (<= {self.keep_float_max_numel} elements)"
+        return self.quantizer, dict(self.options), "weight"
+
+    def plan(self, state_dict: dict[str, Tensor]) -> Plan:
+        """{name: (format, options, reason)} for every tensor of the state dict."""
+        return {name: self.choose(name, t) for name, t in state_dict.items()}
+
+    def export(self, state_dict: dict[str, Tensor], plan: Plan | None = None) -> dict[str, QTensor]:
+        """Quantize a whole state dict according to the plan (this policy's unless given)."""
+        plan = self.plan(state_dict) if plan is None else plan
+        return {name: get(fmt, **opts).quantize(state_dict[name], name=name)
+                for name, (fmt, opts, _) in plan.items()}  # fmt: skip
+
+    def summary(self) -> str:
+        """One line: the main format and every rule that differs from the defaults."""
+        fitted = any(r.text == FIT_RULE for r in self.rules)
+        # (short on purpose: --fit's artifact must not outgrow the uniform one it is compared with)
+        parts = ["--fit" if fitted else f"weights {format_spec(self.quantizer, self.options)}"]
+        parts += [f"rule {r.label()}" for r in self.rules if r.text != FIT_RULE]
+        parts += [f"override {p}={format_spec(f, o)}" for p, (f, o) in self.overrides.items()]
+        controls = self.quantizer if self.quantize_controls else self.control_format
+        parts += [f"embeddings {format_spec(self.embedding_format, self.embedding_options)}",
+                  f"controls {controls}", f"vectors <= {self.keep_float_max_numel:,} {self.small_float_format}",
+                  "non-float raw"]  # fmt: skip
+        return "export policy: " + "; ".join(parts)
+
+    def describe(self, state_dict: dict[str, Tensor] | None = None) -> str:
+        """A printable table: the rules, and the plan of a state dict if given."""
+        lines = [self.summary()]
+        if state_dict is not None:
+            plan = self.plan(state_dict)
+            width = max((len(n) for n in plan), default=4)
+            lines.append(f"{'tensor':<{width}}  {'shape':<14} {'format':<10} reason")
+            for name, (fmt, o, reason) in plan.items():
+                shape = "x".join(map(str, state_dict[name].shape)) or "scalar"
+                lines.append(f"{name:<{width}}  {shape:<14} {format_spec(fmt, o):<10} {reason}")
+        return "\n".join(lines)
+
+
+def state_dict_for_export(model: torch.nn.Module) -> dict[str, Tensor]:
+    """The model's state dict, detached on CPU (tied weights appear under each name)."""
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}

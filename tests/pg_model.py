@@ -1,0 +1,96 @@
+"""A tiny model with the Parameter Golf baseline's tensor names (train_gpt.py), for export tests.
+
+Names as the baseline has them: ``tok_emb.weight``, ``blocks.{i}.attn.c_q/c_k/c_v/proj.weight``,
+``blocks.{i}.attn.q_gain``, ``blocks.{i}.attn_scale``, ``blocks.{i}.mlp_scale``,
+``blocks.{i}.resid_mix``, ``blocks.{i}.mlp.fc/proj.weight``, ``skip_weights`` and an untied
+``lm_head.weight``. Usable as a ``--model-factory`` (``tests/pg_model.py:build``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+DEFAULTS = {"vocab_size": 256, "dim": 64, "n_layer": 4, "n_head": 2, "seq_len": 32}
+
+
+def rms(x: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, n_head: int):
+        super().__init__()
+        self.c_q, self.c_k, self.c_v = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+        self.proj = nn.Linear(dim, dim, bias=False)
+        self.q_gain = nn.Parameter(torch.full((n_head,), 1.5))
+        self.n_head = n_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        h = self.n_head
+        q, k, v = (lin(x).view(B, T, h, D // h).transpose(1, 2) for lin in (self.c_q, self.c_k, self.c_v))
+        q = rms(q) * self.q_gain[None, :, None, None]
+        y = F.scaled_dot_product_attention(q, rms(k), v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, D))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, n_head: int):
+        super().__init__()
+        self.attn = Attention(dim, n_head)
+        self.mlp = nn.ModuleDict({"fc": nn.Linear(dim, 2 * dim, bias=False),
+                                  "proj": nn.Linear(2 * dim, dim, bias=False)})  # fmt: skip
+        self.attn_scale = nn.Parameter(torch.ones(dim))
+        self.mlp_scale = nn.Parameter(torch.ones(dim))
+        self.resid_mix = nn.Parameter(torch.stack([torch.ones(dim), torch.zeros(dim)]))
+
+    def forward(self, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        x = self.resid_mix[0] * x + self.resid_mix[1] * x0
+        x = x + self.attn_scale * self.attn(rms(x))
+        return x + self.mlp_scale * self.mlp["proj"](F.relu(self.mlp["fc"](rms(x))).square())
+
+
+class PGModel(nn.Module):
+    def __init__(self, vocab_size: int, dim: int, n_layer: int, n_head: int, seq_len: int):
+        super().__init__()
+        self.seq_len = seq_len
+        self.tok_emb = nn.Embedding(vocab_size, dim)
+        self.blocks = nn.ModuleList(Block(dim, n_head) for _ in range(n_layer))
+        self.skip_weights = nn.Parameter(torch.ones(n_layer // 2, dim))
+        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = x0 = rms(self.tok_emb(idx))
+        half = len(self.blocks) // 2
+        skips = []
+        for i, block in enumerate(self.blocks):
+            if i >= half and skips:
+                x = x + self.skip_weights[i - half] * skips.pop()
+            x = block(x, x0)
+            if i < half:
+                skips.append(x)
+        return self.lm_head(rms(x))
+
+
+def build(config: dict | None) -> PGModel:
+    """The --model-factory entry point."""
+    return PGModel(**{**DEFAULTS, **(config or {})})
+
+
+def train_briefly(model: nn.Module, tokens, steps: int = 30, seed: int = 0) -> nn.Module:
+    """A few Adam steps on byte windows, so that the weights are not at their init."""
+    g = torch.Generator().manual_seed(seed)
+    toks = torch.as_tensor(tokens, dtype=torch.long)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    T = model.seq_len
+    for _ in range(steps):
+        starts = torch.randint(0, toks.numel() - T - 1, (8,), generator=g)
+        x = torch.stack([toks[s : s + T + 1] for s in starts])
+        logits = model(x[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
