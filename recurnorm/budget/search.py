@@ -452,7 +452,12 @@ def grid_candidates(stream: _Stream, cands: list[Candidate], rough: np.ndarray, 
     # alone had kr + kc rows.
     ranked = sorted((-(gain["row", kr] + gain["col", kc] - (kr * kc - kr - kc) * stream.nsym), kr, kc)
                     for kr in rks for kc in cks if kr * kc <= rans.MAX_CONTEXTS)
-    pairs = [(kr, kc) for g, kr, kc in ranked if g < 0][: None if how.all_grids else how.grids]
+    # The best k of each axis alone always (its pair often wins where tables are dear), then
+    # the best-ranked others.
+    best = (max(rks, key=lambda k: gain["row", k]), max(cks, key=lambda k: gain["col", k]))
+    pairs = [best] if best[0] * best[1] <= rans.MAX_CONTEXTS else []
+    pairs += [(kr, kc) for g, kr, kc in ranked if g < 0 and (kr, kc) != best]
+    pairs = pairs[: None if how.all_grids else how.grids]
     rows = len(ids["row", rks[0]])
     out = []
     for kr, kc in pairs:
@@ -483,6 +488,12 @@ def _choose_group(streams: list[_Stream], cands: list[list[Candidate]], group: l
     for j, a, b in zip(jobs, bounds, bounds[1:], strict=False):
         pairs = sorted((float(total[q, i]), i - a, q) for i in range(a, b) for q in range(len(PRECS))
                        if np.isfinite(total[q, i]))
+        # Distinct candidates first (each at its best precision), then their other precisions:
+        # the side data the estimate misjudges most (tables of wide alphabets) differs most
+        # between candidates, not between one candidate's precisions.
+        seen: set[int] = set()
+        firsts = [p for p in pairs if p[1] not in seen and not seen.add(p[1])]
+        pairs = firsts + [p for p in pairs if p not in firsts]
         finalists[j] = pairs[:1] if streams[j].big else pairs[: how.finalists]
     # Small streams: side data decides close calls, so it is measured; round r measures every
     # stream's r-th finalist at once, unless even free side data could not beat its best so far.
