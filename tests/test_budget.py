@@ -10,8 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from recurnorm.budget import Budget, pack_qtensors, read_artifact, verify_bytes
-from recurnorm.budget import compress
+from recurnorm.budget import Budget, compress, pack_qtensors, read_artifact, verify_bytes
 from recurnorm.budget import format as fmt
 from recurnorm.errors import ArtifactError, OverCapError
 from recurnorm.quant.qtensor import QTensor

@@ -136,7 +136,7 @@ def test_keep_float_and_policy_file(pg_ckpt, tmp_path):
 @pytest.mark.parametrize("args,named,listed", [
     (["-q", "int9"], "int9", "int8"),
     (["-q", "int4:bogus=1"], "bogus", "clip_search"),
-    (["-q", "int6:clip=sigma:3"], "clip", "clip_percentile"),
+    (["-q", "int6:clip=median:3"], "clip", "sigma:K"),
     (["-q", "blocks.*=int17"], "int17", "ternary"),
     (["-q", "int4:group=-3"], "group", "positive"),
 ])  # fmt: skip

@@ -13,8 +13,8 @@ import torch
 from click.testing import CliRunner
 from test_search import _embedding_like, _joint_like
 
-from recurnorm.budget import pack_qtensors, read_artifact, unpack
 from recurnorm.budget import format as fmt
+from recurnorm.budget import pack_qtensors, read_artifact, unpack
 from recurnorm.budget.api import export_qtensors
 from recurnorm.budget.loader import loader_source, minify
 from recurnorm.cli.main import main

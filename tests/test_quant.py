@@ -281,3 +281,19 @@ def test_bits_per_weight():
     assert q.bits_per_weight(q.get("int4", asymmetric=True).quantize(w)) == pytest.approx(4 + 32 / 64)
     assert q.bits_per_weight(q.get("nf4").quantize(w)) == pytest.approx(4 + 32 / 64)
     assert q.bits_per_weight(q.get("ternary").quantize(w)) == pytest.approx(np.log2(3) + 16 / 65536)
+
+
+def test_sigma_clip_from_the_cli_grammar():
+    """`-q int6:clip=sigma:3` (the Parameter Golf records' k * std(row) clip) parses and clips."""
+    from recurnorm.errors import ConfigError
+    from recurnorm.export.spec import parse_format
+
+    assert parse_format("int6:clip=sigma:3") == ("int6", {"clip": "sigma:3"})
+    with pytest.raises(ConfigError, match="clip"):
+        parse_format("int6:clip=median:3")
+    w = torch.randn(8, 512)
+    w[:, 0] = 50.0  # one outlier per row: absmax would waste the grid on it
+    qt = q.get("int6", clip="sigma:3").quantize(w)
+    assert qt.params["clip"] == "sigma:3"
+    err = (q.dequantize(qt) - w)[:, 1:].abs().mean()
+    assert err < 0.5 * (q.dequantize(q.get("int6").quantize(w)) - w)[:, 1:].abs().mean()

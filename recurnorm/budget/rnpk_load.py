@@ -130,7 +130,10 @@ def decode_rans(streams):
         rk[:len(s.ctx)] = s.ctx + rows + 1 << 17
         rowkey.append(rk)
         s.at, rows, units = units, rows + k + 1, units + len(rk)
-    cat = lambda a: np.concatenate([np.asarray(v, int) for v in a] or [[]]).astype(int)
+
+    def cat(a):
+        return np.concatenate([np.asarray(v, int) for v in a] or [[]]).astype(int)
+
     keys, freq, sym, rowkey = map(cat, (keys, freq, sym, rowkey))
     W = [s.lanes for s in streams]
     lane0 = np.cumsum([0] + W)  # each stream's first lane

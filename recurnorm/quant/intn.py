@@ -44,6 +44,9 @@ class IntN(GridQuantizer):
         "clip_search": False,  # grid over CLIP_RATIOS minimizing each group's MSE
         "asymmetric": False,  # scale + integer zero point
         "clip_percentile": None,  # clip each group at this percentile of |w| (None: absmax)
+        # "sigma:K": clip each group at K standard deviations of its values, as the Parameter
+        # Golf records do (k * std(row)); replaces clip_percentile when set.
+        "clip": None,
     }
 
     def _validate(self) -> None:
@@ -55,6 +58,17 @@ class IntN(GridQuantizer):
         cp = p["clip_percentile"]
         if cp is not None and not (isinstance(cp, (int, float)) and 50.0 < cp <= 100.0):
             raise QuantError(f"{self.name}: clip_percentile must be in (50, 100] or None, got {cp!r}")
+        if p["clip"] is not None and self.clip_sigmas() is None:
+            raise QuantError(f"{self.name}: clip must be 'sigma:K' with K > 0, or None; got {p['clip']!r}")
+
+    def clip_sigmas(self) -> float | None:
+        """K of a "sigma:K" clip, or None."""
+        kind, _, k = str(self.params["clip"]).partition(":")
+        try:
+            value = float(k)
+        except ValueError:
+            return None
+        return value if kind == "sigma" and value > 0 and math.isfinite(value) else None
 
     @property
     def qmax(self) -> int:
@@ -81,6 +95,14 @@ class IntN(GridQuantizer):
         if L == 0:
             return x.new_zeros(G), x.new_zeros(G)
         cp = self.params["clip_percentile"]
+        k = self.clip_sigmas()
+        if k is not None:
+            mu, sd = x.mean(1), x.std(1, correction=0)
+            lo, hi = torch.maximum(x.amin(1), mu - k * sd), torch.minimum(x.amax(1), mu + k * sd)
+            if self.params["asymmetric"]:
+                return lo.clamp(max=0.0), hi.clamp(min=0.0)
+            hi = torch.minimum(x.abs().amax(1), k * sd)
+            return -hi, hi
         if self.params["asymmetric"]:
             if cp is None:
                 lo, hi = x.amin(1), x.amax(1)
