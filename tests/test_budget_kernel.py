@@ -58,6 +58,23 @@ def test_kernel_bytes_equal_numpy_reference(seed, n, nsym, k, prec, lanes_log):
 
 
 @kernel
+@pytest.mark.parametrize("prec", [8, 16])
+def test_kernel_codes_every_one_byte_context(prec):
+    """All 256 contexts a uint8 id can name (wide grids): the reference's bytes; one more is refused."""
+    k = rans.MAX_CONTEXTS
+    assert k == 256
+    sym, ctx, freq = _stream(7, 50_000, 3, k, prec)
+    assert ctx.max() == k - 1
+    data = rans.ilv_encode(sym, ctx, freq, prec, 16)
+    assert data == rans.ilv_encode_numpy(sym, ctx, freq, prec, 16)
+    assert np.array_equal(rans.ilv_decode(data, ctx, freq, prec, 16, len(sym)), sym)
+    assert np.array_equal(rans.ilv_decode_numpy(data, ctx, freq, prec, 16, len(sym)), sym)
+    wider = np.vstack([freq, freq[:1]])
+    with pytest.raises((ValueError, ArtifactError)):
+        rans._ransc.encode(sym.astype(np.uint16), ctx.astype(np.uint8), wider.astype(np.uint32).ravel(), 3, prec, 16)
+
+
+@kernel
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**31), flips=st.integers(1, 4), cut=st.integers(-6, 6))
 def test_kernel_accepts_and_rejects_what_the_reference_does(seed, flips, cut):

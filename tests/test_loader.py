@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from test_search import _embedding_like
+from test_search import _embedding_like, _joint_like
 
 from recurnorm.budget import format as fmt
 from recurnorm.budget import pack_qtensors, read_artifact, unpack
@@ -73,6 +73,8 @@ def _artifacts() -> dict[str, bytes]:
     by_scale = np.clip(np.round(rng.normal(size=(256, 64)) * scale[:, None].astype(float)), -60, 60)
     out["contexts"] = pack_qtensors({
         "grid": QTensor("ternary", emb.shape, "float32", emb.reshape(1, -1), np.ones(1, np.float32)),
+        "joint": QTensor("ternary", (2048, 256), "float32", _joint_like().reshape(1, -1),  # > 64 contexts
+                         np.ones(1, np.float32)),
         "col": QTensor("int4", cols.shape, "float32", cols, np.ones(200, np.float16)),
         "row": QTensor("int4", rows.shape, "float32", rows, np.ones(300, np.float16)),
         "scale": QTensor("int8", (256, 64), "float32", by_scale.astype(np.int8), scale),
@@ -101,8 +103,10 @@ def test_the_matrix_covers_every_portable_codec_layout_and_context(artifacts):
                 seen.add((s["codec"], p.get("layout") or p.get("context", "none") if s["codec"] != "raw" else ""))
                 if p.get("tuple", 1) > 1:
                     seen.add(("rans", "tuple"))
+                if p.get("k", 1) > 64:
+                    seen.add(("rans", "wide"))
         assert manifest["version"] == fmt.VERSION == 2
-    want = {("rans", c) for c in ("none", "scale", "row", "col", "grid", "tuple")}
+    want = {("rans", c) for c in ("none", "scale", "row", "col", "grid", "tuple", "wide")}
     want |= {(c, lay) for c in ("deflate", "lzma")
              for lay in ("plain", "shuffle", "trit5", "bits2", "nib4", "pack6", "byte")}
     assert want <= seen, want - seen

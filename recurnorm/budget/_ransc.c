@@ -21,7 +21,7 @@
 #define RANS_L 65536u /* state lower bound */
 #define MAX_PREC 16
 #define MAX_NSYM 4096
-#define MAX_K 64
+#define MAX_K 256 /* contexts are uint8 ids */
 
 /* Per context row: cumulative counts, and whether the row sums to exactly 2^prec. */
 static void cumulate(const uint32_t *freq, Py_ssize_t k, Py_ssize_t nsym, uint32_t m,

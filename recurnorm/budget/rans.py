@@ -40,7 +40,7 @@ def _note_fallback(units: int) -> None:
                       "(python3-dev), then reinstall recurnorm", RuntimeWarning, stacklevel=3)
 
 MAX_ALPHABET = 1 << 12  # larger alphabets go to zstd/raw
-MAX_CONTEXTS = 64
+MAX_CONTEXTS = 256  # context ids are one byte a position (uint8) in every coder and the loader
 MAX_PREC = 16  # interleaved coder: 32-bit states, 16-bit words leave at most 16 table bits
 MAX_LANES = 4096
 MAX_STEPS = 1 << 16  # interleaved decode loop bound: ceil(n / lanes) never exceeds this
@@ -215,7 +215,7 @@ def context_vector(
 
     row / col: the class id of the position's row / column (ids: one per row / column).
     grid: row class * kc + column class (ids: the rows' classes, then the columns').
-    Decoders ask for uint8 (k <= 64): one byte per declared position, not eight.
+    Decoders ask for uint8 (k <= MAX_CONTEXTS = 256): one byte per declared position, not eight.
     """
     m = -(-n // step)
     if variant == "none" or k == 1:
@@ -237,11 +237,14 @@ def context_vector(
         row_part, col_part = ids[:rows] * dtype(kc), ids[rows:]
     else:
         row_part, col_part = (ids, None) if variant == "row" else (None, ids)
-    if cols % step == 0:  # repeat/tile: no per-position division
-        if row_part is not None:
-            ctx[:inside] = np.repeat(row_part, cols // step)
-        if col_part is not None:
-            ctx[:inside] += np.tile(col_part[::step], rows)
+    if cols % step == 0:  # broadcast into the [rows, cols / step] view: no per-position division
+        view = ctx[:inside].reshape(rows, cols // step)
+        if row_part is None:
+            view[:] = col_part[None, ::step]
+        elif col_part is None:
+            view[:] = row_part[:, None]
+        else:
+            np.add(row_part[:, None], col_part[None, ::step], out=view)
         return ctx
     pos = np.arange(0, inside * step, step, dtype=np.int64)
     if row_part is not None:

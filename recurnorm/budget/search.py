@@ -3,7 +3,9 @@
 `plan(jobs)` scores every candidate of every stream by an estimate of its
 bytes: order-0; the code row's scale bucket; row or column classes of the
 tensor's 2-D view (cluster.py), each for several class counts k; and grids of
-row class x column class where rows and columns each pay. All of a model's
+row class x column class (up to 256 contexts) where rows and columns each pay.
+Class contexts code single symbols even where order-0 codes tuples (a tuple
+spans columns of different classes). All of a model's
 streams are searched together: their clusterings run as padded batches and
 their candidates are scored in the same arrays, vectorized across k and table
 precisions, because on small tensors numpy's per-call overhead, not
@@ -47,18 +49,21 @@ class Effort:
     finalists: int  # (candidate, precision) pairs whose side data is compacted for real
     kmeans_iters: int
     per_symbol: int  # contexts are tried on streams of at least this many codes per alphabet symbol
-    all_grids: bool  # grid contexts from every row k x column k (else from the best of each)
+    all_grids: bool  # grid contexts from every row k x column k (else the `grids` most promising)
+    grids: int = 3
 
 
 EFFORTS = {
     # Measured on trained checkpoints: below 32K codes a second table is all a context
     # can pay for, and with fewer than 128 codes per symbol not even that (0 of 32 int8
     # tensors of 16K codes took one); big streams have cheap tables, so more classes win
-    # there; 4 k-means iterations find the classes 8 do.
-    "normal": Effort(small_ks=(2,), ks=(2, 4, 8, 16), big_ks=(4, 16), leaders=3, finalists=3,
+    # there; 4 k-means iterations find the classes 8 do. 32 classes on big streams: a real
+    # token embedding (all-MiniLM-L6-v2, 30522 x 384 ternary) wants 32 column classes (sign
+    # lean x density) under 8 row classes: 0.963 of its order-0 bound, ids and tables counted.
+    "normal": Effort(small_ks=(2,), ks=(2, 4, 8, 16), big_ks=(4, 8, 16, 32), leaders=3, finalists=3,
                      kmeans_iters=4, per_symbol=128, all_grids=False),
     # The last bytes under a hard cap: every k everywhere, every candidate scored fully.
-    "max": Effort(small_ks=(2, 4, 8, 16), ks=(2, 4, 8, 16), big_ks=(2, 4, 8, 16), leaders=64,
+    "max": Effort(small_ks=(2, 4, 8, 16), ks=(2, 4, 8, 16, 32), big_ks=(2, 4, 8, 16, 32), leaders=64,
                   finalists=8, kmeans_iters=8, per_symbol=0, all_grids=True),
 }
 
@@ -164,7 +169,9 @@ class _Stream:
             view, axis = (geo.rows, geo.cols), 0 if family == "row" else 1
         if family not in self._hists:
             numel = view[0] * view[1]
-            stride = _stride_for(numel)
+            # The kernel counts every position (one linear pass): sampled rows of a wide
+            # embedding keep too few positions each to tell their classes apart.
+            stride = 1 if rans._ransc is not None else _stride_for(numel)
             mat = self.sym[:numel].reshape(view)
             part = mat[:, ::stride] if axis == 0 else mat[::stride]
             if rans._ransc is not None:  # the same integer counts, one pass in C
@@ -241,11 +248,13 @@ def candidates_many(streams: list[_Stream], effort: Effort = EFFORTS["normal"]) 
     clusterings = cluster_many([p[2] for p in problems], [p[4] for p in problems], effort.kmeans_iters)
     for (j, variant, hist, scale, kk), idsets in zip(problems, clusterings, strict=True):
         st = streams[j]
-        if st.t == 1:
-            counts = [st.class_counts(c, scale) for c in class_sums_all(hist, idsets, kk)]
-        else:
+        # Single symbols always (tuples span several columns, so a column's class would
+        # describe only a tuple's first symbol): from the histograms, no pass over the stream.
+        counts = [st.class_counts(c, scale) for c in class_sums_all(hist, idsets, kk)]
+        out[j] += [Candidate(variant, k, 1, c, ids) for k, c, ids in zip(kk, counts, idsets, strict=True)]
+        if st.t > 1:
             counts = [st.unit_counts(st.t, variant, k, ids) for k, ids in zip(kk, idsets, strict=True)]
-        out[j] += [Candidate(variant, k, st.t, c, ids) for k, c, ids in zip(kk, counts, idsets, strict=True)]
+            out[j] += [Candidate(variant, k, st.t, c, ids) for k, c, ids in zip(kk, counts, idsets, strict=True)]
     return out
 
 
@@ -404,7 +413,7 @@ def _flat(streams, per_job: dict[int, list[Candidate]]):
     """Candidates of several streams in one list, with each one's stream size and job."""
     jobs = list(per_job)
     flat = [c for j in jobs for c in per_job[j]]
-    units = [streams[j].units for j in jobs for _ in per_job[j]]
+    units = [-(-streams[j].sym.size // c.t) for j in jobs for c in per_job[j]]
     big = [streams[j].big for j in jobs for _ in per_job[j]]
     bounds = np.cumsum([0] + [len(per_job[j]) for j in jobs])
     return jobs, flat, units, big, bounds
@@ -420,34 +429,41 @@ def _rough_by_job(streams: list[_Stream], per_job: dict[int, list[Candidate]]) -
 
 
 def grid_candidates(stream: _Stream, cands: list[Candidate], rough: np.ndarray, how: Effort) -> list[Candidate]:
-    """Row class x column class contexts, from the row and column clusterings already made.
+    """Row class x column class contexts (single symbols), from the row and column
+    clusterings already made.
 
     Tried only where rows and columns each pay on their own (their gains then add up:
-    e.g. embeddings, whose columns differ in sign and whose rows differ in spread); from
-    the best k of each, or every pair at max effort.
+    e.g. embeddings, whose columns lean to one sign and differ in density and whose rows
+    differ in spread). Each pair (kr, kc) of the class counts tried is ranked by that sum
+    of gains less the extra tables it needs; the `how.grids` best are counted (every pair
+    at max effort), so the search never counts every pair at normal effort.
     """
-    best = {}
+    gain: dict[tuple[str, int], float] = {}  # best bytes saved over order-0, per (axis, k)
+    ids = {}
     for c, r in zip(cands, rough, strict=True):
-        if c.variant in ("row", "col") and r < rough[0] and r < best.get(c.variant, (np.inf,))[0]:
-            best[c.variant] = (r, c.k)
-    if len(best) < 2:
+        if c.variant in ("row", "col") and r < rough[0]:
+            gain[c.variant, c.k] = max(gain.get((c.variant, c.k), 0.0), float(rough[0] - r))
+            ids[c.variant, c.k] = c.ids
+    rks = sorted(k for v, k in gain if v == "row")
+    cks = sorted(k for v, k in gain if v == "col")
+    if not rks or not cks:
         return []
-    ids = {(c.variant, c.k): c.ids for c in cands if c.variant in ("row", "col")}
-    rks = sorted(k for v, k in ids if v == "row")
-    cks = sorted(k for v, k in ids if v == "col")
-    if how.all_grids:
-        pairs = [(kr, kc) for kr in rks for kc in cks]
-    else:
-        kr, kc = best["row"][1], best["col"][1]
-        pairs = [(kr, kc)]
+    # A grid's tables: kr * kc rows of about a varint byte per symbol, where the two axes
+    # alone had kr + kc rows.
+    ranked = sorted((-(gain["row", kr] + gain["col", kc] - (kr * kc - kr - kc) * stream.nsym), kr, kc)
+                    for kr in rks for kc in cks if kr * kc <= rans.MAX_CONTEXTS)
+    # The best k of each axis alone always (its pair often wins where tables are dear), then
+    # the best-ranked others.
+    best = (max(rks, key=lambda k: gain["row", k]), max(cks, key=lambda k: gain["col", k]))
+    pairs = [best] if best[0] * best[1] <= rans.MAX_CONTEXTS else []
+    pairs += [(kr, kc) for g, kr, kc in ranked if g < 0 and (kr, kc) != best]
+    pairs = pairs[: None if how.all_grids else how.grids]
     rows = len(ids["row", rks[0]])
     out = []
     for kr, kc in pairs:
-        if kr * kc > rans.MAX_CONTEXTS:
-            continue
         both = np.concatenate([ids["row", kr], ids["col", kc]])
-        counts = stream.unit_counts(stream.t, "grid", kr * kc, both, kc)
-        out.append(Candidate("grid", kr * kc, stream.t, counts, both, kc, rows))
+        counts = stream.unit_counts(1, "grid", kr * kc, both, kc)
+        out.append(Candidate("grid", kr * kc, 1, counts, both, kc, rows))
     return out
 
 
@@ -472,6 +488,12 @@ def _choose_group(streams: list[_Stream], cands: list[list[Candidate]], group: l
     for j, a, b in zip(jobs, bounds, bounds[1:], strict=False):
         pairs = sorted((float(total[q, i]), i - a, q) for i in range(a, b) for q in range(len(PRECS))
                        if np.isfinite(total[q, i]))
+        # Distinct candidates first (each at its best precision), then their other precisions:
+        # the side data the estimate misjudges most (tables of wide alphabets) differs most
+        # between candidates, not between one candidate's precisions.
+        seen: set[int] = set()
+        firsts = [p for p in pairs if p[1] not in seen and not seen.add(p[1])]
+        pairs = firsts + [p for p in pairs if p not in firsts]
         finalists[j] = pairs[:1] if streams[j].big else pairs[: how.finalists]
     # Small streams: side data decides close calls, so it is measured; round r measures every
     # stream's r-th finalist at once, unless even free side data could not beat its best so far.

