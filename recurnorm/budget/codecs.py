@@ -52,7 +52,7 @@ def _zstd_probe(raw: bytes) -> float:
     return _probe(raw, zstandard.ZstdCompressor(level=3).compress)
 
 
-DEFLATE_PROBE_MARGIN = 1.25  # deflate-1 slices run up to ~15% above deflate-9 on codes
+DEFLATE_PROBE_MARGIN = 1.1  # deflate-1 slices run a few % above deflate-9 on codes
 
 
 @dataclass
@@ -251,21 +251,31 @@ class Compressed(Codec):
 
     compressor: ClassVar[int]  # a compress.py id
     LZMA_RACE = 1.02  # lzma (slow) runs only where deflate came within 2% of the best so far
-    # ... and within 0.5% on streams over 1 MiB, where lzma-9e costs seconds (~1.5 MB/s): on
-    # big integer codes it lands within +-1% of deflate (measured: int8/int4 codes of
-    # all-MiniLM-L6-v2 and Gaussian 4M, lzma 0.2-0.5% above deflate), so a rans stream 0.5%
-    # under deflate is not beaten by it, and the race cost 90% of the packing time there.
-    LZMA_RACE_BIG, BIG_RAW = 1.005, 1 << 20
+    # ... and on streams over 256 KiB (lzma-9e: ~0.3 s a MB) only where deflate itself leads:
+    # on big integer codes lzma lands 0.2-0.5% above deflate (measured: int8/int4 codes of
+    # all-MiniLM-L6-v2, Gaussian 4M int8/ternary), so it cannot beat a rans stream that
+    # deflate does not beat, and racing it anyway cost most of the packing time.
+    LZMA_RACE_BIG, BIG_RAW = 1.0, 1 << 18
 
     def candidates(self, arr, ctx, best):
         out = []
         for layout, offset in self._layouts(arr, ctx):
             raw = layout_bytes(arr, ctx.dtype, layout, offset)
-            if ctx.effort != "max" and len(raw) > 4 * ZSTD_PROBE and (_probe(raw, lambda b: compress.deflate(b, 1))
-                                               > best * DEFLATE_PROBE_MARGIN):
-                continue  # slices at a quick level already lose clearly (rans won these codes)
+            if ctx.effort != "max" and len(raw) > 4 * ZSTD_PROBE and self._loses(raw, best):
+                continue
             out.append((compress.compress(self.compressor, raw), {"layout": layout, "offset": offset}))
+        # Kept for the lzma race (it runs next and must not deflate the same bytes again).
+        ctx.plans[self.name] = [(len(data), params) for data, params in out]
         return out
+
+    @staticmethod
+    def _loses(raw: bytes, best: int) -> bool:
+        """Whether quick deflate slices say the slow run cannot win: they land clearly above
+        the best so far, or they find no repetition (near the bytes' order-0 bound, which
+        the best so far already beats: only LZ matches take a compressor under it)."""
+        quick = _probe(raw, lambda b: compress.deflate(b, 1))
+        order0 = rans._entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)) / 8
+        return quick > best * DEFLATE_PROBE_MARGIN or (quick >= ZSTD_REPEATS * order0 and order0 >= best)
 
     @staticmethod
     def _layouts(arr, ctx) -> list[tuple[str, int]]:
@@ -331,12 +341,14 @@ class Lzma(Compressed, name="lzma"):
     def candidates(self, arr, ctx, best):
         if ctx.effort == "max":  # every layout
             return super().candidates(arr, ctx, best)
-        tries = Deflate().candidates(arr, ctx, best)
-        if not tries:
+        if Deflate.name not in ctx.plans:  # deflate was not in the race: try it here
+            Deflate().candidates(arr, ctx, best)
+        tries = ctx.plans[Deflate.name]
+        if not tries:  # deflate's probe already lost clearly: lzma lands near it on such bytes
             return []
-        data, params = min(tries, key=lambda c: len(c[0]))
+        size, params = min(tries, key=lambda c: c[0])
         raw = layout_bytes(arr, ctx.dtype, params["layout"], params["offset"])
-        if len(data) > best * (self.LZMA_RACE_BIG if len(raw) > self.BIG_RAW else self.LZMA_RACE):
+        if size > best * (self.LZMA_RACE_BIG if len(raw) > self.BIG_RAW else self.LZMA_RACE):
             return []
         return [(compress.compress(self.compressor, raw), params)]
 
