@@ -3,7 +3,7 @@
 The one place where outputs are written: every command's output follows the same
 rules (an existing file is replaced only with --force, never one of the command's own
 inputs), a write that fails is one WriteError naming the path, and temp files left by a
-killed write (`.NAME.PID.XXXX.tmp`, PID no longer running) are removed by the next write
+killed write (`.NAME.PID.<random>.tmp`, PID no longer running) are removed by the next write
 to the same path.
 """
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import pickle
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -344,14 +343,14 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
             with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's concern
                 warnings.simplefilter("ignore")
                 obj = torch.load(str(path), map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if type(exc).__name__ != "UnpicklingError":  # torch's weights_only refusal
+                raise CheckpointError(f"{path}: cannot load as a weights-only state dict: {first}") from None
             # torch's own text runs to several lines and suggests weights_only=False: never.
             raise CheckpointError(
                 f"{path}: holds Python objects besides tensors; recurnorm never unpickles them "
                 "(unpickling runs the file's code): save a plain state dict or .safetensors") from None
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CheckpointError(f"{path}: cannot load as a weights-only state dict: {first}") from None
         for key in ("state_dict", "model"):
             if isinstance(obj, dict) and isinstance(obj.get(key), dict):
                 obj = obj[key]
