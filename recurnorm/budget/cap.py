@@ -56,6 +56,10 @@ class Budget:
         if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes <= 0:
             raise ConfigError(f"the byte cap must be a positive integer, got {self.max_bytes!r}")
 
+    def code_total(self) -> int:
+        """Bytes of the code files and the loader (ConfigError on a file that cannot count)."""
+        return code_bytes(self.code_files, self.max_bytes) + self.loader_bytes()
+
     def check(self, artifact_bytes: int, tensors: list[dict] | None = None) -> dict:
         """A JSON-able report; raises OverCapError(report) when over the cap.
         code_bytes counts the loader too; loader_bytes says how much of it that is."""

@@ -323,26 +323,30 @@ def encode(sym: np.ndarray, ctx: np.ndarray, k: int, nsym: int, ids: np.ndarray 
     return head + ilv_encode(sym, ctx if k > 1 else None, tables, prec, lanes)
 
 
+def _side_header(body: bytes, version: int) -> tuple[tuple[int, int], tuple[int, int], int]:
+    """((table length, compress id), (ids length, compress id), where they start) of a stream.
+
+    Format version 1 stored each side blob's form in one bit (raw or magicless zstd);
+    version 2 in two (a compress id)."""
+    th, pos = _read_varint(body, 0)
+    ih, pos = _read_varint(body, pos)
+    if version == 1:
+        t, i = ((h >> 1, compress.ZSTD if h & 1 else compress.RAW) for h in (th, ih))
+    else:
+        t, i = ((h >> 2, h & 3) for h in (th, ih))
+    return t, i, pos
+
+
 def side_compressors(body: bytes) -> tuple[int, int]:
     """The compress ids of a (format 2) stream's table and class-id blobs."""
-    th, pos = _read_varint(body, 0)
-    ih, _ = _read_varint(body, pos)
-    return th & 3, ih & 3
+    (_, tz), (_, iz), _ = _side_header(body, 2)
+    return tz, iz
 
 
 def split_body(body: bytes, k: int, nsym: int, n_ids: int,
                version: int = 2) -> tuple[np.ndarray, np.ndarray | None, bytes]:
-    """Parse a rans stream body into (tables [k, nsym], ids or None, the coder's bytes).
-
-    Format version 1 stored each side blob's form in one bit (raw or magicless zstd);
-    version 2 in two (a compress id).
-    """
-    th, pos = _read_varint(body, 0)
-    ih, pos = _read_varint(body, pos)
-    if version == 1:
-        (tlen, tz), (ilen, iz) = ((h >> 1, compress.ZSTD if h & 1 else compress.RAW) for h in (th, ih))
-    else:
-        (tlen, tz), (ilen, iz) = ((h >> 2, h & 3) for h in (th, ih))
+    """Parse a rans stream body into (tables [k, nsym], ids or None, the coder's bytes)."""
+    (tlen, tz), (ilen, iz), pos = _side_header(body, version)
     if pos + tlen + ilen > len(body) or (len(body) - pos - tlen - ilen) % 2:
         raise ArtifactError("rans stream lengths disagree with the stream size")
     tblob, iblob = body[pos : pos + tlen], body[pos + tlen : pos + tlen + ilen]

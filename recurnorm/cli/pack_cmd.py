@@ -114,7 +114,6 @@ def pack(ckpt, quant, policy_file, keep_float, quantize_controls, keep_float_max
     small vectors fp16; `inspect` shows the rule that chose each tensor's format.
     """
     from ..budget import Budget, report
-    from ..budget.cap import code_bytes
     from ..export import ship
     from ..export.fit import parse_formats
     from ..io import atomic_write_bytes, check_writable
@@ -124,11 +123,10 @@ def pack(ckpt, quant, policy_file, keep_float, quantize_controls, keep_float_max
     if fit_formats is not None and fit_bytes is None:
         raise click.UsageError("--fit-formats only applies with --fit BYTES")
     out = out or ckpt.with_name((ckpt.stem if ckpt.is_file() else ckpt.name) + ".rnpk")
-    shipped = [*code_files, *([loader] if loader else [])]
-    check_writable(out, force, _inputs(ckpt, *shipped))
-    n_code = code_bytes(shipped, max_bytes)  # a bad --code fails now, before any work
-    progress = None if as_json else (lambda msg: click.echo(msg, err=True))
+    check_writable(out, force, _inputs(ckpt, *code_files, *([loader] if loader else [])))
     budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
+    n_code = budget.code_total()  # a bad --code fails now, before any work
+    progress = None if as_json else (lambda msg: click.echo(msg, err=True))
     packed = ship.ship(ckpt, policy, effort=effort, fit_bytes=fit_bytes, code_bytes=n_code if fit_bytes else 0,
                        fit_formats=formats, gptq=gptq, calib_data=calib_data, tokenizer=tokenizer,
                        calib_tokens=calib_tokens, model_factory=model_factory,
@@ -218,7 +216,6 @@ def verify(artifacts, max_bytes, code_files, loader, as_json, report_path, junit
     cap, 5 loss regression, 1 other error that any artifact hit.
     """
     from ..budget import Budget, report, verify_artifact
-    from ..budget.cap import code_bytes
     from ..errors import LossRegressionError, RecurnormError
     from ..io import atomic_write_json, atomic_write_text, check_writable
     from . import ci_report, exitcodes
@@ -233,20 +230,21 @@ def verify(artifacts, max_bytes, code_files, loader, as_json, report_path, junit
     elif not max_loss_delta >= 0:
         raise click.BadParameter(f"must be >= 0, got {max_loss_delta}", param_hint="--max-loss-delta")
     # Outputs are checked before any work: a clash must not cost a long loss gate.
-    inputs = _inputs(*artifacts, *code_files, *([reference] if reference is not None else []))
+    inputs = _inputs(*artifacts, *code_files, *([loader] if loader else []),
+                     *([reference] if reference is not None else []))
     for path in (report_path, junit_path):
         if path is not None:
             check_writable(path, force, inputs)
     if summary_path is not None:  # appended to ($GITHUB_STEP_SUMMARY exists): never an input
         check_writable(summary_path, True, inputs)
-    code_bytes([*code_files, *([loader] if loader else [])], max_bytes)  # a bad --code: a usage error, up front
+    budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
+    budget.code_total()  # a bad --code: a usage error, up front
     factory = None
     if model_factory is not None:
         from ..evaluate.factory import load_factory
 
         factory = load_factory(model_factory)  # fail before any artifact work on a bad spec
 
-    budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
     corpus = None
     outcomes = []
     for artifact in artifacts:
