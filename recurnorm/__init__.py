@@ -19,6 +19,8 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 
+# Lazy (PEP 562), not a compatibility alias: every submodule import (recurnorm.errors,
+# the CLI's --help) runs this file first, and importing torch here would cost them seconds.
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib

@@ -10,23 +10,31 @@ budget/: it quantizes with quant/ and measures bytes with budget/'s packer.
 
 from __future__ import annotations
 
+from .fit import fit_budget
+from .gptq import gptq_export
+from .load import load_model, prepare_exported
+from .pack import pack_checkpoint, pack_state, quantize
 from .policy import ExportPolicy, Rule, state_dict_for_export
+from .qat import export_config, export_qat, lossless_policy, projection_weight_names, qat_policy
 from .spec import build_policy, parse_format, parse_quant
 
-_LAZY = {
-    "pack_state": "pack", "pack_checkpoint": "pack", "quantize": "pack",
-    "qat_policy": "qat", "export_qat": "qat", "export_config": "qat", "lossless_policy": "qat",
-    "projection_weight_names": "qat", "load_model": "load", "prepare_exported": "load",
-    "gptq_export": "gptq", "fit_budget": "fit",
-}  # fmt: skip
-
-__all__ = ["ExportPolicy", "Rule", "build_policy", "parse_format", "parse_quant",
-           "state_dict_for_export", *_LAZY]  # fmt: skip
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = [
+    "ExportPolicy",
+    "Rule",
+    "build_policy",
+    "export_config",
+    "export_qat",
+    "fit_budget",
+    "gptq_export",
+    "load_model",
+    "lossless_policy",
+    "pack_checkpoint",
+    "pack_state",
+    "parse_format",
+    "parse_quant",
+    "prepare_exported",
+    "projection_weight_names",
+    "qat_policy",
+    "quantize",
+    "state_dict_for_export",
+]

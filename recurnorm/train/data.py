@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import DataError
 from .corpus import Corpus
-from .tokenizer import get_tokenizer, token_bytes
+from .tokenizer import get_tokenizer
 
 SHARDS_PREFIX = "shards:"
 _BLANK_LINE = re.compile(r"\n[ \t\r]*\n")
@@ -132,7 +132,7 @@ def tokenize_split(
     return Corpus(
         train_tokens=train_tokens,
         val_tokens=val_tokens,
-        val_bytes=token_bytes(tok, val_tokens),
+        val_bytes=tok.token_bytes(val_tokens),
         vocab_size=int(tok.vocab_size),
         tokenizer="byte" if tokenizer in (None, "byte") else str(tokenizer),
         source=str(source),

@@ -147,10 +147,6 @@ class SentencePieceTokenizer:
             prev_boundary[0] = self.is_boundary[int(prev)]
         return self.base_bytes[ids] + (self.has_leading_space[ids] & ~prev_boundary)
 
-    def byte_counts(self, tokens: np.ndarray | Sequence[int]) -> np.ndarray:
-        """Alias of ``token_bytes`` (the name train/tokenizer.py uses)."""
-        return self.token_bytes(tokens)
-
 
 def train_sentencepiece(
     texts: Iterable[str],

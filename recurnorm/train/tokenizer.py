@@ -47,9 +47,6 @@ class ByteTokenizer:
         """Per-token byte counts: all ones."""
         return np.ones(len(tokens), dtype=np.int64)
 
-    # DESIGN.md names this method byte_counts; both spellings are offered.
-    byte_counts = token_bytes
-
 
 def get_tokenizer(spec: str | None = None) -> Tokenizer:
     """The tokenizer for spec: None or "byte" -> ByteTokenizer, else a SentencePiece model path."""
@@ -62,19 +59,3 @@ def get_tokenizer(spec: str | None = None) -> Tokenizer:
     from .sentencepiece import SentencePieceTokenizer
 
     return SentencePieceTokenizer(str(path))
-
-
-def token_bytes(tokenizer: Tokenizer, tokens) -> np.ndarray:
-    """Per-token byte counts from a tokenizer offering token_bytes or byte_counts."""
-    fn = getattr(tokenizer, "token_bytes", None) or tokenizer.byte_counts
-    return np.asarray(fn(tokens), dtype=np.int64)
-
-
-def __getattr__(name: str):
-    # DESIGN.md promises tokenizer.SentencePieceTokenizer; it lives in .sentencepiece
-    # and is imported only when asked for, since sentencepiece is optional here.
-    if name == "SentencePieceTokenizer":
-        from .sentencepiece import SentencePieceTokenizer
-
-        return SentencePieceTokenizer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
