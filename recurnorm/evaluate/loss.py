@@ -6,7 +6,8 @@ Deterministic and complete: the stream is cut into non-overlapping windows of
 
     bpb = sum(cross-entropy of targets, nats) / ln 2 / sum(val_bytes of targets)
 
-which is reference §1's formula, with the byte count taken per token so that a
+which is the Parameter Golf challenge's metric (https://github.com/openai/parameter-golf),
+with the byte count taken per token so that a
 SentencePiece tokenizer is measured honestly.
 """
 

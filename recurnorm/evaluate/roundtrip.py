@@ -1,7 +1,8 @@
 """The roundtrip matrix: train (or load) each scheme, export it through real artifact bytes
 under each quantizer, rebuild a fresh model from the bytes, and measure the loss it costs.
 
-Comparisons are paired (reference §5): within one seed every scheme trains on
+Comparisons are paired (in our own tiny-preset runs seed noise was as large as the
+differences between schemes): within one seed every scheme trains on
 the same batches in the same order, and the parameters it shares with
 ``shared`` start from the same values (``train.loop.train(seed=..., pair_init=True)``).
 """

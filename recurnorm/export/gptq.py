@@ -2,7 +2,8 @@
 
 Works on recurnorm models (hooks on each projection, after its extra norm) and
 on any model a ``--model-factory`` builds (hooks on its ``nn.Linear`` modules).
-Calibration windows come from the *training* split only (reference §1).
+Calibration windows come from the *training* split only, as the Parameter Golf challenge
+requires (https://github.com/openai/parameter-golf).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checkpoints and artifacts back to models (moved here from train/qat.py).
+"""Checkpoints and artifacts back to models.
 
 A QAT checkpoint is loaded as the model it is (fake quant re-applied at λ = 1);
 a model rebuilt from an artifact already holds the grid weights and gets only

@@ -20,10 +20,10 @@ Decision order for each tensor (first rule that applies wins):
 7. everything else (every weight matrix,   -> ``quantizer`` with ``options``
    whatever its size)
 
-Rule 6 used to keep every float tensor of <= 65,536 elements in fp16 (the
-Parameter Golf baseline's rule). On recurnorm's tiny models every matrix is
-that small, so ``-q ternary`` exported no ternary weight at all; now the
-requested format reaches every weight matrix.
+Rule 6 is narrower than the Parameter Golf baseline's, which keeps every float
+tensor of <= 65,536 elements in fp16: on recurnorm's tiny models every matrix
+is that small, so ``-q ternary`` would export no ternary weight at all. Here
+the requested format reaches every weight matrix.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exporting a QAT model: exactly the codes its training saw (moved here from train/qat.py).
+"""Exporting a QAT model: exactly the codes its training saw.
 
 ``qat_policy(config)`` is an ExportPolicy whose overrides quantize exactly the
 fake-quantized projection weights with the training quantizer and options;

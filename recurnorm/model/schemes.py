@@ -210,7 +210,7 @@ class LayerRoPEGain(nn.Module):
         self.register_buffer("freq", base ** (-2 * torch.arange(d // 2) / d), persistent=False)
 
     def forward(self, ell: int) -> Tensor:
-        """g(ℓ): γ rotated pairwise by θ(ℓ, j), scaled by e^{r(ℓ)} (reference §2)."""
+        """g(ℓ): γ rotated pairwise by θ(ℓ, j), scaled by e^{r(ℓ)} (LayerRoPE, Srivastava & Kanan 2026)."""
         alpha, beta, alpha_rot, beta_rot = self.scalars.unbind()
         log_depth = math.log(ell + 1)
         r = alpha + beta * log_depth

@@ -1,9 +1,11 @@
 """GPTQ (Frantar et al., 2022): quantize column by column, pushing each error onto later columns.
 
-The codes lie on the quantizer's own grid (its `_fit`/`_encode`/`_decode`),
-so the normal `dequantize` of the returned QTensor gives exactly the GPTQ
-weights. Calibration activations must come from the *training* split
-(reference §1: GPTQ calibration may never see validation data).
+The algorithm is the paper's (arXiv:2210.17323). The codes lie on the
+quantizer's own grid (its `_fit`/`_encode`/`_decode`), so the normal
+`dequantize` of the returned QTensor gives exactly the GPTQ weights.
+Calibration activations must come from the *training* split (the Parameter
+Golf challenge, https://github.com/openai/parameter-golf: calibration may
+never see validation data).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ from .grid import GridQuantizer, check_group, to_fp16_grid
 from .qtensor import QTensor
 from .registry import dtype_name
 
-# Parameter Golf's baseline constant (reference §1): clip each row at this percentile of |w|.
+# Parameter Golf's baseline constant (INT8_CLIP_PERCENTILE in its train_gpt.py,
+# https://github.com/openai/parameter-golf): clip each row at this percentile of |w|.
 PG_CLIP_PERCENTILE = 99.99984
 # Clip ratios tried by clip_search, from no clipping down to half the range.
 CLIP_RATIOS = tuple(1.0 - 0.02 * i for i in range(26))

@@ -1,4 +1,4 @@
-"""BitNet b1.58 ternary: codes in {−1, 0, 1} times an absmean scale (reference §3)."""
+"""BitNet b1.58 ternary (Ma et al. 2024, arXiv:2402.17764): codes in {−1, 0, 1} × absmean scale."""
 
 from __future__ import annotations
 

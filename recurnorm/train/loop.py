@@ -4,7 +4,8 @@ Reproducibility: ``seed`` fixes the initial weights and ``batch_seed`` (default:
 ``seed``) the batch order, drawn from its own numpy Generator. With
 ``pair_init`` the parameters a scheme shares with strict sharing start from
 the very values the ``shared`` scheme would get, so schemes trained with one
-seed differ only in what they add (reference §5: compare schemes paired).
+seed differ only in what they add (compare schemes paired: in our own tiny-preset runs
+seed noise was as large as the differences between schemes).
 
 Scale-out: under ``torchrun`` (recurnorm.train.distributed) the model is wrapped
 in DistributedDataParallel and every rank takes its slice of each step's

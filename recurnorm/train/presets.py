@@ -1,7 +1,7 @@
 """Named training presets: model shape plus the optimizer hyper-parameters that go with it.
 
 ``tiny`` is the CPU preset every test, benchmark and scheme comparison uses;
-it is tuned for stability over speed (reference §5: at AdamW 3e-3 the
+it is tuned for stability over speed (in our own paired runs at AdamW 3e-3 the
 per-step gains made scheme differences flip sign between seeds).
 ``small`` is sized for one GPU. ``golf`` fills the Parameter Golf budget: with
 the SP8192 tokenizer (FineWeb shards) its shared scheme packs at int8 to an
@@ -53,8 +53,8 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     # ~230k parameters with a shared block. 600 steps take ~4 min on two CPU cores
-    # (0.42 s/step measured; ~150 steps already reach < 3.5 bpb). lr 2e-3 (not 3e-3) because reference §5 found per-step gains
-    # destabilizing at 3e-3.
+    # (0.42 s/step measured; ~150 steps already reach < 3.5 bpb). lr 2e-3 (not 3e-3) because in our own paired runs per-step
+    # gains destabilized training at 3e-3.
     "tiny": Preset(
         model=dict(vocab_size=256, d_model=128, n_heads=4, depth=6, seq_len=128, mlp_ratio=4.0),
         steps=600,

@@ -1,7 +1,8 @@
 """Quantization-aware training: fake quantization on every projection, a λ schedule, a guard.
 
-Why: quantization error of a shared block is amplified over the loop (reference
-§1: ~900× over 3 loops), and training through the quantizer cures it.
+Why: quantization error of a shared block is amplified over the loop (~900× over 3 loops,
+as Parameter Golf participants found: https://github.com/openai/parameter-golf), and
+training through the quantizer cures it.
 
 - ``apply_qat(model, spec)`` hooks a `QATTransform` into every projection's
   ``Linear.weight_transform``: forward ``w + λ·(q(w) − w)`` with the
