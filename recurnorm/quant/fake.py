@@ -17,17 +17,21 @@ def quantize_dequantize(w: Tensor, quantizer: Quantizer) -> Tensor:
     return q.to(device=w.device, dtype=w.dtype)
 
 
-def fake_quant(w: Tensor, quantizer: Quantizer, lam: float = 1.0) -> Tensor:
-    """w + lam·(q(w) − w) forward, gradient identity (straight-through estimator).
+def ste_mix(w: Tensor, q: Tensor, lam: float = 1.0) -> Tensor:
+    """w + lam·(q − w) forward, gradient identity in w (straight-through estimator).
 
-    At lam = 1 the forward value is q(w) bit for bit (so a QAT-trained weight
+    At lam = 1 the forward value is q bit for bit (so a QAT-trained weight
     exports to exactly what training saw); ``w − w.detach()`` adds an exact
     zero that carries the identity gradient.
     """
-    q = quantize_dequantize(w, quantizer)
     base = w.detach()
     mixed = q if lam == 1.0 else base + lam * (q - base)
     return mixed + (w - base)
+
+
+def fake_quant(w: Tensor, quantizer: Quantizer, lam: float = 1.0) -> Tensor:
+    """``ste_mix`` of w and q(w): the export quantizer's values forward, identity gradient."""
+    return ste_mix(w, quantize_dequantize(w, quantizer), lam)
 
 
 def fake_quant_transform(quantizer: Quantizer, lam: float | Callable[[], float] = 1.0) -> Callable[[Tensor], Tensor]:

@@ -78,6 +78,9 @@ class TrainResult:
     tokens_per_s: float  # training throughput of this run
     out_dir: Path | None = None
     log: list[dict] = field(default_factory=list)  # records written by this run
+    # Set by train_qat: its λ/guard record per evaluation, and the final guard report.
+    qat_log: list[dict] = field(default_factory=list)
+    qat_guard: dict | None = None
 
 
 def build_model(config: ModelConfig, seed: int, *, pair_init: bool = True) -> RecurrentLM:

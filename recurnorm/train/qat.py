@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError, RecurnormError
+from ..quant.fake import absmax_act_quant, quantize_dequantize, ste_mix
 
 DEFAULT_RAMP = 0.5
 QAT_KEYS = ("format", "options", "ramp", "act_quant", "noise", "stepwise", "extra_norm", "exported")
@@ -180,8 +181,6 @@ class QATTransform:
         return (kind, w.data_ptr(), w._version, w.device, w.dtype)
 
     def _quantized(self, w: Tensor) -> Tensor:
-        from ..quant.fake import quantize_dequantize
-
         key = self._cache_key(w, "q")
         if key != self._key or self._cached is None:
             self._cached, self._key = quantize_dequantize(w, self.state.quantizer), key
@@ -210,16 +209,11 @@ class QATTransform:
             return w
         if st.spec.noise and self.lin.training:
             return w + lam * self._noise(w)
-        q = self._quantized(w)
-        base = w.detach()
-        mixed = q if lam == 1.0 else base + lam * (q - base)
-        return mixed + (w - base)  # an exact zero carrying the identity gradient (STE)
+        return ste_mix(w, self._quantized(w), lam)
 
 
 def _act_hook(state: QATState) -> tuple[Callable, Callable]:
     """(forward hook for an input_norm, pre-hook for a Linear) that fake-quantize activations."""
-    from ..quant.fake import absmax_act_quant
-
     def post(module, args, output):
         return output if state.bypass_acts else absmax_act_quant(output)
 
@@ -370,14 +364,12 @@ def check_qat(model: nn.Module, batch_BxT: Tensor | None = None, *, min_ratio: f
 def _expected_logits(model: nn.Module, state: QATState, batch: Tensor) -> Tensor:
     """Logits with each projection weight replaced in place by w + λ(q(w) − w), then restored."""
     saved = {}
-    q = state.quantizer
     try:
         for name, lin in model.projections():
             w = lin.weight
             saved[name] = w.detach().clone()
             lam = state.lam(state.transforms[name].block)
-            qw = q.dequantize(q.quantize(w.detach().cpu())).to(device=w.device, dtype=w.dtype)
-            w.copy_(w + lam * (qw - w) if lam != 1.0 else qw)
+            w.copy_(ste_mix(w, quantize_dequantize(w, state.quantizer), lam))
         return model(batch).float()
     finally:
         for name, lin in model.projections():
@@ -460,7 +452,6 @@ def train_qat(
         seed=seed, resume=resume, on_step=on_step, **train_kwargs,
     )  # fmt: skip
     state.set_step(steps)
-    result.qat_guard = check_qat(model, guard_tokens)
-    result.qat_log = qat_log
+    guard = check_qat(model, guard_tokens)
     model.eval()
-    return result
+    return replace(result, qat_log=qat_log, qat_guard=guard)
