@@ -18,14 +18,10 @@ from .policy import ExportPolicy
 
 def projection_weight_names(config) -> list[str]:
     """State-dict names of the projection weights a model of this config fake-quantizes."""
-    from ..model import schemes
     from ..model.layers import PROJECTIONS
+    from ..model.lm import block_count, projection_name
 
-    n_blocks = config.depth if schemes.get(config.scheme).untied_blocks else 1
-    return [
-        f"blocks.{i}.{'attn' if p in ('q', 'k', 'v', 'o') else 'mlp'}.{p}.weight"
-        for i in range(n_blocks) for p in PROJECTIONS
-    ]
+    return [f"{projection_name(i, p)}.weight" for i in range(block_count(config)) for p in PROJECTIONS]
 
 
 def lossless_policy() -> ExportPolicy:

@@ -24,7 +24,6 @@ class RecurrentLM(nn.Module):
         config.validate()
         self.config = config
         scheme_cls = schemes.get(config.scheme)
-        n_blocks = config.depth if scheme_cls.untied_blocks else 1
         c = config
 
         # Construction order is fixed (embed, blocks, head, spec) so that one
@@ -32,11 +31,10 @@ class RecurrentLM(nn.Module):
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         nn.init.normal_(self.embed.weight, std=0.02)
         self.blocks = nn.ModuleList()
-        for _ in range(n_blocks):
-            block = Block(c.d_model, c.n_heads, c.d_mlp, c.norm, c.extra_norm,
-                          input_gains=not scheme_cls.owns_input_gains)
-            self._init_block(block)
-            self.blocks.append(block)
+        for i in range(block_count(c)):
+            self.blocks.append(Block(c.d_model, c.n_heads, c.d_mlp, c.norm, c.extra_norm,
+                                     input_gains=not scheme_cls.owns_input_gains))
+            self._init_block(i)
         self.final_norm = RMSNorm(c.d_model)
         self.head = None
         if not c.tie_embeddings:
@@ -48,11 +46,11 @@ class RecurrentLM(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def _init_block(self, block: Block) -> None:
+    def _init_block(self, i: int) -> None:
         # nanoGPT init: N(0, 0.02), residual-output projections scaled down by depth.
-        for name, lin in _block_projections(block):
-            std = 0.02 / math.sqrt(2 * self.config.depth) if name in ("o", "down") else 0.02
-            nn.init.normal_(lin.weight, std=std)
+        for p in PROJECTIONS:
+            std = 0.02 / math.sqrt(2 * self.config.depth) if p in ("o", "down") else 0.02
+            nn.init.normal_(self.get_submodule(projection_name(i, p)).weight, std=std)
 
     def forward(self, idx_BxT: Tensor) -> Tensor:
         """Logits [B, T, V] for token ids [B, T]."""
@@ -74,11 +72,8 @@ class RecurrentLM(nn.Module):
 
     def projections(self) -> list[tuple[str, Linear]]:
         """Every q/k/v/o/up/down projection, named by its state-dict prefix."""
-        return [
-            (f"blocks.{i}.{'attn' if p in ('q', 'k', 'v', 'o') else 'mlp'}.{p}", lin)
-            for i, block in enumerate(self.blocks)
-            for p, lin in _block_projections(block)
-        ]
+        names = [projection_name(i, p) for i in range(len(self.blocks)) for p in PROJECTIONS]
+        return [(name, self.get_submodule(name)) for name in names]
 
     def step_specific_names(self) -> set[str]:
         """Parameters that belong to one step: `spec.*`, or whole blocks for `unique`."""
@@ -114,9 +109,19 @@ class RecurrentLM(nn.Module):
         return {k: counts[k] for k in ("shared", "step_specific", "embedding", "total")}
 
 
-def _block_projections(block: Block) -> list[tuple[str, Linear]]:
-    return [(p, getattr(block.attn if p in ("q", "k", "v", "o") else block.mlp, p))
-            for p in PROJECTIONS]
+def block_count(config: ModelConfig) -> int:
+    """Blocks a model of this config holds: one per step for untied schemes, else one shared."""
+    return config.depth if schemes.get(config.scheme).untied_blocks else 1
+
+
+def projection_name(block: int, proj: str) -> str:
+    """State-dict prefix of projection ``proj`` (q, k, v, o, up, down) of a block: blocks.0.attn.q."""
+    return f"blocks.{block}.{'attn' if proj in ('q', 'k', 'v', 'o') else 'mlp'}.{proj}"
+
+
+def projection_block(name: str) -> int:
+    """The block index of a ``projection_name``."""
+    return int(name.split(".")[1])
 
 
 @torch.no_grad()
@@ -155,10 +160,10 @@ def relax_from_unique(
         model.head.load_state_dict(unique_model.head.state_dict())
 
     if init == "svd":
-        shared_projs = dict(_block_projections(model.blocks[0]))
-        for s, block in enumerate(unique_model.blocks):
-            for p, lin in _block_projections(block):
-                residual = lin.weight - shared_projs[p].weight
+        for s in range(len(unique_model.blocks)):
+            for p in PROJECTIONS:
+                shared_weight = model.get_submodule(projection_name(0, p)).weight
+                residual = unique_model.get_submodule(projection_name(s, p)).weight - shared_weight
                 U, sigma, Vh = torch.linalg.svd(residual, full_matrices=False)
                 r = min(rank, sigma.numel())
                 pair = model.spec.steps[s][p]

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError, RecurnormError
+from ..model.lm import projection_block
 from ..quant.fake import absmax_act_quant, quantize_dequantize, ste_mix
 
 DEFAULT_RAMP = 0.5
@@ -225,10 +226,6 @@ def _act_hook(state: QATState) -> tuple[Callable, Callable]:
     return post, pre
 
 
-def _block_index(name: str) -> int:
-    return int(name.split(".")[1])
-
-
 def apply_qat(
     model: nn.Module, spec: QATSpec | dict, *, weights: bool | None = None,
     total_steps: int | None = None,
@@ -246,11 +243,11 @@ def apply_qat(
         add_extra_norm(model)
     weights = (not spec.exported) if weights is None else weights
     projections = model.projections()
-    n_blocks = len({_block_index(n) for n, _ in projections})
+    n_blocks = len({projection_block(n) for n, _ in projections})
     state = QATState(spec, n_blocks, weights)
     state.total_steps = total_steps
     for name, lin in projections:
-        transform = QATTransform(state, lin, _block_index(name))
+        transform = QATTransform(state, lin, projection_block(name))
         state.transforms[name] = transform
         lin.weight_transform = transform
     if spec.act_quant:
