@@ -51,7 +51,7 @@ def finetune(
     from ..model import load_checkpoint
     from ..train.data import load_corpus
     from ..train.presets import get_preset
-    from ..train.qat import QATSpec, remove_qat, train_qat
+    from ..train.qat import QATSpec, fine_tune_warmup, remove_qat, train_qat
 
     out_dir = Path(out)
     if out_dir.exists() and not force:
@@ -65,7 +65,7 @@ def finetune(
     corpus = load_corpus(data, tokenizer=tokenizer)
     p = get_preset(preset).with_overrides(lr=lr, batch_size=batch_size)
     kwargs = p.train_kwargs()
-    kwargs.update(steps=steps, warmup=min(p.warmup, steps // 10),
+    kwargs.update(steps=steps, warmup=fine_tune_warmup(p.warmup, steps),
                   eval_every=eval_every if eval_every is not None else max(steps // 4, 1))  # fmt: skip
     before = loss(model, corpus)
 

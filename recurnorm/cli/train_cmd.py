@@ -123,7 +123,7 @@ def train(
     from ..evaluate import loss
     from ..model import ModelConfig
     from ..train.data import load_corpus
-    from ..train.distributed import env_world
+    from ..train.distributed import device_of, env_world
     from ..train.loop import train as run_training
     from ..train.presets import get_preset
 
@@ -167,7 +167,7 @@ def train(
     def evaluate(model):
         # Split over the ranks; under bf16 autocast on a GPU, as training ran (the FineWeb
         # validation split is 62M tokens: fp32 would cost minutes of a ten-minute budget).
-        on_gpu = next(model.parameters()).device.type == "cuda"
+        on_gpu = device_of(model).type == "cuda"
         last["loss"] = loss(model, corpus, distributed=True, bf16=on_gpu)
         return last["loss"]
 

@@ -127,11 +127,11 @@ def vocab_size_of(model: nn.Module) -> int | None:
         return vocab
     import torch
 
-    from .loss import _device_of
+    from ..train.distributed import device_of
 
     # One forward on one token: cheaper than letting cross-entropy fail on an out-of-range id.
     with torch.no_grad():
-        logits = model(torch.zeros(1, 1, dtype=torch.long, device=_device_of(model)))
+        logits = model(torch.zeros(1, 1, dtype=torch.long, device=device_of(model)))
     if not isinstance(logits, torch.Tensor) or logits.ndim != 3:
         raise ConfigError(f"the factory's model must map idx_BxT to logits_BxTxV, got "
                           f"{getattr(logits, 'shape', type(logits).__name__)} for a 1x1 input")

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..errors import ConfigError, DataError
 from ..train.corpus import Corpus
+from ..train.distributed import device_of
 from ..train.tokens import TokenStream
 
 
@@ -92,7 +93,7 @@ def loss(
         raise DataError("the target tokens stand for zero bytes; bits per byte is undefined")
 
     rank, world = _rank_world(distributed)
-    device = _device_of(model)
+    device = device_of(model)
     was_training = model.training
     model.eval()
     # Summed in float64 on the device (one sync at the end) so the result does not
@@ -161,12 +162,3 @@ def _windows(tokens: np.ndarray, seq_len: int, batch_size: int):
         start = n_full * seq_len
         chunk = torch.from_numpy(np.asarray(tokens[start : start + rest + 1], dtype=np.int64))
         yield chunk[:-1][None], chunk[1:][None]
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    """Device of the model's first parameter or buffer; CPU for a parameterless module."""
-    for t in model.parameters():
-        return t.device
-    for t in model.buffers():
-        return t.device
-    return torch.device("cpu")

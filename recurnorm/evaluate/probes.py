@@ -16,6 +16,7 @@ import re
 from torch import Tensor
 
 from ..errors import ConfigError
+from ..train.distributed import device_of
 
 PROBES = ("fragility", "shuffle")
 
@@ -74,7 +75,7 @@ def shuffle_probe(model, corpus, bpb_before: float | None = None) -> dict:
     state, changed = shuffled_state(model)
     if not changed:  # nothing per step: the model is the same function, exactly
         return {"bpb": bpb_before, "delta": 0.0, "tensors": 0}
-    device = next(model.parameters()).device
+    device = device_of(model)
     shuffled = RecurrentLM(model.config).to(device)
     shuffled.load_state_dict(state, strict=True)
     bpb = loss(shuffled, corpus).bits_per_byte
@@ -87,7 +88,7 @@ def fragility_probe(model, corpus, quant: str, bpb_controls_float: float | None 
     from .loss import loss
     from .roundtrip import export_model  # roundtrip imports this module
 
-    device = next(model.parameters()).device
+    device = device_of(model)
     if bpb_controls_float is None:
         kept = export_model(model, quant, quantize_controls=False, quant_options=quant_options)
         bpb_controls_float = loss(kept.model.to(device), corpus).bits_per_byte

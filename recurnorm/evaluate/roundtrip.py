@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError
+from ..train.distributed import device_of, resolve_device
 from . import report as rep
 from .gate import model_from_decoded
 from .probes import check_probes, fragility_probe, shuffle_probe
@@ -123,19 +124,19 @@ def qat_row(model, corpus, quant: str, *, scheme: str, seed: int, steps: int, tr
     import copy
 
     from ..export.qat import qat_policy
-    from ..train.qat import QATSpec, remove_qat, train_qat
+    from ..train.qat import QATSpec, fine_tune_warmup, remove_qat, train_qat
     from .loss import loss
 
     ft = remove_qat(copy.deepcopy(model).cpu())  # fine-tune from the latent float weights
     kw = {k: v for k, v in train_kw.items() if k not in ("steps", "eval_every")}
-    kw["warmup"] = min(int(kw.get("warmup", 0)), steps // 10)
+    kw["warmup"] = fine_tune_warmup(kw.get("warmup", 0), steps)
     result = train_qat(ft, corpus, QATSpec(quant, dict(quant_options or {})), steps=steps,
                        seed=seed, progress=False, device=device, **kw)
     ft = result.model.eval()
     bpb_pre = loss(ft, corpus).bits_per_byte
     base = export_policy(ft, quant, quant_options=quant_options)
     exp = export_model(ft, quant, policy=qat_policy(ft.config, base))
-    bpb_post = loss(exp.model.to(next(ft.parameters()).device), corpus).bits_per_byte
+    bpb_post = loss(exp.model.to(device_of(ft)), corpus).bits_per_byte
     return rep.Row(
         scheme=scheme, quant=f"qat-{quant}", seed=seed, bpb_pre=bpb_pre, bpb_post=bpb_post,
         artifact_bytes=exp.artifact_bytes, step_specific_bytes=exp.step_specific_bytes,
@@ -263,7 +264,6 @@ def roundtrip(
     ``jobs`` > 1 trains the models in that many parallel processes first
     (``evaluate.parallel``; one per GPU where there are GPUs), then measures them here.
     """
-    import torch
     from tqdm import tqdm
 
     from ..export.load import load_model
@@ -304,8 +304,7 @@ def roundtrip(
         for s, m in matches.items():
             configs[s]["d_model"] = m.d_model
 
-    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto"
-                       else device)
+    dev = resolve_device(device)
     per_job = 1 + len(quants) + len(qat_formats) + ("shuffle" in probes) + ("fragility" in probes) * len(quants)
     bar = tqdm(total=seeds * len(schemes) * per_job, unit="job", desc="roundtrip",
                disable=not progress, dynamic_ncols=True)

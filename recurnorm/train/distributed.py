@@ -12,6 +12,8 @@ Failure handling: a rank that raises records ``{"rank", "error", "message",
 set that folder (``recurnorm train --nproc`` does), prints one ``error: rank r
 of N: ...`` line, and exits; torchrun then stops the other ranks and the
 launcher names the rank and its error.
+
+``resolve_device`` and ``device_of`` are the one place a device is chosen or read.
 """
 
 from __future__ import annotations
@@ -59,9 +61,7 @@ class DistContext:
 
     def device(self, requested: str = "auto") -> torch.device:
         """The device of this rank: cuda:<local_rank> on a GPU machine, else CPU."""
-        if requested == "auto":
-            requested = "cuda" if torch.cuda.is_available() else "cpu"
-        dev = torch.device(requested)
+        dev = resolve_device(requested)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", self.local_rank if self.distributed else 0)
         return dev
@@ -85,6 +85,22 @@ class DistContext:
         if not self.distributed:
             return value
         return float(self.sum(torch.tensor([value], dtype=torch.float64))[0]) / self.world_size
+
+
+def resolve_device(requested: str = "auto") -> torch.device:
+    """The device a ``--device`` value names; "auto" is cuda where a GPU is present, else cpu."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(requested)
+
+
+def device_of(module: torch.nn.Module) -> torch.device:
+    """Device of the module's first parameter or buffer; CPU for a parameterless module."""
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return torch.device("cpu")
 
 
 def env_world() -> tuple[int, int, int]:

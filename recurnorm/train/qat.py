@@ -49,6 +49,7 @@ from torch import Tensor, nn
 from ..errors import ConfigError, RecurnormError
 from ..model.lm import projection_block
 from ..quant.fake import absmax_act_quant, quantize_dequantize, ste_mix
+from .distributed import device_of
 
 DEFAULT_RAMP = 0.5
 QAT_KEYS = ("format", "options", "ramp", "act_quant", "noise", "stepwise", "extra_norm", "exported")
@@ -319,8 +320,7 @@ def check_qat(model: nn.Module, batch_BxT: Tensor | None = None, *, min_ratio: f
             f"QAT guard: forward pass did not use quantized weights (weight_transform missing or "
             f"replaced on {len(wrong)} of {len(projections)} projections, e.g. {wrong[0]})"
         )
-    device = next(model.parameters()).device
-    batch = (guard_batch(config) if batch_BxT is None else batch_BxT).to(device)
+    batch = (guard_batch(config) if batch_BxT is None else batch_BxT).to(device_of(model))
     was_training = model.training
     model.eval()
     try:
@@ -375,6 +375,11 @@ def _expected_logits(model: nn.Module, state: QATState, batch: Tensor) -> Tensor
 
 
 # --- training ----------------------------------------------------------------
+
+
+def fine_tune_warmup(warmup: int, steps: int) -> int:
+    """Warm-up steps of a QAT fine-tune: the preset's, but at most a tenth of its steps."""
+    return min(int(warmup), steps // 10)
 
 
 def train_qat(
