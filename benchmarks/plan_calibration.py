@@ -24,8 +24,8 @@ FORMATS = ("int8", "int7", "int6", "int5", "int4", "ternary")
 def stats(model, fmt: str) -> list[dict]:
     from recurnorm.budget.api import read_artifact, tensor_stats
     from recurnorm.export.pack import pack_state
-    from recurnorm.export.policy import state_dict_for_export
     from recurnorm.export.spec import build_policy
+    from recurnorm.model import state_dict_for_export
 
     data = pack_state(state_dict_for_export(model), build_policy(fmt))
     art = read_artifact(data)

@@ -342,7 +342,7 @@ def test_fisher_proxy_agrees_with_direct_sensitivity(trained_tiny):
 
     from recurnorm.export.fit import calibration_loss_fn, fisher_diagonal, fit_budget
     from recurnorm.export.gptq import calibration_windows
-    from recurnorm.export.policy import state_dict_for_export
+    from recurnorm.model import state_dict_for_export
 
     model, corpus = trained_tiny
     windows = calibration_windows(model, corpus.train_tokens, 4096)
@@ -364,8 +364,8 @@ def test_recurnorm_pack_applies_the_qat_policy_like_the_cli(trained_tiny):
     import copy
 
     import recurnorm
-    from recurnorm.export.policy import state_dict_for_export
     from recurnorm.export.qat import projection_weight_names
+    from recurnorm.model import state_dict_for_export
     from recurnorm.train.qat import apply_qat
 
     model = copy.deepcopy(trained_tiny[0])

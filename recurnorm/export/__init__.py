@@ -14,7 +14,7 @@ from .fit import fit_budget
 from .gptq import gptq_export
 from .load import load_model, prepare_exported
 from .pack import pack_checkpoint, pack_state, quantize
-from .policy import ExportPolicy, Rule, state_dict_for_export
+from .policy import ExportPolicy, Rule
 from .qat import export_config, export_qat, lossless_policy, projection_weight_names, qat_policy
 from .spec import build_policy, parse_format, parse_quant
 
@@ -36,5 +36,4 @@ __all__ = [
     "projection_weight_names",
     "qat_policy",
     "quantize",
-    "state_dict_for_export",
 ]

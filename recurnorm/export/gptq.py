@@ -12,8 +12,9 @@ import numpy as np
 from torch import Tensor, nn
 
 from ..errors import ConfigError
+from ..model.checkpoint import state_dict_for_export
 from ..quant.qtensor import QTensor
-from .policy import ExportPolicy, Plan, state_dict_for_export
+from .policy import ExportPolicy, Plan
 
 DEFAULT_CALIB_TOKENS = 32768
 

@@ -74,7 +74,7 @@ def pack(state_dict_or_model, quant: str = "int8", policy: ExportPolicy | None =
     """
     from torch import nn
 
-    from .policy import state_dict_for_export
+    from ..model import state_dict_for_export
     from .spec import build_policy
 
     state = state_dict_or_model

@@ -76,9 +76,8 @@ def predict_size(config, policy, code_bytes: int = 0, seed: int = 0) -> SizePlan
     import torch
 
     from ..budget.api import read_artifact, tensor_stats
-    from ..model import ModelConfig, RecurrentLM
+    from ..model import ModelConfig, RecurrentLM, state_dict_for_export
     from .pack import pack_state
-    from .policy import state_dict_for_export
 
     cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_dict(dict(config))
     cfg.validate()

@@ -32,7 +32,6 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from ..errors import QuantError
@@ -223,8 +222,3 @@ class ExportPolicy:
                 shape = "x".join(map(str, state_dict[name].shape)) or "scalar"
                 lines.append(f"{name:<{width}}  {shape:<14} {format_spec(fmt, o):<10} {reason}")
         return "\n".join(lines)
-
-
-def state_dict_for_export(model: torch.nn.Module) -> dict[str, Tensor]:
-    """The model's state dict, detached on CPU (tied weights appear under each name)."""
-    return {k: v.detach().cpu() for k, v in model.state_dict().items()}

@@ -21,9 +21,14 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 
-def state_dict_for_export(model: RecurrentLM) -> dict[str, Tensor]:
-    """Plain, contiguous, detached float tensors; tied weights stored once (as embed)."""
-    return {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+def state_dict_for_export(model: torch.nn.Module) -> dict[str, Tensor]:
+    """The model's state dict, detached on CPU: what checkpoints and artifacts store.
+
+    Nothing is copied, so a tensor tied under two names (a foreign model's embedding and
+    head) appears under each name with one storage, and the packer stores it once.
+    RecurrentLM ties by having no head: its state dict holds ``embed.weight`` only.
+    """
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
 def save_checkpoint(model: RecurrentLM, out_dir: str | os.PathLike, force: bool = False) -> Path:
