@@ -50,8 +50,8 @@ def train_checkpoint(scheme: str, d: int, steps: int, out: Path, corpus) -> Path
 
 
 def bpb_of(data: bytes, corpus) -> float:
-    from recurnorm.evaluate.gate import model_from_artifact
     from recurnorm.evaluate.loss import loss
+    from recurnorm.export.load import model_from_artifact
 
     return loss(model_from_artifact(data), corpus).bits_per_byte
 

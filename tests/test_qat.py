@@ -25,7 +25,7 @@ def _bpb(model, corpus) -> float:
 
 def _roundtrip(model):
     """Export through real artifact bytes and rebuild a fresh model the way evaluation does."""
-    from recurnorm.evaluate.gate import model_from_artifact
+    from recurnorm.export.load import model_from_artifact
 
     data = export_qat.export_qat(model)
     return export_load.prepare_exported(model_from_artifact(data)).eval(), data

@@ -95,7 +95,7 @@ def reference_model(factory: str | Factory, path: str | os.PathLike) -> nn.Modul
 def artifact_model(factory: str | Factory, artifact: str | os.PathLike | bytes) -> nn.Module:
     """The factory's model with an artifact's dequantized weights (config from its metadata, or None)."""
     from ..budget.api import dequantize_all, read_artifact
-    from .gate import read_artifact_bytes
+    from ..export.load import read_artifact_bytes
 
     source = "artifact" if isinstance(artifact, (bytes, bytearray, memoryview)) else str(artifact)
     art = read_artifact(read_artifact_bytes(artifact))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from ..errors import ArtifactError, CheckpointError, ConfigError, DataError, LossRegressionError
+from ..errors import ConfigError, DataError, LossRegressionError
 
 
 @dataclass
@@ -24,45 +23,6 @@ class GateReport:
     def to_dict(self) -> dict:
         """Plain dict for JSON output."""
         return asdict(self)
-
-
-def read_artifact_bytes(artifact: str | os.PathLike | bytes | bytearray) -> bytes:
-    """The bytes of an artifact given as bytes or a path; ArtifactError when unreadable."""
-    if isinstance(artifact, (bytes, bytearray, memoryview)):
-        return bytes(artifact)
-    path = Path(artifact)
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise ArtifactError(f"cannot read artifact {path}: {exc.strerror or exc}") from None
-
-
-def model_from_decoded(art, source: str = "artifact"):
-    """A fresh RecurrentLM from a decoded budget Artifact (config in metadata, strict load)."""
-    from ..budget.api import dequantize_all
-    from ..model import model_from_state_dict
-
-    config = art.metadata.get("config")
-    if not isinstance(config, dict):
-        raise ArtifactError(f"{source} has no model config in its metadata; cannot rebuild the model")
-    from ..export.load import prepare_exported
-
-    try:
-        # Grid weights are never fake-quantized again; a QAT model's activation hooks are restored.
-        return prepare_exported(
-            model_from_state_dict(config, dequantize_all(art.qtensors), source=source))
-    except (CheckpointError, ConfigError) as exc:
-        # Tensors that disagree with the artifact's own config: the artifact is at fault.
-        raise ArtifactError(f"{source}: {exc}") from None
-
-
-def model_from_artifact(artifact: str | os.PathLike | bytes, source: str | None = None):
-    """A fresh RecurrentLM rebuilt from an artifact (bytes or path) alone."""
-    from ..budget.api import read_artifact
-
-    if source is None:
-        source = "artifact" if isinstance(artifact, (bytes, bytearray)) else str(artifact)
-    return model_from_decoded(read_artifact(read_artifact_bytes(artifact)), source)
 
 
 def _load_reference(reference):
@@ -100,6 +60,7 @@ def loss_gate(
     ``model_factory`` (``module:function`` or a callable, see evaluate.factory)
     builds both models for checkpoints that are not RecurrentLMs.
     """
+    from ..export.load import model_from_artifact
     from . import factory as fac
     from .loss import loss
 

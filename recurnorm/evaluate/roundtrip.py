@@ -18,7 +18,6 @@ from typing import Any
 from ..errors import CheckpointError, ConfigError
 from ..train.distributed import device_of, resolve_device
 from . import report as rep
-from .gate import model_from_decoded
 from .probes import check_probes, fragility_probe, shuffle_probe
 
 # Shared and unique first: they anchor the gap-recovered ratio and the paired differences.
@@ -105,6 +104,7 @@ def export_model(model, quant: str, *, quantize_controls: bool = False,
                  quant_options: dict | None = None, policy=None) -> Export:
     """Pack a model to bytes, read them back, and rebuild a fresh model from them (strict)."""
     from ..budget.api import read_artifact, tensor_stats
+    from ..export.load import model_from_decoded
 
     data = pack_model(model, quant, quantize_controls=quantize_controls,
                       quant_options=quant_options, policy=policy)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .fit import fit_budget
 from .gptq import gptq_export
-from .load import load_model, prepare_exported
+from .load import load_model, model_from_artifact, prepare_exported
 from .pack import pack_checkpoint, pack_state, quantize
 from .policy import ExportPolicy, Rule
 from .qat import export_config, export_qat, lossless_policy, projection_weight_names, qat_policy
@@ -28,6 +28,7 @@ __all__ = [
     "gptq_export",
     "load_model",
     "lossless_policy",
+    "model_from_artifact",
     "pack_checkpoint",
     "pack_state",
     "parse_format",
