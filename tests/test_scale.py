@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from recurnorm.budget.cap import DEFAULT_MAX_BYTES
+from recurnorm.export.plan import predict_size
+from recurnorm.export.spec import build_policy
 from recurnorm.model import ModelConfig
 from recurnorm.quant.policy import ExportPolicy
 from recurnorm.train.loop import read_log, train
 from recurnorm.train.optim import build_optimizer
 from recurnorm.train.presets import get_preset
-from recurnorm.train.sizing import CAP_BYTES, estimate_artifact_bytes
 
 CONFIG = ModelConfig(d_model=32, n_heads=2, depth=2, seq_len=32, vocab_size=256, scheme="norm")
 FAST = dict(batch_size=8, lr=3e-3, warmup=2, log_every=1, progress=False)
@@ -18,10 +20,10 @@ FAST = dict(batch_size=8, lr=3e-3, warmup=2, log_every=1, progress=False)
 
 def test_golf_fills_the_cap_and_tiny_stays_the_demo_preset():
     golf = get_preset("golf")
-    est = estimate_artifact_bytes(ModelConfig(**golf.model))
-    assert 0.9 * CAP_BYTES < est.bytes < CAP_BYTES
-    assert est.quantized_params > 0.99 * est.params  # int8 nearly everywhere
-    assert "of the 16,000,000-byte cap" in est.line()
+    plan = predict_size(ModelConfig(**golf.model), build_policy("int8"))
+    assert 0.9 * DEFAULT_MAX_BYTES < plan.predicted_bytes < DEFAULT_MAX_BYTES
+    assert plan.formats["int8"]["weights"] > 0.99 * plan.weights  # int8 nearly everywhere
+    assert "of the 16,000,000-byte cap" in plan.line()
     tiny = get_preset("tiny")  # `make demo` depends on these values
     assert (tiny.optimizer, tiny.micro_batch, tiny.lr, tiny.steps) == ("adamw", None, 2e-3, 600)
 
@@ -35,7 +37,7 @@ def test_size_estimate_is_close_to_the_packed_size(trained_tiny, keep_float):
     kw = {} if keep_float is None else {"keep_float_max_numel": keep_float}
     policy = ExportPolicy(quantizer="int8", control_names=model.control_names(), **kw)
     actual = len(recurnorm.pack(state_dict_for_export(model), quant="int8", policy=policy))
-    est = estimate_artifact_bytes(model.config, policy=policy).bytes
+    est = predict_size(model.config, policy).predicted_bytes
     assert 0.85 < est / actual < 1.2, (est, actual)
 
 

@@ -153,9 +153,13 @@ def train(
         "scheme_options": scheme_options, **{k: v for k, v in overrides.items() if v is not None},
     })  # fmt: skip
 
-    from ..train.sizing import estimate_artifact_bytes
+    size = None
+    if main_rank:
+        from ..export.plan import predict_size
+        from ..export.spec import build_policy
 
-    size = estimate_artifact_bytes(config)
+        # What `recurnorm plan` predicts for this config under the default int8 export.
+        size = predict_size(config, build_policy("int8"))
     if main_rank and not as_json:
         click.echo(f"{preset} preset, {config.scheme}: {size.line()}", err=True)
         if config.vocab_size != p.model.get("vocab_size", config.vocab_size):
@@ -203,7 +207,7 @@ def train(
         "tokens_per_s": result.tokens_per_s,
         "data": corpus.source,
         "optimizer": p.optimizer,
-        "estimated_artifact_bytes": size.bytes,
+        "estimated_artifact_bytes": size.predicted_bytes,
         "ranks": world,
         "out": str(out_dir),
         "config": config.to_dict(),

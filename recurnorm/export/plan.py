@@ -11,6 +11,8 @@ at the fraction of their raw bytes trained ones take (``PASSTHROUGH_FILL``);
 both from benchmarks/plan_calibration.py.
 The result is bits per weight per format and the predicted artifact size;
 ``fit_size`` searches the largest width (or depth) whose prediction fits.
+It is the one size estimate: ``recurnorm plan`` prints it, ``recurnorm train``
+prints its one-line form when training starts, and ``--match-bytes`` matches on it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..budget.cap import DEFAULT_MAX_BYTES
 from ..errors import ConfigError
 from .policy import ExportPolicy
 
@@ -49,6 +52,17 @@ class SizePlan:
     def total_bytes(self) -> int:
         """Predicted artifact plus code."""
         return self.predicted_bytes + self.code_bytes
+
+    @property
+    def weights(self) -> int:
+        """Elements stored, over every format."""
+        return sum(row["weights"] for row in self.formats.values())
+
+    def line(self, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+        """The plan in one line, as a share of the cap (what training prints when it starts)."""
+        return (f"{self.weights:,} parameters; predicted artifact {self.total_bytes / 1e6:.2f} MB = "
+                f"{100 * self.total_bytes / max_bytes:.1f}% of the {max_bytes:,}-byte cap "
+                "(`recurnorm plan` details it; `recurnorm pack` gives the real size)")
 
     def to_dict(self) -> dict:
         """JSON-ready form."""

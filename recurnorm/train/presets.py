@@ -4,8 +4,8 @@
 it is tuned for stability over speed (in our own paired runs at AdamW 3e-3 the
 per-step gains made scheme differences flip sign between seeds).
 ``small`` is sized for one GPU. ``golf`` fills the Parameter Golf budget: with
-the SP8192 tokenizer (FineWeb shards) its shared scheme packs at int8 to an
-estimated 15.45 MB of the 16,000,000-byte cap (recurnorm.train.sizing, printed
+the SP8192 tokenizer (FineWeb shards) its shared scheme packs at int8 to a
+predicted 14.67 MB of the 16,000,000-byte cap (recurnorm.export.plan, printed
 when training starts), and it is sized to train on one GPU in about ten
 minutes (``torchrun`` on more GPUs takes the same steps with the batch split).
 """
