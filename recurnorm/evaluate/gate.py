@@ -34,15 +34,6 @@ def _load_reference(reference):
     return reference
 
 
-def _load_data(data, tokenizer: str | None):
-    """A Corpus from a spec ("default", a path, "shards:GLOB") or the Corpus itself."""
-    from ..train.data import load_corpus
-
-    if isinstance(data, (str, os.PathLike)):
-        return load_corpus(str(data), tokenizer=tokenizer)
-    return data
-
-
 def loss_gate(
     artifact_path_or_bytes: str | os.PathLike | bytes,
     reference_ckpt,
@@ -61,6 +52,7 @@ def loss_gate(
     builds both models for checkpoints that are not RecurrentLMs.
     """
     from ..export.load import model_from_artifact
+    from ..train.data import as_corpus
     from . import factory as fac
     from .loss import loss
 
@@ -74,7 +66,7 @@ def loss_gate(
         artifact_model = fac.artifact_model(build, artifact_path_or_bytes)
         reference = (fac.reference_model(build, reference_ckpt)
                      if isinstance(reference_ckpt, (str, os.PathLike)) else reference_ckpt)
-    corpus = _load_data(data, tokenizer)
+    corpus = as_corpus(data, tokenizer)
     for name, model in (("artifact", artifact_model), ("reference", reference)):
         vocab = fac.vocab_size_of(model)  # a foreign module that does not say is probed once
         if vocab is not None and corpus.vocab_size > vocab:

@@ -62,11 +62,11 @@ def _init_worker(slots, threads: int) -> None:
 def _run_job(job: TrainJob, data: Any, tokenizer: str | None, train_kw: dict) -> JobResult:
     """One job in a worker process (top level: spawn must import it)."""
     from ..model import ModelConfig, save_checkpoint
-    from ..train.data import load_corpus
+    from ..train.data import as_corpus
     from ..train.loop import train
 
     device = _DEVICE
-    corpus = load_corpus(data, tokenizer=tokenizer) if isinstance(data, (str, os.PathLike)) else data
+    corpus = as_corpus(data, tokenizer)
     t0 = time.perf_counter()
     result = train(ModelConfig.from_dict(job.config), corpus, seed=job.seed, pair_init=True,
                    progress=False, device=device, **train_kw)  # fmt: skip

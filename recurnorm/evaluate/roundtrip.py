@@ -268,7 +268,7 @@ def roundtrip(
 
     from ..export.load import load_model
     from ..model import ModelConfig, save_checkpoint
-    from ..train.data import load_corpus
+    from ..train.data import as_corpus
     from ..train.loop import train
     from ..train.presets import get_preset
     from .loss import loss
@@ -289,7 +289,7 @@ def roundtrip(
     p = get_preset(preset)
     train_kw = p.with_overrides(steps=steps, **(train_overrides or {})).train_kwargs()
     train_kw.pop("eval_every", None)
-    corpus = load_corpus(data, tokenizer=tokenizer) if isinstance(data, (str, os.PathLike)) else data
+    corpus = as_corpus(data, tokenizer)
     base = base_model_config(p, corpus, model_overrides)
     configs = {s: {**base, "scheme": s, "scheme_options": dict(scheme_options.get(s, {}))}
                for s in schemes}

@@ -19,6 +19,7 @@ joined with a blank line inside each split.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -50,6 +51,13 @@ def load_corpus(
         docs = read_documents(spec)
     train_text, val_text = split_documents(docs, val_fraction)
     return tokenize_split(train_text, val_text, tokenizer=tokenizer, source=spec)
+
+
+def as_corpus(data: str | os.PathLike | Corpus, tokenizer: str | None = None) -> Corpus:
+    """A Corpus from a spec ("default", a path, "shards:GLOB") or the Corpus itself."""
+    if isinstance(data, (str, os.PathLike)):
+        return load_corpus(str(data), tokenizer=tokenizer)
+    return data
 
 
 def default_documents() -> list[str]:
