@@ -181,15 +181,21 @@ def _train_in_parallel(jobs, schemes, seeds, configs, checkpoints_dir, data, cor
     return done, tmp
 
 
+def _name_list(names: str | list[str] | tuple[str, ...], what: str) -> list[str]:
+    """Names from a list or 'a,b,c', stripped, first occurrence kept; ConfigError when none."""
+    if isinstance(names, str):
+        names = [n for n in names.split(",") if n]
+    names = list(dict.fromkeys(n.strip() for n in names))
+    if not names:
+        raise ConfigError(f"no {what} given")
+    return names
+
+
 def resolve_schemes(schemes: str | list[str] | tuple[str, ...]) -> list[str]:
     """A scheme list from names or 'all' / 'a,b,c'; anchors first, unknown names raise ConfigError."""
     from ..model import schemes as registry
 
-    if isinstance(schemes, str):
-        schemes = registry.available() if schemes == "all" else [s for s in schemes.split(",") if s]
-    schemes = list(dict.fromkeys(s.strip() for s in schemes))
-    if not schemes:
-        raise ConfigError("no schemes given")
+    schemes = _name_list(registry.available() if schemes == "all" else schemes, "schemes")
     for s in schemes:
         registry.get(s)
     return [s for s in ANCHORS if s in schemes] + [s for s in schemes if s not in ANCHORS]
@@ -199,11 +205,7 @@ def resolve_quants(quants: str | list[str] | tuple[str, ...]) -> list[str]:
     """A quantizer list from names or 'a,b'; unknown names raise (QuantError lists the formats)."""
     from .. import quant as qmod
 
-    if isinstance(quants, str):
-        quants = [q for q in quants.split(",") if q]
-    quants = list(dict.fromkeys(q.strip() for q in quants))
-    if not quants:
-        raise ConfigError("no quantizers given")
+    quants = _name_list(quants, "quantizers")
     for q in quants:
         qmod.get(q)
     return quants
