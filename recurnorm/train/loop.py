@@ -472,13 +472,14 @@ def _restore(saved: dict, model, opt: Optimizers, rng) -> tuple[int, float, floa
     if len(meta["optimizers"]) != len(opt.optimizers):
         raise CheckpointError(f"resume state holds {len(meta['optimizers'])} optimizer(s), "
                               f"the {opt.name} run has {len(opt.optimizers)}")  # fmt: skip
+    device = distributed.device_of(model)
     for j, (sub, entry) in enumerate(zip(opt.optimizers, meta["optimizers"], strict=True)):
         state: dict[int, dict] = {}
         prefix = f"opt{j}/"
         for key, value in tensors.items():
             if key.startswith(prefix):
                 _, idx, name = key.split("/", 2)
-                state.setdefault(int(idx), {})[name] = value.to(_param_device(sub))
+                state.setdefault(int(idx), {})[name] = value.to(device)
         for idx, extra in entry["opt_scalars"].items():
             state.setdefault(int(idx), {}).update(extra)
         sub.load_state_dict({"state": state, "param_groups": entry["param_groups"]})
@@ -488,10 +489,3 @@ def _restore(saved: dict, model, opt: Optimizers, rng) -> tuple[int, float, floa
     rng.bit_generator.state = meta["numpy_rng"]
     loss_sum, loss_count = meta["loss_acc"]
     return int(meta["step"]), float(meta["elapsed_s"]), float(loss_sum), int(loss_count)
-
-
-def _param_device(opt: torch.optim.Optimizer) -> torch.device:
-    for group in opt.param_groups:
-        for p in group["params"]:
-            return p.device
-    return torch.device("cpu")
