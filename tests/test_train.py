@@ -12,7 +12,8 @@ from recurnorm.cli.main import main
 from recurnorm.errors import CheckpointError, ConfigError, OutputExistsError
 from recurnorm.evaluate import loss
 from recurnorm.model import ModelConfig, RecurrentLM, load_checkpoint
-from recurnorm.train.loop import build_model, parameter_groups, read_log, train
+from recurnorm.train.loop import build_model, read_log, train
+from recurnorm.train.optim import parameter_groups
 from recurnorm.train.presets import PRESETS, get_preset
 from recurnorm.train.schedule import lr_at
 

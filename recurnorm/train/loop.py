@@ -47,7 +47,7 @@ from ..io import atomic_write_bytes, atomic_write_text, check_writable
 from ..model import ModelConfig, RecurrentLM, save_checkpoint
 from . import distributed
 from .corpus import Corpus
-from .optim import Optimizers, build_optimizer, parameter_groups  # noqa: F401 (re-exported)
+from .optim import Optimizers, build_optimizer
 from .schedule import lr_at
 
 LOG_NAME = "train_log.jsonl"
