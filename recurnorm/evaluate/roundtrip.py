@@ -189,7 +189,7 @@ def resolve_schemes(schemes: str | list[str] | tuple[str, ...]) -> list[str]:
     if not schemes:
         raise ConfigError("no schemes given")
     for s in schemes:
-        registry.get(s)
+        registry.scheme_class(s)  # ConfigError naming the choices
     return [s for s in ANCHORS if s in schemes] + [s for s in schemes if s not in ANCHORS]
 
 

@@ -21,7 +21,7 @@ def projection_weight_names(config) -> list[str]:
     from ..model import schemes
     from ..model.layers import PROJECTIONS
 
-    n_blocks = config.depth if schemes.get(config.scheme).untied_blocks else 1
+    n_blocks = config.depth if schemes.scheme_class(config.scheme).untied_blocks else 1
     return [
         f"blocks.{i}.{'attn' if p in ('q', 'k', 'v', 'o') else 'mlp'}.{p}.weight"
         for i in range(n_blocks) for p in PROJECTIONS

@@ -23,7 +23,7 @@ class RecurrentLM(nn.Module):
         super().__init__()
         config.validate()
         self.config = config
-        scheme_cls = schemes.get(config.scheme)
+        scheme_cls = schemes.scheme_class(config.scheme)
         n_blocks = config.depth if scheme_cls.untied_blocks else 1
         c = config
 
@@ -42,7 +42,7 @@ class RecurrentLM(nn.Module):
         if not c.tie_embeddings:
             self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
             nn.init.normal_(self.head.weight, std=0.02)
-        self.spec = scheme_cls(c)
+        self.spec = schemes.get(c.scheme, c)
 
         cos, sin = rope_tables(c.seq_len, c.d_head)
         self.register_buffer("rope_cos", cos, persistent=False)
