@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from recurnorm.export.policy import ExportPolicy
 from recurnorm.model import ModelConfig
-from recurnorm.quant.policy import ExportPolicy
 from recurnorm.train.loop import read_log, train
 from recurnorm.train.optim import build_optimizer
 from recurnorm.train.presets import get_preset
@@ -18,7 +18,8 @@ FAST = dict(batch_size=8, lr=3e-3, warmup=2, log_every=1, progress=False)
 
 def test_golf_fills_the_cap_and_tiny_stays_the_demo_preset():
     golf = get_preset("golf")
-    est = estimate_artifact_bytes(ModelConfig(**golf.model))
+    est = estimate_artifact_bytes(
+        ModelConfig(**golf.model), lambda m: ExportPolicy(quantizer="int8", control_names=m.control_names()))
     assert 0.9 * CAP_BYTES < est.bytes < CAP_BYTES
     assert est.quantized_params > 0.99 * est.params  # int8 nearly everywhere
     assert "of the 16,000,000-byte cap" in est.line()
@@ -35,7 +36,7 @@ def test_size_estimate_is_close_to_the_packed_size(trained_tiny, keep_float):
     kw = {} if keep_float is None else {"keep_float_max_numel": keep_float}
     policy = ExportPolicy(quantizer="int8", control_names=model.control_names(), **kw)
     actual = len(recurnorm.pack(state_dict_for_export(model), quant="int8", policy=policy))
-    est = estimate_artifact_bytes(model.config, policy=policy).bytes
+    est = estimate_artifact_bytes(model.config, lambda m: policy).bytes
     assert 0.85 < est / actual < 1.2, (est, actual)
 
 

@@ -153,9 +153,11 @@ def train(
         "scheme_options": scheme_options, **{k: v for k, v in overrides.items() if v is not None},
     })  # fmt: skip
 
+    from ..export.policy import ExportPolicy
     from ..train.sizing import estimate_artifact_bytes
 
-    size = estimate_artifact_bytes(config)
+    size = estimate_artifact_bytes(
+        config, lambda model: ExportPolicy(quantizer="int8", control_names=model.control_names()))
     if main_rank and not as_json:
         click.echo(f"{preset} preset, {config.scheme}: {size.line()}", err=True)
         if config.vocab_size != p.model.get("vocab_size", config.vocab_size):

@@ -94,7 +94,8 @@ def reference_model(factory: str | Factory, path: str | os.PathLike) -> nn.Modul
 
 def artifact_model(factory: str | Factory, artifact: str | os.PathLike | bytes) -> nn.Module:
     """The factory's model with an artifact's dequantized weights (config from its metadata, or None)."""
-    from ..budget.api import dequantize_all, read_artifact
+    from ..budget.api import read_artifact
+    from ..quant import dequantize_all
     from .gate import read_artifact_bytes
 
     source = "artifact" if isinstance(artifact, (bytes, bytearray, memoryview)) else str(artifact)

@@ -36,7 +36,8 @@ def load_model(path: str | os.PathLike) -> nn.Module:
         if model.config.qat:
             apply_qat(model, QATSpec.from_dict(model.config.qat))  # exported=True keeps weights
         return model.eval()
-    from ..budget.api import dequantize_all, read_artifact
+    from ..budget.api import read_artifact
+    from ..quant import dequantize_all
 
     try:
         art = read_artifact(path.read_bytes())

@@ -52,21 +52,18 @@ class SizeEstimate:
                 "real size)")  # fmt: skip
 
 
-def estimate_artifact_bytes(config: ModelConfig, quant: str = "int8", policy=None) -> SizeEstimate:
-    """Estimate of the packed size of config's model under the default export with quant.
+def estimate_artifact_bytes(config: ModelConfig, policy, quant: str = "int8") -> SizeEstimate:
+    """Estimate of the packed size of config's model under an export policy with quant.
 
-    ``policy`` (a quant.policy.ExportPolicy) replaces the default export policy.
+    ``policy`` is a function of the model giving its export policy (export/ owns policies,
+    and train/ may not import it: the caller passes it in).
     """
-    from ..quant.policy import ExportPolicy
-
     if quant not in MEASURED_BITS:
         raise ValueError(f"no measured bits/weight for {quant!r}; known: {sorted(MEASURED_BITS)}")
     with torch.device("meta"):
         model = RecurrentLM(config)
     state = dict(model.state_dict())
-    if policy is None:
-        policy = ExportPolicy(quantizer=quant, control_names=model.control_names())
-    plan = policy.plan(state)
+    plan = policy(model).plan(state)
     bits, quantized = 0.0, 0
     for name, tensor in state.items():
         fmt = plan[name][0]
