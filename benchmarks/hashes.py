@@ -15,9 +15,11 @@ sha256, bytes, name. Save the output before a change and compare after it:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -75,6 +77,19 @@ def cases(ckpts: list[str], reals: list[str]):
                 yield f"cli train tiny {label}", f.read()
 
 
+HASH_LINE = re.compile(r"[0-9a-f]{64} ")
+
+
+def _quiet(gen):
+    """The case builders' progress lines go to stderr: stdout holds hash lines only."""
+    while True:
+        with contextlib.redirect_stdout(sys.stderr):
+            item = next(gen, None)
+        if item is None:
+            return
+        yield item
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", metavar="FILE", help="compare with an earlier run's output")
@@ -82,13 +97,13 @@ def main() -> None:
     ckpts = [os.path.dirname(f) for f in sorted(glob.glob("runs/*/model.safetensors"))]
     reals = sorted(glob.glob(os.path.join(pack_bench.REAL_CACHE, "*.safetensors")))
     lines = []
-    for name, data in cases(ckpts, reals):
+    for name, data in _quiet(cases(ckpts, reals)):
         line = f"{hashlib.sha256(data).hexdigest()} {len(data):>11} {name}"
         lines.append(line)
         print(line, flush=True)
     if args.check:
         with open(args.check) as f:
-            before = {ln.split(None, 2)[2]: ln for ln in f.read().splitlines() if ln.strip()}
+            before = {ln.split(None, 2)[2]: ln for ln in f.read().splitlines() if HASH_LINE.match(ln)}
         after = {ln.split(None, 2)[2]: ln for ln in lines}
         differ = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
         for k in differ:

@@ -38,9 +38,9 @@ import numpy as np
 import torch
 
 from recurnorm.budget import pack_qtensors, rnpk_load, unpack
-from recurnorm.budget.api import export_qtensors
 from recurnorm.budget.loader import loader_source
-from recurnorm.quant.policy import ExportPolicy
+from recurnorm.export.pack import export_qtensors
+from recurnorm.export.policy import ExportPolicy
 
 CONTROL = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight")
 

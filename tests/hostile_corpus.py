@@ -424,9 +424,10 @@ def unpack_in_memory(data: bytes, max_decoded_bytes: int | None = None) -> dict:
     import json
 
     from recurnorm.budget import api, safetensors_out
+    from recurnorm.quant import dequantize_all
 
     art = api.read_artifact(data, max_decoded_bytes)
-    tensors = api.dequantize_all(art.qtensors)
+    tensors = dequantize_all(art.qtensors)
     safetensors_out.write(io.BytesIO(), tensors)
     json.dumps(art.metadata.get("config"))
     return tensors

@@ -15,10 +15,10 @@ from test_search import _embedding_like, _joint_like
 
 from recurnorm.budget import format as fmt
 from recurnorm.budget import pack_qtensors, read_artifact, unpack
-from recurnorm.budget.api import export_qtensors
 from recurnorm.budget.loader import loader_source, minify
 from recurnorm.cli.main import main
-from recurnorm.quant.policy import ExportPolicy
+from recurnorm.export.pack import export_qtensors
+from recurnorm.export.policy import ExportPolicy
 from recurnorm.quant.qtensor import QTensor
 
 # Imports of these raise inside the loader's process: it must not need them.

@@ -41,9 +41,10 @@ def test_registry():
     assert set(schemes.available()) == {
         "unique", "shared", "norm", "norm_gate", "norm_gate_rank1", "layerrope", "lora",
         "rezero", "layerscale", "scalar_gate"}
-    assert schemes.get("norm").name == "norm"
+    assert schemes.scheme_class("norm").name == "norm"
+    assert isinstance(schemes.get("norm", ModelConfig(scheme="norm")), schemes.Norm)
     with pytest.raises(ConfigError, match="unknown scheme 'bogus'; available: layerrope"):
-        schemes.get("bogus")
+        schemes.scheme_class("bogus")
 
 
 def test_new_scheme_is_one_class():
@@ -55,7 +56,7 @@ def test_new_scheme_is_one_class():
         assert "_test_doubler" in schemes.available()
         assert tiny("_test_doubler")(tokens()).shape == (2, 16, V)
     finally:
-        schemes._REGISTRY.pop("_test_doubler")
+        schemes.unregister("_test_doubler")
 
 
 # -- gradients -------------------------------------------------------------------
@@ -243,7 +244,7 @@ def test_layerrope_gain_matches_reference(options):
     with torch.no_grad():
         spec.mlp_out.gamma.copy_(torch.randn(d))
         spec.mlp_out.scalars.add_(torch.randn(4) * 0.1)
-    o = {**schemes.get("layerrope").defaults, **options}
+    o = {**schemes.scheme_class("layerrope").defaults, **options}
     for site in ("attn_in", "attn_out", "mlp_in", "mlp_out"):
         mod = getattr(spec, site)
         a, b, ar, br = mod.scalars.tolist()

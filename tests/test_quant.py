@@ -39,7 +39,7 @@ def test_available_lists_every_format():
 def test_unknown_name_and_option_list_what_exists():
     with pytest.raises(QuantError, match="available: .*int4"):
         q.get("int9")
-    with pytest.raises(QuantError, match="its options: .*group"):
+    with pytest.raises(QuantError, match="known options: .*group"):
         q.get("int4", grop=32)
     with pytest.raises(QuantError, match="group"):
         q.get("int4", group=0)

@@ -7,9 +7,9 @@ import torch
 
 from recurnorm.budget.cap import DEFAULT_MAX_BYTES
 from recurnorm.export.plan import predict_size
+from recurnorm.export.policy import ExportPolicy
 from recurnorm.export.spec import build_policy
 from recurnorm.model import ModelConfig
-from recurnorm.quant.policy import ExportPolicy
 from recurnorm.train.loop import read_log, train
 from recurnorm.train.optim import build_optimizer
 from recurnorm.train.presets import get_preset

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArtifactError, CheckpointError, QuantError
+from ..errors import ArtifactError, CheckpointError, OverCapError, QuantError
 from ..quant.qtensor import QTensor
 from . import codecs as codecs_mod
 from . import format as fmt
@@ -208,105 +208,10 @@ def _codec_label(s: dict) -> str:
 # ----------------------------------------------------------------- state dicts
 
 
-def _fallback_passthrough(tensor) -> QTensor:
-    """Raw-bits QTensor for when recurnorm.quant has no export policy yet."""
-    import torch
-
-    t = tensor.detach().cpu().contiguous()
-    dtype = str(t.dtype).removeprefix("torch.")
-    if t.dtype == torch.bool:
-        codes = t.to(torch.uint8).numpy()
-    elif t.dtype.is_floating_point:
-        size = t.element_size()
-        bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
-        codes = t.view(bits).numpy().view(f"<u{size}")
-    else:
-        codes = t.numpy()
-    codes = codes.reshape(1, -1)
-    return QTensor(format="raw", shape=tuple(t.shape), dtype=dtype, codes=codes.copy())
-
-
-def _fallback_dequantize(qt: QTensor):
-    import torch
-
-    if qt.format != "raw":
-        raise QuantError(f"format {qt.format!r} needs recurnorm.quant, which is not available")
-    dt = getattr(torch, qt.dtype)
-    flat = qt.codes.reshape(-1)[: qt.numel]
-    if dt == torch.bool:
-        return torch.from_numpy(flat.astype(np.bool_)).reshape(qt.shape)
-    if dt.is_floating_point:
-        t = torch.from_numpy(flat.view(flat.dtype.str.replace("u", "i")).copy())
-        return t.view(dt).reshape(qt.shape)
-    return torch.from_numpy(flat.copy()).to(dt).reshape(qt.shape)
-
-
-def _quant():
-    """recurnorm.quant's (ExportPolicy, dequantize), or None while it is not installed."""
-    try:
-        from ..quant import dequantize
-        from ..quant.policy import ExportPolicy
-    except ImportError:
-        return None
-    return ExportPolicy, dequantize
-
-
-def _dedupe(state_dict: dict) -> tuple[dict, dict[str, str]]:
-    """Drop tensors that share storage, shape and strides with an earlier one (tied weights)."""
-    seen: dict[tuple, str] = {}
-    unique, aliases = {}, {}
-    for name in sorted(state_dict):
-        t = state_dict[name]
-        try:
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-                   tuple(t.stride()), t.dtype)
-        except (AttributeError, RuntimeError):
-            key = None
-        if key is not None and t.numel() > 0 and key in seen:
-            aliases[name] = seen[key]
-            continue
-        if key is not None:
-            seen[key] = name
-        unique[name] = t
-    return unique, aliases
-
-
-def export_qtensors(state_dict: dict, quant: str = "int8", policy=None, **quant_options) -> dict[str, QTensor]:
-    """QTensors for a state dict via the export policy; tied tensors map to one QTensor."""
-    unique, aliases = _dedupe(state_dict)
-    q = _quant()
-    if q is not None:
-        if policy is None:
-            policy = q[0](quantizer=quant, options=dict(quant_options))
-        qts = dict(policy.export(unique))
-    else:
-        qts = {name: _fallback_passthrough(t) for name, t in unique.items()}
-    for name, target in aliases.items():
-        qts[name] = qts[target]
-    return qts
-
-
-def pack(state_dict: dict, quant: str = "int8", policy=None, metadata: dict | None = None,
-         codecs=None, effort: str = "normal", **quant_options) -> bytes:
-    """Quantize a state dict with the export policy and pack it."""
-    return pack_qtensors(export_qtensors(state_dict, quant, policy, **quant_options), metadata, codecs,
-                         effort)
-
-
-def dequantize_all(qtensors: dict[str, QTensor]) -> dict[str, Any]:
-    """Float (original dtype) tensors for QTensors; shared QTensors give one shared tensor."""
-    q = _quant()
-    done: dict[int, Any] = {}
-    out = {}
-    for name, qt in qtensors.items():
-        if id(qt) not in done:
-            done[id(qt)] = q[1](qt, original_dtype=True) if q is not None else _fallback_dequantize(qt)
-        out[name] = done[id(qt)]
-    return out
-
-
 def unpack(data: bytes, max_decoded_bytes: int | None = None) -> dict[str, Any]:
     """Artifact bytes to a dequantized state dict in the original dtypes."""
+    from ..quant import dequantize_all
+
     return dequantize_all(read_artifact(data, max_decoded_bytes).qtensors)
 
 
@@ -367,14 +272,14 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
 
 def _check_dtypes(state: dict, path: Path) -> None:
     """CheckpointError naming the first tensor of a dtype no format stores (float8, complex)."""
-    from ..quant.registry import _DTYPES
+    from ..quant.registry import TORCH_DTYPES
 
-    known = set(_DTYPES.values())
+    known = set(TORCH_DTYPES.values())
     for name in sorted(state):
         if state[name].dtype not in known:
             dt = str(state[name].dtype).removeprefix("torch.")
             raise CheckpointError(f"{path}: tensor {name!r} has dtype {dt}, which recurnorm cannot "
-                                  f"store (supported: {', '.join(sorted(_DTYPES))})")
+                                  f"store (supported: {', '.join(sorted(TORCH_DTYPES))})")
 
 
 # ----------------------------------------------------------------- verify
@@ -405,25 +310,25 @@ def verify_bytes(data: bytes, budget=None, path: str = "<bytes>",
     ok means `unpack` succeeds: read_artifact checks what each quantizer needs; with a loader
     in the budget, ok also means the standalone loader reads it (the portable profile).
     """
-    from ..errors import OverCapError
     from .cap import Budget
 
     budget = budget or Budget()
     try:
         art = read_artifact(data, max_decoded_bytes)
     except ArtifactError as exc:
-        return VerifyReport(path, False, 4, str(exc))
+        return VerifyReport(path, False, ArtifactError.exit_code, str(exc))
     if budget.loader is not None:  # the loader counted must be able to read it, too
         from .loader import loader_problem
 
         problem = loader_problem(data, art.manifest)
         if problem:
-            return VerifyReport(path, False, 4, f"not readable by the standalone loader: {problem}")
+            return VerifyReport(path, False, ArtifactError.exit_code,
+                                f"not readable by the standalone loader: {problem}")
     rows = tensor_stats(art.manifest, art.qtensors)
     try:
         cap = budget.check(len(data), rows)
     except OverCapError as exc:
-        return VerifyReport(path, False, 3, str(exc), exc.report, rows, art.metadata)
+        return VerifyReport(path, False, OverCapError.exit_code, str(exc), exc.report, rows, art.metadata)
     return VerifyReport(path, True, 0, "valid and under the cap", cap, rows, art.metadata)
 
 
@@ -453,5 +358,5 @@ def verify_artifact(path: str | Path, budget=None, max_decoded_bytes: int | None
     try:
         data = read_artifact_file(path, max_decoded_bytes)
     except ArtifactError as exc:
-        return VerifyReport(str(path), False, 4, str(exc))
+        return VerifyReport(str(path), False, ArtifactError.exit_code, str(exc))
     return verify_bytes(data, budget, str(path), max_decoded_bytes)

@@ -16,6 +16,8 @@ import numpy as np
 import zstandard
 
 from ..errors import ArtifactError
+from ..quant.grid import rows_layout
+from ..registry import Registry
 from . import compress, rans, search
 
 # numpy dtypes a stream may hold; all are stored little-endian.
@@ -81,13 +83,12 @@ class Codec:
     """Base class: subclasses register themselves by name."""
 
     name: ClassVar[str]
-    registry: ClassVar[dict[str, type[Codec]]] = {}
 
     def __init_subclass__(cls, name: str | None = None, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         if name is not None:  # a base class of several codecs registers nothing
+            _REGISTRY.register(name, cls)
             cls.name = name
-            Codec.registry[name] = cls
 
     def prepare(self, items: list[tuple[np.ndarray, StreamContext]]) -> None:
         """Work out, for many streams at once, what candidates() needs (kept in ctx.plans[name])."""
@@ -105,16 +106,17 @@ class Codec:
         raise NotImplementedError
 
 
+_REGISTRY: Registry[Codec] = Registry("codec", ArtifactError)
+
+
 def available() -> list[str]:
     """Registered codec names."""
-    return sorted(Codec.registry)
+    return _REGISTRY.names()
 
 
 def get(name: str) -> Codec:
-    """A codec instance by name."""
-    if name not in Codec.registry:
-        raise ArtifactError(f"unknown codec {name!r} (known: {', '.join(available())})")
-    return Codec.registry[name]()
+    """A codec instance by name; ArtifactError listing the known ones."""
+    return _REGISTRY.get(name)
 
 
 def to_le_bytes(arr: np.ndarray, dtype: str) -> bytes:
@@ -152,80 +154,150 @@ class Raw(Codec, name="raw"):
         return from_le_bytes(data, ctx)
 
 
-# ----------------------------------------------------------------- zstd layouts
+# ----------------------------------------------------------------- byte layouts
 
 
-def _pack_bits(sym: np.ndarray, per: int, bits: int) -> bytes:
-    """`per` symbols of `bits` bits each into one little-endian word of per*bits bits."""
-    n = len(sym)
-    padded = np.zeros(-(-n // per) * per, dtype=np.uint32)
-    padded[:n] = sym
-    words = np.zeros(len(padded) // per, dtype=np.uint32)
-    for j in range(per):
-        words |= padded[j::per] << np.uint32(bits * j)
-    nbyte = per * bits // 8
-    return words.astype("<u4").view(np.uint8).reshape(-1, 4)[:, :nbyte].tobytes()
+class Layout:
+    """One way to lay a stream out as bytes for a whole-stream compressor, with its inverse.
+
+    `capacity` is the alphabet a packed layout holds (symbols = codes - offset in
+    [0, capacity)); 0 for the layouts of any value of the dtype (plain, shuffle).
+    """
+
+    capacity: ClassVar[int] = 0
+
+    def size(self, n: int, itemsize: int) -> int:
+        """Bytes of n values."""
+        raise NotImplementedError
+
+    def pack(self, arr: np.ndarray, dtype: str, offset: int) -> bytes:
+        raise NotImplementedError
+
+    def unpack(self, raw: bytes, offset: int, ctx: StreamContext) -> np.ndarray:
+        """The array of ctx's dtype and shape; raw holds exactly size(ctx.numel) bytes."""
+        raise NotImplementedError
 
 
-def _unpack_bits(data: bytes, n: int, per: int, bits: int) -> np.ndarray:
-    nbyte = per * bits // 8
-    b = np.frombuffer(data, dtype=np.uint8).reshape(-1, nbyte)
-    w = np.zeros((len(b), 4), dtype=np.uint8)
-    w[:, :nbyte] = b
-    words = w.view("<u4").ravel().astype(np.uint32)
-    out = np.empty((len(words), per), dtype=np.uint8)  # symbols < 64
-    for j in range(per):
-        out[:, j] = (words >> np.uint32(bits * j)) & np.uint32((1 << bits) - 1)
-    return out.ravel()[:n]
+class Plain(Layout):
+    """Little-endian words as they are."""
+
+    def size(self, n, itemsize):
+        return n * itemsize
+
+    def pack(self, arr, dtype, offset):
+        return to_le_bytes(arr, dtype)
+
+    def unpack(self, raw, offset, ctx):
+        return from_le_bytes(raw, ctx)
 
 
-def _pack_trits(sym: np.ndarray) -> bytes:
-    n = len(sym)
-    padded = np.zeros(-(-n // 5) * 5, dtype=np.uint8)
-    padded[:n] = sym
-    p = padded.reshape(-1, 5).astype(np.uint16)
-    return (p @ np.array([1, 3, 9, 27, 81], dtype=np.uint16)).astype(np.uint8).tobytes()
+class Shuffle(Plain):
+    """Byte-grouped words, high bytes first: exponent and sign bytes are the compressible part."""
+
+    def pack(self, arr, dtype, offset):
+        size = DTYPES[dtype].itemsize
+        return np.frombuffer(to_le_bytes(arr, dtype), dtype=np.uint8).reshape(-1, size)[:, ::-1].T.tobytes()
+
+    def unpack(self, raw, offset, ctx):
+        b = np.frombuffer(raw, dtype=np.uint8).reshape(DTYPES[ctx.dtype].itemsize, -1).T[:, ::-1]
+        return from_le_bytes(np.ascontiguousarray(b).tobytes(), ctx)
 
 
-def _unpack_trits(data: bytes, n: int) -> np.ndarray:
-    b = np.frombuffer(data, dtype=np.uint8)
-    if b.size and b.max() >= 243:
-        raise ArtifactError("trit byte out of range")
-    out = np.stack([(b // d) % 3 for d in (1, 3, 9, 27, 81)], axis=1)
-    return out.ravel()[:n]
+class Packed(Layout):
+    """Integer codes as symbols (code - offset) packed tighter than a byte each."""
+
+    def pack(self, arr, dtype, offset):
+        return self.pack_symbols(np.asarray(arr).ravel().astype(np.int64) - offset)
+
+    def unpack(self, raw, offset, ctx):
+        return _symbols_to_array(self.unpack_symbols(raw, ctx.numel), offset, ctx)
+
+    def pack_symbols(self, sym: np.ndarray) -> bytes:
+        raise NotImplementedError
+
+    def unpack_symbols(self, raw: bytes, n: int) -> np.ndarray:
+        raise NotImplementedError
 
 
-# name -> (alphabet size it holds, packed byte count for n symbols)
-PACKED_LAYOUTS = {
-    "trit5": (3, lambda n: -(-n // 5)),
-    "bits2": (4, lambda n: -(-n // 4)),
-    "nib4": (16, lambda n: -(-n // 2)),
-    "pack6": (64, lambda n: -(-n // 4) * 3),
-    "byte": (256, lambda n: n),
-}
+class Trits(Packed):
+    """Five base-3 symbols per byte (3^5 = 243 <= 256)."""
+
+    capacity = 3
+
+    def size(self, n, itemsize):
+        return -(-n // 5)
+
+    def pack_symbols(self, sym):
+        padded = np.zeros(-(-len(sym) // 5) * 5, dtype=np.uint8)
+        padded[: len(sym)] = sym
+        p = padded.reshape(-1, 5).astype(np.uint16)
+        return (p @ np.array([1, 3, 9, 27, 81], dtype=np.uint16)).astype(np.uint8).tobytes()
+
+    def unpack_symbols(self, raw, n):
+        b = np.frombuffer(raw, dtype=np.uint8)
+        if b.size and b.max() >= 243:
+            raise ArtifactError("trit byte out of range")
+        return np.stack([(b // d) % 3 for d in (1, 3, 9, 27, 81)], axis=1).ravel()[:n]
+
+
+class Bits(Packed):
+    """`per` symbols of `bits` bits each in one little-endian word of per*bits bits."""
+
+    def __init__(self, per: int, bits: int) -> None:
+        self.per, self.bits = per, bits
+        self.capacity = 1 << bits
+
+    def size(self, n, itemsize):
+        return -(-n // self.per) * (self.per * self.bits // 8)
+
+    def pack_symbols(self, sym):
+        per, bits = self.per, self.bits
+        padded = np.zeros(-(-len(sym) // per) * per, dtype=np.uint32)
+        padded[: len(sym)] = sym
+        words = np.zeros(len(padded) // per, dtype=np.uint32)
+        for j in range(per):
+            words |= padded[j::per] << np.uint32(bits * j)
+        return words.astype("<u4").view(np.uint8).reshape(-1, 4)[:, : per * bits // 8].tobytes()
+
+    def unpack_symbols(self, raw, n):
+        per, bits = self.per, self.bits
+        b = np.frombuffer(raw, dtype=np.uint8).reshape(-1, per * bits // 8)
+        w = np.zeros((len(b), 4), dtype=np.uint8)
+        w[:, : b.shape[1]] = b
+        words = w.view("<u4").ravel().astype(np.uint32)
+        out = np.empty((len(words), per), dtype=np.uint8)  # symbols < 64
+        for j in range(per):
+            out[:, j] = (words >> np.uint32(bits * j)) & np.uint32((1 << bits) - 1)
+        return out.ravel()[:n]
+
+
+class Byte(Packed):
+    """One symbol per byte (codes wider than a byte whose span fits in one)."""
+
+    capacity = 256
+
+    def size(self, n, itemsize):
+        return n
+
+    def pack_symbols(self, sym):
+        return sym.astype(np.uint8).tobytes()
+
+    def unpack_symbols(self, raw, n):
+        return np.frombuffer(raw, dtype=np.uint8)
+
+
+# Every layout, by the name the manifest stores; the packed ones tightest first.
+LAYOUTS: dict[str, Layout] = {
+    "plain": Plain(), "shuffle": Shuffle(), "trit5": Trits(), "bits2": Bits(4, 2),
+    "nib4": Bits(2, 4), "pack6": Bits(4, 6), "byte": Byte(),
+}  # fmt: skip
 
 
 def layout_bytes(arr: np.ndarray, dtype: str, layout: str, offset: int = 0) -> bytes:
     """The bytes of one layout: plain, shuffle (byte-grouped) or a packed code layout."""
-    if layout == "plain":
-        return to_le_bytes(arr, dtype)
-    if layout == "shuffle":
-        size = DTYPES[dtype].itemsize
-        b = np.frombuffer(to_le_bytes(arr, dtype), dtype=np.uint8).reshape(-1, size)
-        # High bytes first: exponent/sign bytes are the compressible part.
-        return b[:, ::-1].T.tobytes()
-    sym = (np.asarray(arr).ravel().astype(np.int64) - offset)
-    if layout == "trit5":
-        return _pack_trits(sym)
-    if layout == "bits2":
-        return _pack_bits(sym, 4, 2)
-    if layout == "nib4":
-        return _pack_bits(sym, 2, 4)
-    if layout == "pack6":
-        return _pack_bits(sym, 4, 6)
-    if layout == "byte":
-        return sym.astype(np.uint8).tobytes()
-    raise ArtifactError(f"unknown zstd layout {layout!r}")
+    if layout not in LAYOUTS:
+        raise ArtifactError(f"unknown layout {layout!r}")
+    return LAYOUTS[layout].pack(arr, dtype, offset)
 
 
 def layouts_for(arr: np.ndarray, dtype: str) -> list[tuple[str, int]]:
@@ -236,10 +308,12 @@ def layouts_for(arr: np.ndarray, dtype: str) -> list[tuple[str, int]]:
     rng = _int_range(arr)
     if rng is not None:
         span = rng[1] - rng[0] + 1
-        for name, (cap, _) in PACKED_LAYOUTS.items():
+        for name, lay in LAYOUTS.items():
+            if not lay.capacity:
+                continue
             if name == "byte" and DTYPES[dtype].itemsize == 1:
                 break  # same bytes as plain up to a relabelling
-            if span <= cap:
+            if span <= lay.capacity:
                 out.append((name, rng[0]))
                 break
     return out
@@ -280,7 +354,7 @@ class Compressed(Codec):
     @staticmethod
     def _layouts(arr, ctx) -> list[tuple[str, int]]:
         layouts = layouts_for(arr, ctx.dtype)
-        if ctx.effort != "max" and layouts[-1][0] in PACKED_LAYOUTS:
+        if ctx.effort != "max" and LAYOUTS[layouts[-1][0]].capacity:
             # Codes that pack: only the packed layout (measured on trained int4/ternary codes:
             # plain is 7-36% larger than packed at zstd's quick level).
             layouts = layouts[-1:]
@@ -294,36 +368,20 @@ class Compressed(Codec):
         offset = params.get("offset", 0)
         if not isinstance(offset, int) or isinstance(offset, bool) or abs(offset) > 1 << 64:
             raise ArtifactError(f"{self.name} offset must be an integer")
-        n = ctx.numel
         if not isinstance(layout, str):
             raise ArtifactError(f"{ctx.kind} stream: {self.name} layout must be a string")
-        if layout in ("plain", "shuffle"):
-            if offset:
-                raise ArtifactError(f"{ctx.kind} stream: layout {layout} takes no offset")
-            expect = ctx.nbytes
-        elif layout in PACKED_LAYOUTS:
-            if DTYPES[ctx.dtype].kind not in "iub":
-                raise ArtifactError(f"{ctx.kind} stream: packed layout {layout} needs integer codes")
-            expect = PACKED_LAYOUTS[layout][1](n)
-        else:
+        if layout not in LAYOUTS:
             raise ArtifactError(f"unknown {self.name} layout {layout!r}")
+        lay = LAYOUTS[layout]
+        if not lay.capacity and offset:
+            raise ArtifactError(f"{ctx.kind} stream: layout {layout} takes no offset")
+        if lay.capacity and DTYPES[ctx.dtype].kind not in "iub":
+            raise ArtifactError(f"{ctx.kind} stream: packed layout {layout} needs integer codes")
+        expect = lay.size(ctx.numel, DTYPES[ctx.dtype].itemsize)
         raw = compress.decompress(self.compressor, data, expect, f"{ctx.kind} stream")
         if len(raw) != expect:
             raise ArtifactError(f"{ctx.kind} stream: {self.name} gave {len(raw)} bytes, expected {expect}")
-        if layout == "plain":
-            return from_le_bytes(raw, ctx)
-        if layout == "shuffle":
-            size = DTYPES[ctx.dtype].itemsize
-            b = np.frombuffer(raw, dtype=np.uint8).reshape(size, -1).T[:, ::-1]
-            return from_le_bytes(np.ascontiguousarray(b).tobytes(), ctx)
-        if layout == "trit5":
-            sym = _unpack_trits(raw, n)
-        elif layout == "byte":
-            sym = np.frombuffer(raw, dtype=np.uint8)
-        else:
-            bits = {"bits2": (4, 2), "nib4": (2, 4), "pack6": (4, 6)}[layout]
-            sym = _unpack_bits(raw, n, *bits)
-        return _symbols_to_array(sym, offset, ctx)
+        return lay.unpack(raw, offset, ctx)
 
 
 class Deflate(Compressed, name="deflate"):
@@ -404,16 +462,9 @@ def _symbols_to_array(sym: np.ndarray, offset: int, ctx: StreamContext) -> np.nd
 # ----------------------------------------------------------------- rans
 
 
-def _view_2d(tensor_shape: tuple[int, ...]) -> tuple[int, int]:
-    """(rows, cols) of a tensor seen as a matrix: dim 0 by the rest."""
-    if len(tensor_shape) < 2:
-        return 1, math.prod(tensor_shape)
-    return tensor_shape[0], math.prod(tensor_shape[1:])
-
-
 def geometry(ctx: StreamContext) -> search.Geometry:
     """Where each code position of a codes stream sits, for rans contexts."""
-    rows, cols = _view_2d(ctx.tensor_shape)
+    rows, cols = rows_layout(ctx.tensor_shape)
     n = ctx.numel
     G, L = (ctx.shape[0], ctx.shape[1]) if len(ctx.shape) == 2 else (1, n)
     return search.Geometry(n, G, L, rows, cols, len(ctx.tensor_shape) >= 2, ctx.scales)
@@ -510,7 +561,7 @@ class Rans(Codec, name="rans"):
             raise ArtifactError(f"unknown rans context {variant!r}")
         if (variant == "grid") != ("kc" in params) or (variant == "grid" and (k % kc or k // kc < 2 or kc < 2)):
             raise ArtifactError(f"rans grid context: k={k} must be (row classes >= 2) x (kc={kc} >= 2)")
-        rows, cols = _view_2d(ctx.tensor_shape)
+        rows, cols = rows_layout(ctx.tensor_shape)
         n = ctx.numel
         n_ids = {"row": rows, "col": cols, "grid": rows + cols}.get(variant, 0)
         # Class ids are stored per row/column: an empty tensor has none to give, and their

@@ -17,8 +17,10 @@ import math
 from typing import Any
 
 from ..errors import ArtifactError, QuantError
+from ..quant import registry as quant_registry
+from . import codecs as codecs_mod
 from . import format as fmt
-from .codecs import DTYPES, Codec
+from .codecs import DTYPES
 
 DEFAULT_MAX_DECODED_BYTES = 1 << 30
 MAX_NAME_CHARS = 4096  # tensor names are dotted paths; nothing legitimate comes close
@@ -47,37 +49,18 @@ def _shape(v: Any, where: str) -> tuple[int, ...]:
     return tuple(v)
 
 
-def _quant():
-    """recurnorm.quant's registry, or None where it is not importable (then only raw reads)."""
-    try:
-        from ..quant import registry
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return None
-    return registry
-
-
 def quantizer_for(entry: dict, where: str):
     """The quantizer an entry's format and params name; ArtifactError if it cannot exist."""
-    reg = _quant()
-    if reg is None:
-        if entry["format"] != "raw":
-            raise ArtifactError(f"{where}: format {entry['format']!r} needs recurnorm.quant")
-        return None
     try:
-        return reg.get(entry["format"], **entry["params"])
+        return quant_registry.get(entry["format"], **entry["params"])
     except QuantError as exc:
         raise ArtifactError(f"{where}: {exc}") from None
 
 
 def output_itemsize(dtype: str, where: str) -> int:
     """Bytes per element of the tensor dequantize returns (the original dtype)."""
-    reg = _quant()
-    if reg is None:
-        if dtype not in DTYPES:
-            raise ArtifactError(f"{where}: unsupported dtype {dtype!r}")
-        return DTYPES[dtype].itemsize
     try:
-        return reg.torch_dtype(dtype).itemsize
+        return quant_registry.torch_dtype(dtype).itemsize
     except QuantError:
         raise ArtifactError(f"{where}: unsupported tensor dtype {_short(dtype)}") from None
 
@@ -144,7 +127,7 @@ def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
         raise ArtifactError(f"{where}: params is not an object")
     out_size = output_itemsize(t["dtype"], where)
     quantizer = quantizer_for(t, where)
-    if quantizer is not None and quantizer.float_only != t["dtype"].startswith(("float", "bfloat")):
+    if quantizer.float_only != t["dtype"].startswith(("float", "bfloat")):
         # What a float format would give an integer tensor (or raw integers a float one) depends
         # on how a reader casts (torch and numpy differ): no writer makes one, so none is read.
         kind = "a float" if quantizer.float_only else "an integer or bool"
@@ -160,7 +143,7 @@ def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
         if not isinstance(s, dict):
             raise ArtifactError(f"{swhere}: not an object")
         codec, dtype = s.get("codec"), s.get("dtype")
-        if not isinstance(codec, str) or codec not in Codec.registry:
+        if not isinstance(codec, str) or codec not in codecs_mod.available():
             raise ArtifactError(f"{swhere}: unknown codec {_short(codec)}")
         if not isinstance(dtype, str) or dtype not in DTYPES:
             raise ArtifactError(f"{swhere}: unsupported dtype {_short(dtype)}")
@@ -186,20 +169,16 @@ def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
     for kind in ("scales", "zeros"):
         if kind in shapes and shapes[kind] != (G,):
             raise ArtifactError(f"{where} {kind}: expected one value per code row ({G})")
-    if quantizer is not None:
-        why = quantizer.check_streams({k: streams[k]["dtype"] for k in shapes})
-        if why:
-            raise ArtifactError(f"{where}: {why}")
+    why = quantizer.check_streams({k: streams[k]["dtype"] for k in shapes})
+    if why:
+        raise ArtifactError(f"{where}: {why}")
     stage = out_size if t["format"] == "raw" else max(out_size, FLOAT_STAGE_BYTES)
     return max(numel * stage, stream_bytes) + 8 * G, elements
 
 
 def check_decoded(name: str, qt) -> None:
     """After decoding: code values in the format's range, finite scales and zeros."""
-    reg = _quant()
-    if reg is None:
-        return
-    why = reg.get(qt.format, **qt.params).check_values(qt)
+    why = quant_registry.get(qt.format, **qt.params).check_values(qt)
     if why:
         raise ArtifactError(f"tensor {name!r}: {why}")
 

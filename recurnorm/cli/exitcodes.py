@@ -5,11 +5,11 @@ from __future__ import annotations
 from .. import errors
 
 OK = 0
-USAGE = 2
-OVER_CAP = 3
-CORRUPT = 4
-LOSS_REGRESSION = 5
-FAILURE = 1  # any other library error (bad data, bad checkpoint, ...)
+FAILURE = errors.RecurnormError.exit_code  # any other library error (bad data, bad checkpoint, ...)
+USAGE = errors.ConfigError.exit_code
+OVER_CAP = errors.OverCapError.exit_code
+CORRUPT = errors.ArtifactError.exit_code
+LOSS_REGRESSION = errors.LossRegressionError.exit_code
 
 MEANING = {
     OK: "success: valid, under the cap, loss within the allowed delta",
@@ -20,20 +20,6 @@ MEANING = {
     LOSS_REGRESSION: "post-export loss exceeds the reference by more than --max-loss-delta",
 }
 
-# Most specific first: the first matching type decides the exit code.
-BY_ERROR: list[tuple[type[BaseException], int]] = [
-    (errors.OverCapError, OVER_CAP),
-    (errors.ArtifactError, CORRUPT),
-    (errors.LossRegressionError, LOSS_REGRESSION),
-    (errors.OutputExistsError, USAGE),
-    (errors.ConfigError, USAGE),
-    (errors.RecurnormError, FAILURE),
-]
-
-
 def for_error(exc: BaseException) -> int:
-    """The exit code for a library error."""
-    for kind, code in BY_ERROR:
-        if isinstance(exc, kind):
-            return code
-    return FAILURE
+    """The exit code for an error: its type's own (recurnorm.errors), FAILURE for any other."""
+    return exc.exit_code if isinstance(exc, errors.RecurnormError) else FAILURE

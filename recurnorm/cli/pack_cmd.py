@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from ..budget.cap import DEFAULT_MAX_BYTES
+from ..budget.format import MAGIC
 from ..errors import ArtifactError, OverCapError
 from .exitcodes import OVER_CAP
 
@@ -39,7 +41,7 @@ def _is_artifact(path: Path) -> bool:
     if not path.is_file():
         return False
     with open(path, "rb") as f:
-        return f.read(4) == b"RNPK"
+        return f.read(len(MAGIC)) == MAGIC
 
 
 QUANT_HELP = ("format with options (int6, int4:group=128) or rules, first match wins "
@@ -63,7 +65,7 @@ def policy_options(f):
     return f
 
 
-def _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel):
+def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel):
     from ..export.spec import build_policy
 
     if quant is None and policy_file is None:
@@ -76,7 +78,7 @@ def _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_nu
 @click.argument("ckpt", type=click.Path(exists=True, path_type=Path))
 @policy_options
 @click.option("-o", "--out", type=click.Path(path_type=Path), help="artifact path (default: CKPT stem + .rnpk)")
-@click.option("--max-bytes", type=CAP, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
+@click.option("--max-bytes", type=CAP, default=DEFAULT_MAX_BYTES, show_default=True, help=MAX_BYTES_HELP)
 @click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help=CODE_HELP)
 @click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help=LOADER_HELP)
 @click.option("--force", is_flag=True, help="overwrite OUT (never the checkpoint itself)")
@@ -118,7 +120,7 @@ def pack(ckpt, quant, policy_file, keep_float, quantize_controls, keep_float_max
     from ..export.fit import parse_formats
     from ..io import atomic_write_bytes, check_writable
 
-    policy = _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
+    policy = policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
     formats = parse_formats(fit_formats) if fit_formats is not None else None
     if fit_formats is not None and fit_bytes is None:
         raise click.UsageError("--fit-formats only applies with --fit BYTES")
@@ -173,6 +175,7 @@ def unpack(artifact, out, force, max_decoded_bytes):
     """Decode an artifact to dequantized weights (+ config.json beside them)."""
     from ..budget import api, safetensors_out
     from ..io import atomic_write_json, atomic_write_stream, check_writable
+    from ..quant import dequantize_all
 
     check_writable(out, force, [artifact])
     art = api.read_artifact(api.read_artifact_file(artifact, max_decoded_bytes), max_decoded_bytes)
@@ -180,7 +183,7 @@ def unpack(artifact, out, force, max_decoded_bytes):
     cfg_path = out.with_name("config.json")
     if config is not None:
         check_writable(cfg_path, force, [artifact])
-    tensors = api.dequantize_all(art.qtensors)
+    tensors = dequantize_all(art.qtensors)
     # Written from the tensors' memory (tied names get their own copy in the file, not in RAM).
     atomic_write_stream(out, lambda f: safetensors_out.write(f, tensors))
     if config is not None:
@@ -193,7 +196,7 @@ OUT_FILE = click.Path(dir_okay=False, path_type=Path)
 
 @click.command()
 @click.argument("artifacts", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--max-bytes", type=CAP, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
+@click.option("--max-bytes", type=CAP, default=DEFAULT_MAX_BYTES, show_default=True, help=MAX_BYTES_HELP)
 @click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help=CODE_HELP)
 @click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help=LOADER_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report to stdout")
@@ -304,7 +307,7 @@ def _print_outcome(out, report) -> None:
 @click.command()
 @click.argument("target", type=click.Path(exists=True, path_type=Path))
 @policy_options
-@click.option("--max-bytes", type=CAP, default=16_000_000, show_default=True, help=MAX_BYTES_HELP)
+@click.option("--max-bytes", type=CAP, default=DEFAULT_MAX_BYTES, show_default=True, help=MAX_BYTES_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False),
               help="count this loader file (default: the compact loader's bytes, as shipped)")
@@ -325,7 +328,7 @@ def inspect(target, quant, policy_file, keep_float, quantize_controls, keep_floa
     elif target.suffix == ".rnpk":
         raise ArtifactError(f"{target}: not a recurnorm artifact (bad magic)")
     else:
-        policy = _policy(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
+        policy = policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
         packed = pack_checkpoint(target, policy)
         data, rows, metadata = packed.data, packed.rows, packed.metadata
     from ..budget.loader import loader_source

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .pack_cmd import policy_options
+from .pack_cmd import policy_from_options, policy_options
 
 
 @click.command()
@@ -37,7 +37,6 @@ def plan(scheme, preset, d_model, depth, n_heads, vocab_size, mlp_ratio, quant, 
     """
     from ..budget.cap import code_bytes
     from ..export.plan import fit_size, predict_size
-    from ..export.spec import build_policy
 
     config: dict = {}
     if preset is not None:
@@ -47,8 +46,7 @@ def plan(scheme, preset, d_model, depth, n_heads, vocab_size, mlp_ratio, quant, 
     given = {"scheme": scheme, "d_model": d_model, "depth": depth, "n_heads": n_heads,
              "vocab_size": vocab_size, "mlp_ratio": mlp_ratio}  # fmt: skip
     config.update({k: v for k, v in given.items() if v is not None})
-    policy = build_policy(quant, policy_file=policy_file, keep_float=keep_float,
-                          quantize_controls=quantize_controls, keep_float_max_numel=keep_float_max_numel)
+    policy = policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
     n_code = code_bytes(list(code_files))
     if fit_bytes is None:
         result = predict_size(config, policy, n_code)

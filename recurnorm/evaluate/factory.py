@@ -94,8 +94,9 @@ def reference_model(factory: str | Factory, path: str | os.PathLike) -> nn.Modul
 
 def artifact_model(factory: str | Factory, artifact: str | os.PathLike | bytes) -> nn.Module:
     """The factory's model with an artifact's dequantized weights (config from its metadata, or None)."""
-    from ..budget.api import dequantize_all, read_artifact
+    from ..budget.api import read_artifact
     from ..export.load import read_artifact_bytes
+    from ..quant import dequantize_all
 
     source = "artifact" if isinstance(artifact, (bytes, bytearray, memoryview)) else str(artifact)
     art = read_artifact(read_artifact_bytes(artifact))

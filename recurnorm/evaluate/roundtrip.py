@@ -197,7 +197,7 @@ def resolve_schemes(schemes: str | list[str] | tuple[str, ...]) -> list[str]:
 
     schemes = _name_list(registry.available() if schemes == "all" else schemes, "schemes")
     for s in schemes:
-        registry.get(s)
+        registry.scheme_class(s)  # ConfigError naming the choices
     return [s for s in ANCHORS if s in schemes] + [s for s in schemes if s not in ANCHORS]
 
 

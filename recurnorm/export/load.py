@@ -35,8 +35,8 @@ def read_artifact_bytes(artifact: str | os.PathLike | bytes | bytearray) -> byte
 
 def model_from_decoded(art, source: str = "artifact") -> nn.Module:
     """A fresh RecurrentLM from a decoded budget Artifact (config in metadata, strict load)."""
-    from ..budget.api import dequantize_all
     from ..model import model_from_state_dict
+    from ..quant import dequantize_all
 
     config = art.metadata.get("config")
     if not isinstance(config, dict):

@@ -22,11 +22,41 @@ def export_metadata(policy: ExportPolicy, plan: Plan) -> dict:
     return {"policy": policy.summary(), "rules": {n: reason for n, (_, _, reason) in sorted(plan.items())}}
 
 
+def _dedupe(state_dict: dict) -> tuple[dict, dict[str, str]]:
+    """Drop tensors that share storage, shape and strides with an earlier one (tied weights)."""
+    seen: dict[tuple, str] = {}
+    unique, aliases = {}, {}
+    for name in sorted(state_dict):
+        t = state_dict[name]
+        try:
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+                   tuple(t.stride()), t.dtype)
+        except (AttributeError, RuntimeError):
+            key = None
+        if key is not None and t.numel() > 0 and key in seen:
+            aliases[name] = seen[key]
+            continue
+        if key is not None:
+            seen[key] = name
+        unique[name] = t
+    return unique, aliases
+
+
+def export_qtensors(state_dict: dict, quant: str = "int8", policy: ExportPolicy | None = None,
+                    **quant_options) -> dict[str, QTensor]:
+    """QTensors for a state dict via the export policy; tied tensors map to one QTensor."""
+    unique, aliases = _dedupe(state_dict)
+    if policy is None:
+        policy = ExportPolicy(quantizer=quant, options=dict(quant_options))
+    qts = dict(policy.export(unique))
+    for name, target in aliases.items():
+        qts[name] = qts[target]
+    return qts
+
+
 def quantize(state: dict[str, Tensor], policy: ExportPolicy,
              replace: dict[str, QTensor] | None = None) -> tuple[dict[str, QTensor], Plan]:
     """(QTensors, plan): tied tensors share one QTensor; ``replace`` swaps in QTensors (GPTQ)."""
-    from ..budget.api import export_qtensors
-
     qts = export_qtensors(state, policy=policy)
     for name, qt in (replace or {}).items():
         old = qts[name]

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ..errors import QuantError
 from ..quant.qtensor import QTensor
-from ..quant.registry import available, get
+from ..quant.registry import get
 
 DEFAULT_QUANTIZER = "int8"
 KEEP_FLOAT_MAX_NUMEL = 65_536  # small float *vectors* cost little: keep them fp16
@@ -136,9 +136,10 @@ class ExportPolicy:
         if self.embedding_format is None:
             self.embedding_format = self.quantizer if self.quantizer in PASSTHROUGH else "int8"
         for fmt, opts, where in self._choices():
-            if fmt not in available():
-                raise QuantError(f"export policy {where}: unknown format {fmt!r}; available: {', '.join(available())}")
-            get(fmt, **opts)  # QuantError on a bad option, before any tensor is touched
+            try:  # a bad format or option fails here, before any tensor is touched
+                get(fmt, **opts)
+            except QuantError as exc:
+                raise QuantError(f"export policy {where}: {exc}") from None
 
     def _choices(self) -> list[tuple[str, dict[str, Any], str]]:
         out = [

@@ -82,5 +82,5 @@ class ModelConfig:
             raise ConfigError(f"qat must be a dict or null, got {self.qat!r}")
         from . import schemes  # late: schemes imports layers, which imports torch
 
-        schemes.get(self.scheme).resolve_options(self.scheme_options)
+        schemes.scheme_class(self.scheme).resolve_options(self.scheme_options)
         return self

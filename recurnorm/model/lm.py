@@ -23,7 +23,7 @@ class RecurrentLM(nn.Module):
         super().__init__()
         config.validate()
         self.config = config
-        scheme_cls = schemes.get(config.scheme)
+        scheme_cls = schemes.scheme_class(config.scheme)
         c = config
 
         # Construction order is fixed (embed, blocks, head, spec) so that one
@@ -40,7 +40,7 @@ class RecurrentLM(nn.Module):
         if not c.tie_embeddings:
             self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
             nn.init.normal_(self.head.weight, std=0.02)
-        self.spec = scheme_cls(c)
+        self.spec = schemes.get(c.scheme, c)
 
         cos, sin = rope_tables(c.seq_len, c.d_head)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -111,7 +111,7 @@ class RecurrentLM(nn.Module):
 
 def block_count(config: ModelConfig) -> int:
     """Blocks a model of this config holds: one per step for untied schemes, else one shared."""
-    return config.depth if schemes.get(config.scheme).untied_blocks else 1
+    return config.depth if schemes.scheme_class(config.scheme).untied_blocks else 1
 
 
 def projection_name(block: int, proj: str) -> str:

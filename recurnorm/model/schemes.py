@@ -31,21 +31,30 @@ import torch.nn as nn
 from torch import Tensor
 
 from ..errors import ConfigError
+from ..registry import Registry, resolve_options
 from .layers import PROJECTIONS, projection_shapes
 
-_REGISTRY: dict[str, type[Scheme]] = {}
+_REGISTRY: Registry[Scheme] = Registry("scheme", ConfigError)
 
 
 def available() -> list[str]:
     """Names of every registered scheme."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
-def get(name: str) -> type[Scheme]:
-    """The scheme class registered under name; ConfigError lists the choices."""
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown scheme {name!r}; available: {', '.join(available())}")
-    return _REGISTRY[name]
+def get(name: str, config: Any) -> Scheme:
+    """The scheme `name` built for a model config; ConfigError lists the choices."""
+    return _REGISTRY.get(name, config)
+
+
+def scheme_class(name: str) -> type[Scheme]:
+    """The class of scheme `name`, for what it declares before a model exists."""
+    return _REGISTRY.type_of(name)
+
+
+def unregister(name: str) -> None:
+    """Drop a scheme (tests that register a throwaway one clean up with this)."""
+    _REGISTRY.unregister(name)
 
 
 class Scheme(nn.Module):
@@ -60,8 +69,8 @@ class Scheme(nn.Module):
     def __init_subclass__(cls, name: str | None = None, **kwargs: Any):
         super().__init_subclass__(**kwargs)
         if name is not None:
+            _REGISTRY.register(name, cls)
             cls.name = name
-            _REGISTRY[name] = cls
 
     def __init__(self, config: Any):
         super().__init__()
@@ -71,27 +80,7 @@ class Scheme(nn.Module):
     @classmethod
     def resolve_options(cls, options: dict[str, Any]) -> dict[str, Any]:
         """Defaults merged with options; unknown or ill-typed options raise ConfigError."""
-        for key, value in options.items():
-            if key not in cls.defaults:
-                known = ", ".join(sorted(cls.defaults)) or "none"
-                raise ConfigError(
-                    f"unknown option {key!r} for scheme {cls.name!r}; known options: {known}"
-                )
-            default = cls.defaults[key]
-            if isinstance(default, float):
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            elif isinstance(default, (list, tuple)):
-                ok = isinstance(value, (list, tuple))
-            else:
-                ok = isinstance(value, type(default)) and not (
-                    isinstance(value, bool) and not isinstance(default, bool)
-                )
-            if not ok:
-                raise ConfigError(
-                    f"option {key!r} of scheme {cls.name!r} must be a "
-                    f"{type(default).__name__}, got {value!r}"
-                )
-        merged = {**cls.defaults, **options}
+        merged = resolve_options(f"scheme {cls.name!r}", cls.defaults, options, ConfigError)
         cls.check_options(merged)
         return merged
 

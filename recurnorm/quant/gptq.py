@@ -1,8 +1,8 @@
 """GPTQ (Frantar et al., 2022): quantize column by column, pushing each error onto later columns.
 
 The algorithm is the paper's (arXiv:2210.17323). The codes lie on the
-quantizer's own grid (its `_fit`/`_encode`/`_decode`), so the normal
-`dequantize` of the returned QTensor gives exactly the GPTQ weights.
+quantizer's own grid (its `fit_groups`/`encode_grid`/`decode_grid`), so the
+normal `dequantize` of the returned QTensor gives exactly the GPTQ weights.
 Calibration activations must come from the *training* split (the Parameter
 Golf challenge, https://github.com/openai/parameter-golf: calibration may
 never see validation data).
@@ -95,7 +95,7 @@ def gptq_with_weights(
             if dynamic and col % group == 0:
                 # The group's columns as GPTQ has updated them so far.
                 upd = torch.cat([W1[:, i:], W[:, i2:]], dim=1)[:, :group]
-                s_g, z_g = q._fit(upd)
+                s_g, z_g = q.fit_groups(upd)
                 S[:, col : col + group] = s_g[:, None]
                 gidx = torch.arange(rows) * (cols // group) + col // group
                 scales[gidx] = s_g
@@ -107,8 +107,8 @@ def gptq_with_weights(
             w = W1[:, i]
             s_c = S[:, col]
             z_c = None if Z is None else Z[:, col]
-            c = q._encode(w, s_c, z_c)
-            wq = q._decode(c, s_c, z_c)
+            c = q.encode_grid(w, s_c, z_c)
+            wq = q.decode_grid(c, s_c, z_c)
             codes[:, col] = c
             W_hat[:, col] = wq
             err = (w - wq) / Hinv1[i, i]

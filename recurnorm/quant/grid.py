@@ -2,8 +2,8 @@
 
 A grid format maps a tensor to groups ``x_GxL`` (per row, per group of the
 flattened tensor, or the whole tensor), fits one scale (and zero) per group,
-and encodes each element to an integer code. `GPTQ` reuses `_fit`, `_encode`
-and `_decode` so that its codes lie on the very grid `dequantize` expands.
+and encodes each element to an integer code. `GPTQ` reuses `fit_groups`, `encode_grid`
+and `decode_grid` so that its codes lie on the very grid `dequantize` expands.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def check_group(name: str, group: Any, allow_none: bool = True) -> None:
 
 
 class GridQuantizer(Quantizer):
-    """Codes on a per-group grid: subclasses define `_fit`, `_encode`, `_decode`."""
+    """Codes on a per-group grid: subclasses define `fit_groups`, `encode_grid`, `decode_grid`."""
 
     code_dtype: ClassVar[type] = np.int8
     scale_dtype: ClassVar[type] = np.float16
@@ -77,26 +77,26 @@ class GridQuantizer(Quantizer):
 
     # -- the grid ------------------------------------------------------------
 
-    def _fit(self, x_GxL: Tensor) -> tuple[Tensor, Tensor | None]:
+    def fit_groups(self, x_GxL: Tensor) -> tuple[Tensor, Tensor | None]:
         """Per-group scales (and zeros) as float32 values already on the storage grid."""
         raise NotImplementedError
 
-    def _encode(self, x: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
+    def encode_grid(self, x: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
         """Integer codes (as float32) of x under broadcastable scales/zeros."""
         raise NotImplementedError
 
-    def _decode(self, codes: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
+    def decode_grid(self, codes: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
         """float32 values of codes under broadcastable scales/zeros."""
         raise NotImplementedError
 
     def fit_tensor(self, t: Tensor) -> tuple[Tensor, Tensor | None]:
         """Per-group scales (and zeros) of a whole tensor, in `layout` order."""
-        return self._fit(self.to_groups(t))
+        return self.fit_groups(self.to_groups(t))
 
     def _quantize_groups(self, x_GxL: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """(codes, scales, zeros) of the groups; formats with a two-pass rule override it."""
-        s, z = self._fit(x_GxL)
-        return self._encode(x_GxL, s[:, None], None if z is None else z[:, None]), s, z
+        s, z = self.fit_groups(x_GxL)
+        return self.encode_grid(x_GxL, s[:, None], None if z is None else z[:, None]), s, z
 
     # -- QTensor plumbing ---------------------------------------------------
 
@@ -127,5 +127,5 @@ class GridQuantizer(Quantizer):
         out = torch.empty(qt.codes.shape, dtype=torch.float32)
         for r, c in qt.blocks():  # elementwise, so piece by piece gives the same values
             codes = torch.from_numpy(qt.codes[r, c].astype(np.float32))
-            out[r, c] = self._decode(codes, s[r], None if z is None else z[r])
+            out[r, c] = self.decode_grid(codes, s[r], None if z is None else z[r])
         return out.reshape(-1)[: qt.numel].reshape(qt.shape)

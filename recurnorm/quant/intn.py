@@ -49,8 +49,9 @@ class IntN(GridQuantizer):
         # Golf records do (k * std(row)); replaces clip_percentile when set.
         "clip": None,
     }
+    nullable: ClassVar[frozenset[str]] = frozenset({"group", "clip_percentile"})  # None: per row / absmax
 
-    def _validate(self) -> None:
+    def check_options(self) -> None:
         p = self.params
         check_group(self.name, p["group"])
         for key in ("clip_search", "asymmetric"):
@@ -122,7 +123,7 @@ class IntN(GridQuantizer):
             return s, z
         return to_fp16_grid(ratio * hi / self.qmax), None
 
-    def _fit(self, x_GxL: Tensor) -> tuple[Tensor, Tensor | None]:
+    def fit_groups(self, x_GxL: Tensor) -> tuple[Tensor, Tensor | None]:
         lo, hi = self._range(x_GxL)
         s, z = self._grid(lo, hi, 1.0)
         if not self.params["clip_search"] or x_GxL.shape[1] == 0:
@@ -140,15 +141,15 @@ class IntN(GridQuantizer):
 
     def _mse(self, x: Tensor, s: Tensor, z: Tensor | None) -> Tensor:
         zz = None if z is None else z[:, None]
-        return (self._decode(self._encode(x, s[:, None], zz), s[:, None], zz) - x).square().sum(1)
+        return (self.decode_grid(self.encode_grid(x, s[:, None], zz), s[:, None], zz) - x).square().sum(1)
 
-    def _encode(self, x: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
+    def encode_grid(self, x: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
         safe = torch.where(scales > 0, scales, 1.0)  # all-zero group: codes 0, no NaN
         if zeros is None:
             return torch.round(x / safe).clamp(-self.qmax, self.qmax)
         return (torch.round(x / safe) + zeros).clamp(0, self.qmax)
 
-    def _decode(self, codes: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
+    def decode_grid(self, codes: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
         return codes * scales if zeros is None else (codes - zeros) * scales
 
 
@@ -204,7 +205,7 @@ class Int8PG(GridQuantizer, name="int8_pg"):
     def code_range(self) -> tuple[int, int]:
         return (-127, 127)
 
-    def _decode(self, codes: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
+    def decode_grid(self, codes: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
         return codes * scales
 
     def _quantize(self, t: Tensor, name: str) -> QTensor:

@@ -63,7 +63,7 @@ class NF4(Quantizer, name="nf4"):
     defaults: ClassVar[dict[str, Any]] = {"group": 64}
     side_streams: ClassVar[dict[str, bool]] = {"scales": True}
 
-    def _validate(self) -> None:
+    def check_options(self) -> None:
         g = self.params["group"]
         if g not in BNB_BLOCKSIZES:
             raise QuantError(f"nf4: option group must be one of {list(BNB_BLOCKSIZES)}, got {g!r}")

@@ -17,12 +17,13 @@ import torch
 from torch import Tensor
 
 from ..errors import QuantError
+from ..registry import Registry, resolve_options
 from .qtensor import QTensor
 
-_REGISTRY: dict[str, type[Quantizer]] = {}
+_REGISTRY: Registry[Quantizer] = Registry("format", QuantError)
 
 # torch dtype <-> the name stored in QTensor.dtype ("float32", "bfloat16", "int64", ...)
-_DTYPES: dict[str, torch.dtype] = {
+TORCH_DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
     for d in (
         torch.float32, torch.float16, torch.bfloat16, torch.float64,
@@ -40,9 +41,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of a QTensor.dtype name; QuantError if unknown."""
     try:
-        return _DTYPES[name]
+        return TORCH_DTYPES[name]
     except KeyError:
-        raise QuantError(f"unknown dtype {name!r}; known: {', '.join(sorted(_DTYPES))}") from None
+        raise QuantError(f"unknown dtype {name!r}; known: {', '.join(sorted(TORCH_DTYPES))}") from None
 
 
 def restore_dtype(t: Tensor, qt: QTensor) -> Tensor:
@@ -68,29 +69,22 @@ class Quantizer:
 
     name: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
+    nullable: ClassVar[frozenset[str]] = frozenset()  # options that may be None despite a default
     float_only: ClassVar[bool] = True  # raw is the one format that takes integers
 
     def __init_subclass__(cls, name: str | None = None, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         if name is not None:
-            if name in _REGISTRY:
-                raise QuantError(f"quantizer {name!r} registered twice")
+            _REGISTRY.register(name, cls)
             cls.name = name
-            _REGISTRY[name] = cls
 
     def __init__(self, **options: Any) -> None:
-        unknown = sorted(set(options) - set(self.defaults))
-        if unknown:
-            known = ", ".join(sorted(self.defaults)) or "none"
-            raise QuantError(
-                f"quantizer {self.name!r} has no option {', '.join(map(repr, unknown))}; "
-                f"its options: {known}"
-            )
-        self.params: dict[str, Any] = {**self.defaults, **options}
-        self._validate()
+        self.params: dict[str, Any] = resolve_options(f"format {self.name!r}", self.defaults, options,
+                                                      QuantError, self.nullable)
+        self.check_options()
 
-    def _validate(self) -> None:
-        """Check option values; QuantError naming the bad one."""
+    def check_options(self) -> None:
+        """Check option values beyond their types; QuantError naming the bad one."""
 
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
@@ -166,15 +160,12 @@ class Quantizer:
 
 def available() -> list[str]:
     """Names of every registered format."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get(name: str, **options: Any) -> Quantizer:
     """The quantizer `name` with options; QuantError listing the formats if unknown."""
-    cls = _REGISTRY.get(name)
-    if cls is None:
-        raise QuantError(f"unknown quantizer {name!r}; available: {', '.join(available())}")
-    return cls(**options)
+    return _REGISTRY.get(name, **options)
 
 
 def dequantize(qt: QTensor, *, original_dtype: bool = False) -> Tensor:
@@ -184,8 +175,15 @@ def dequantize(qt: QTensor, *, original_dtype: bool = False) -> Tensor:
 
 
 def dequantize_all(qtensors: dict[str, QTensor]) -> dict[str, Tensor]:
-    """Dequantize a whole exported state dict, restoring each tensor's original dtype."""
-    return {name: dequantize(qt, original_dtype=True) for name, qt in qtensors.items()}
+    """Dequantize a whole exported state dict, restoring each tensor's original dtype.
+
+    Names that share one QTensor (tied weights) share one tensor, as they did before export.
+    """
+    done: dict[int, Tensor] = {}
+    for qt in qtensors.values():
+        if id(qt) not in done:
+            done[id(qt)] = dequantize(qt, original_dtype=True)
+    return {name: done[id(qt)] for name, qt in qtensors.items()}
 
 
 def bits_per_weight(qt: QTensor) -> float:

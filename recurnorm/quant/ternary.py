@@ -24,7 +24,7 @@ class Ternary(GridQuantizer, name="ternary"):
         "lsq_rescale": False,  # store s = <W,Q>/<Q,Q> instead of mean|W| (removes the zeros' bias)
     }
 
-    def _validate(self) -> None:
+    def check_options(self) -> None:
         check_group(self.name, self.params["group"])
         if not isinstance(self.params["lsq_rescale"], bool):
             raise QuantError(f"ternary: option lsq_rescale must be a bool, got {self.params['lsq_rescale']!r}")
@@ -45,7 +45,7 @@ class Ternary(GridQuantizer, name="ternary"):
     def _ternary(self, x_GxL: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
         """(codes, stored scales): absmean scale, BitNet rounding, optional LSQ rescale."""
         s = to_fp16_grid(x_GxL.abs().sum(1) / counts)
-        q = self._encode(x_GxL, s[:, None], None)
+        q = self.encode_grid(x_GxL, s[:, None], None)
         if self.params["lsq_rescale"]:
             qq = q.square().sum(1)
             s = to_fp16_grid(torch.where(qq > 0, (x_GxL * q).sum(1) / qq.clamp(min=1.0), 0.0))
@@ -60,11 +60,11 @@ class Ternary(GridQuantizer, name="ternary"):
         x_GxL = self.to_groups(t)
         return self._ternary(x_GxL, self._counts(t.numel(), *x_GxL.shape))[1], None
 
-    def _fit(self, x_GxL: Tensor) -> tuple[Tensor, Tensor | None]:
+    def fit_groups(self, x_GxL: Tensor) -> tuple[Tensor, Tensor | None]:
         return self._ternary(x_GxL, self._counts(x_GxL.numel(), *x_GxL.shape))[1], None
 
-    def _encode(self, x: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
+    def encode_grid(self, x: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
         return torch.round(x / (scales + EPS)).clamp(-1, 1)
 
-    def _decode(self, codes: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
+    def decode_grid(self, codes: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
         return codes * scales
