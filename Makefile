@@ -8,7 +8,7 @@ TORCH   ?= torch==2.13.0
 # Linux torch is the multi-GB CUDA build (CI passes this; empty = pip's default).
 TORCH_INDEX ?=
 
-.PHONY: demo test lint bench clean install
+.PHONY: demo test test-fast lint bench clean install
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,11 @@ demo: $(STAMP)
 # The whole suite, after lint (CI's .ci/run calls this).
 test: lint
 	$(BIN)/python -m pytest tests
+
+# The suite without the tests marked slow (processes, fuzzing, long training):
+# the quick loop while editing. `make test` still runs everything.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests -m "not slow"
 
 LINT_PATHS := recurnorm tests benchmarks
 # ruff format is not adopted yet; when it is, add to lint:

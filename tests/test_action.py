@@ -85,6 +85,7 @@ def artifact(tmp_path_factory) -> Path:
     return art
 
 
+@pytest.mark.slow  # runs the action's bash steps and a recurnorm child
 def test_passes_under_the_cap(artifact, tmp_path):
     assert (BIN / "recurnorm").exists(), "the venv's recurnorm script is needed on PATH"
     (tmp_path / "src" / "pkg").mkdir(parents=True)
@@ -105,6 +106,7 @@ def test_passes_under_the_cap(artifact, tmp_path):
     assert f"{cap['headroom_bytes']:,}" in summary
 
 
+@pytest.mark.slow  # runs the action's bash steps and a recurnorm child
 def test_fails_over_the_cap(artifact, tmp_path):
     size = artifact.stat().st_size
     rc, out, files = run_action(tmp_path, artifact=str(artifact), **{"max-bytes": str(size - 1)})
@@ -115,6 +117,7 @@ def test_fails_over_the_cap(artifact, tmp_path):
     assert "report=" in files["GITHUB_OUTPUT"]  # the output is set on failure too
 
 
+@pytest.mark.slow  # runs the action's bash steps and recurnorm children
 def test_corrupt_and_missing_code_fail(artifact, tmp_path):
     bad = tmp_path / "bad.rnpk"
     bad.write_bytes(artifact.read_bytes()[:-5])

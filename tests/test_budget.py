@@ -63,6 +63,7 @@ def test_insertion_order_does_not_matter():
     assert pack_qtensors(qts) == pack_qtensors(dict(reversed(list(qts.items()))))
 
 
+@pytest.mark.slow  # packs in fresh interpreters
 def test_deterministic_across_processes():
     code = (
         "import sys, hashlib; sys.path.insert(0, 'tests'); from test_budget import _qts;"

@@ -58,7 +58,7 @@ def test_kernel_bytes_equal_numpy_reference(seed, n, nsym, k, prec, lanes_log):
 
 
 @kernel
-@pytest.mark.parametrize("prec", [8, 16])
+@pytest.mark.parametrize("prec", [8, pytest.param(16, marks=pytest.mark.slow)])  # 16: 64K-slot tables
 def test_kernel_codes_every_one_byte_context(prec):
     """All 256 contexts a uint8 id can name (wide grids): the reference's bytes; one more is refused."""
     k = rans.MAX_CONTEXTS
@@ -124,6 +124,7 @@ def test_kernel_histograms_equal_numpy_reference(seed, rows, cols, nsym, axis, s
                                    np.zeros_like(got))
 
 
+@pytest.mark.slow  # packs through the numpy reference coder
 def test_fallback_writes_the_same_artifact(monkeypatch):
     """Without the compiled kernel the numpy reference (coder and search histograms) writes
     and reads identical bytes."""

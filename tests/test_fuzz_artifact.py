@@ -68,6 +68,7 @@ def test_mutations_raise_only_artifact_error(data):
         pass
 
 
+@pytest.mark.slow  # a child under an address-space limit
 def test_forged_huge_shape_under_memory_limit():
     # A re-signed manifest that declares a 2**29-element stream must fail validation,
     # not allocate: run it in a child limited to 2 GiB of address space beyond imports.
@@ -106,6 +107,7 @@ def _resigned(payload: bytes) -> bytes:
     return fmt.write_container(MANIFEST, payload)
 
 
+@pytest.mark.slow  # 300 hypothesis examples
 @settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, len(PAYLOAD) - 1), st.integers(1, 255)), min_size=1, max_size=4))
 def test_resigned_payload_mutations_reach_the_codecs_and_raise_only_artifact_error(flips):

@@ -113,6 +113,7 @@ def test_the_matrix_covers_every_portable_codec_layout_and_context(artifacts):
     assert ("raw", "") in seen and not any(c == "zstd" for c, _ in seen)
 
 
+@pytest.mark.slow  # the numpy loader decodes every codec layout in a child
 @pytest.mark.parametrize("compact", [False, True])
 def test_loader_alone_equals_unpack_bit_for_bit(artifacts, tmp_path, compact):
     (tmp_path / "rnpk_load.py").write_text(loader_source(compact=compact), encoding="utf-8")

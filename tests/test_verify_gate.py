@@ -245,6 +245,7 @@ def test_gate_on_byte_shards(env, tmp_path):
     assert g["data"].startswith("shards:") and g["val_bytes"] == c.val_tokens.size - 1
 
 
+@pytest.mark.slow  # evaluates on real SP8192 shards
 def test_gate_on_sentencepiece_shards(env, tmp_path, sp8192_model):
     from recurnorm.model import ModelConfig, save_checkpoint
     from recurnorm.train.data import load_corpus
