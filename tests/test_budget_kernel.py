@@ -135,9 +135,9 @@ def test_fallback_writes_the_same_artifact(monkeypatch):
         s = np.abs(w).max(1) / span
         qts[name] = QTensor("int4" if span == 7 else "int8", w.shape, "float32",
                             np.round(w / s[:, None]).astype(np.int8), s.astype(np.float16))
-    from test_search import _embedding_like
+    from helpers import embedding_like
 
-    qts["e"] = QTensor("ternary", (256, 128), "float32", _embedding_like().reshape(1, -1), np.ones(1, np.float32))
+    qts["e"] = QTensor("ternary", (256, 128), "float32", embedding_like().reshape(1, -1), np.ones(1, np.float32))
     fast = pack_qtensors(qts)
     contexts = {t["streams"]["codes"]["params"].get("context") for t in read_artifact(fast).manifest["tensors"]}
     assert {"col", "grid"} <= contexts
