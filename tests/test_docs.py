@@ -41,7 +41,10 @@ def _options(cmd: click.Command) -> set[str]:
 
 def test_every_exit_code_in_use_has_a_meaning():
     codes = {v for k, v in vars(exitcodes).items() if k.isupper() and isinstance(v, int)}
-    assert codes == set(exitcodes.MEANING) and {c for _, c in exitcodes.BY_ERROR} <= codes
+    from recurnorm import errors
+
+    kinds = [v for v in vars(errors).values() if isinstance(v, type) and issubclass(v, errors.RecurnormError)]
+    assert codes == set(exitcodes.MEANING) and {k.exit_code for k in kinds} <= codes
     table = exitcodes.markdown_table()
     assert [int(row.split("|")[1]) for row in table.splitlines()[2:]] == sorted(exitcodes.MEANING)
 
