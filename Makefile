@@ -4,8 +4,11 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
+# pip index for torch alone, e.g. https://download.pytorch.org/whl/cpu: PyPI's
+# Linux torch is the multi-GB CUDA build (CI passes this; empty = pip's default).
+TORCH_INDEX ?=
 
-.PHONY: demo test lint bench clean install
+.PHONY: demo test test-fast lint bench clean install
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -15,7 +18,7 @@ $(BIN)/python:
 # The editable install also compiles the rANS kernel (setup.py), so a change to
 # its C source reinstalls.
 $(STAMP): pyproject.toml setup.py recurnorm/budget/_ransc.c | $(BIN)/python
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(STAMP)
 
@@ -24,11 +27,23 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/recurnorm demo --out demo-out --force
 
-test: $(STAMP)
+# The whole suite, after lint (CI's .ci/run calls this).
+test: lint
 	$(BIN)/python -m pytest tests
 
+# The suite without the tests marked slow (processes, fuzzing, long training):
+# the quick loop while editing. `make test` still runs everything.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests -m "not slow"
+
+LINT_PATHS := recurnorm tests benchmarks
+# ruff format is not adopted yet; when it is, add to lint:
+#	$(BIN)/ruff format --check $(LINT_PATHS)
 lint: $(STAMP)
-	$(BIN)/ruff check recurnorm tests benchmarks
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/actionlint
+	$(BIN)/python tests/ci_doc_workflow.py > $(VENV)/ci-doc-workflow.yml
+	$(BIN)/actionlint $(VENV)/ci-doc-workflow.yml
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/train_speed.py

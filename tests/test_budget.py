@@ -9,38 +9,16 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import sample_qtensors
 
 from recurnorm.budget import Budget, compress, pack_qtensors, read_artifact, verify_bytes
 from recurnorm.budget import format as fmt
 from recurnorm.errors import ArtifactError, OverCapError
-from recurnorm.quant.qtensor import QTensor
-
-
-def _qts(seed: int = 0) -> dict[str, QTensor]:
-    rng = np.random.default_rng(seed)
-    w = rng.normal(size=(64, 96))
-    s = np.abs(w).max(1) / 127
-    g = rng.normal(size=(48, 64))
-    gs = np.abs(g).max(1) / 7
-    return {
-        "int8 per-row": QTensor("int8", (64, 96), "float32", np.round(w / s[:, None]).astype(np.int8),
-                                s.astype(np.float16), None, {}),
-        "int4.group": QTensor("int4", (3072,), "bfloat16", np.clip(np.round(g / gs[:, None]), -7, 7).astype(np.int8),
-                              gs.astype(np.float32), rng.normal(size=48).astype(np.float32), {"group": 64}),
-        "ternary ∆": QTensor("ternary", (50, 41), "float16",
-                             rng.choice([-1, 0, 1], size=(1, 2050)).astype(np.int8), np.array([0.1], np.float32)),
-        "buf.int64": QTensor("raw", (7,), "int64", np.array([[0, -5, 2**40, 3, 3, 3, 1]], np.int64)),
-        "mask": QTensor("raw", (2, 3), "bool", np.array([[1, 0, 1, 1, 1, 0]], np.bool_)),
-        "fp16": QTensor("fp16", (5,), "float16", rng.normal(size=(1, 5)).astype(np.float16).view(np.uint16)),
-        "bf16": QTensor("bf16", (3,), "bfloat16", np.array([[0x3F80, 0x4000, 0xBF80]], np.uint16)),
-        "u64": QTensor("raw", (2,), "uint64", np.array([[2**64 - 1, 0]], np.uint64)),
-        "empty": QTensor("fp32", (0, 4), "float32", np.zeros((1, 0), np.uint32)),
-    }
 
 
 @pytest.mark.parametrize("codecs", [None, ["raw"], ["zstd"], ["rans", "raw"]])
 def test_round_trip_bit_exact(codecs):
-    qts = _qts()
+    qts = sample_qtensors()
     art = read_artifact(pack_qtensors(qts, {"config": {"d_model": 8}}, codecs=codecs))
     assert set(art.qtensors) == set(qts)
     for name, qt in qts.items():
@@ -49,7 +27,7 @@ def test_round_trip_bit_exact(codecs):
 
 
 def test_alias_stored_once():
-    qts = _qts()
+    qts = sample_qtensors()
     one = pack_qtensors(qts)
     qts["tied"] = qts["int8 per-row"]
     two = read_artifact(pack_qtensors(qts))
@@ -59,15 +37,16 @@ def test_alias_stored_once():
 
 
 def test_insertion_order_does_not_matter():
-    qts = _qts()
+    qts = sample_qtensors()
     assert pack_qtensors(qts) == pack_qtensors(dict(reversed(list(qts.items()))))
 
 
+@pytest.mark.slow  # packs in fresh interpreters
 def test_deterministic_across_processes():
     code = (
-        "import sys, hashlib; sys.path.insert(0, 'tests'); from test_budget import _qts;"
+        "import sys, hashlib; sys.path.insert(0, 'tests'); from helpers import sample_qtensors;"
         "from recurnorm.budget import pack_qtensors;"
-        "print(hashlib.sha256(pack_qtensors(_qts(3))).hexdigest())"
+        "print(hashlib.sha256(pack_qtensors(sample_qtensors(3))).hexdigest())"
     )
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout for seed in (1, 2)}
@@ -103,13 +82,13 @@ def _codes(m):
     lambda m: m.update(metadata=[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]),
 ])
 def test_forged_manifests_are_rejected(edit):
-    data = _resign(pack_qtensors(_qts()), edit)
+    data = _resign(pack_qtensors(sample_qtensors()), edit)
     with pytest.raises(ArtifactError):
         read_artifact(data)
 
 
 def test_header_errors():
-    data = pack_qtensors(_qts())
+    data = pack_qtensors(sample_qtensors())
     for bad in (b"XXXX" + data[4:], data[:4] + struct.pack("<H", 9) + data[6:], data[:-1],
                 data + b"\0", data[:20], data[:-5] + bytes([data[-5] ^ 1]) + data[-4:]):
         with pytest.raises(ArtifactError):
@@ -117,7 +96,7 @@ def test_header_errors():
 
 
 def test_budget_counts_code_files(tmp_path):
-    data = pack_qtensors(_qts())
+    data = pack_qtensors(sample_qtensors())
     code = tmp_path / "train_gpt.py"
     code.write_text("x = 'é'\n" * 100, encoding="utf-8")
     n_code = len(code.read_text(encoding="utf-8").encode("utf-8"))
@@ -130,7 +109,7 @@ def test_budget_counts_code_files(tmp_path):
 
 
 def test_manifest_is_stored_compressed_and_every_form_reads():
-    data = pack_qtensors(_qts(5))
+    data = pack_qtensors(sample_qtensors(5))
     flags, mlen = fmt.HEADER.unpack_from(data, 0)[2:4]
     manifest, payload = fmt.split_container(data)
     plain = fmt.dumps(manifest)

@@ -58,7 +58,7 @@ def test_kernel_bytes_equal_numpy_reference(seed, n, nsym, k, prec, lanes_log):
 
 
 @kernel
-@pytest.mark.parametrize("prec", [8, 16])
+@pytest.mark.parametrize("prec", [8, pytest.param(16, marks=pytest.mark.slow)])  # 16: 64K-slot tables
 def test_kernel_codes_every_one_byte_context(prec):
     """All 256 contexts a uint8 id can name (wide grids): the reference's bytes; one more is refused."""
     k = rans.MAX_CONTEXTS
@@ -124,6 +124,7 @@ def test_kernel_histograms_equal_numpy_reference(seed, rows, cols, nsym, axis, s
                                    np.zeros_like(got))
 
 
+@pytest.mark.slow  # packs through the numpy reference coder
 def test_fallback_writes_the_same_artifact(monkeypatch):
     """Without the compiled kernel the numpy reference (coder and search histograms) writes
     and reads identical bytes."""
@@ -134,9 +135,9 @@ def test_fallback_writes_the_same_artifact(monkeypatch):
         s = np.abs(w).max(1) / span
         qts[name] = QTensor("int4" if span == 7 else "int8", w.shape, "float32",
                             np.round(w / s[:, None]).astype(np.int8), s.astype(np.float16))
-    from test_search import _embedding_like
+    from helpers import embedding_like
 
-    qts["e"] = QTensor("ternary", (256, 128), "float32", _embedding_like().reshape(1, -1), np.ones(1, np.float32))
+    qts["e"] = QTensor("ternary", (256, 128), "float32", embedding_like().reshape(1, -1), np.ones(1, np.float32))
     fast = pack_qtensors(qts)
     contexts = {t["streams"]["codes"]["params"].get("context") for t in read_artifact(fast).manifest["tensors"]}
     assert {"col", "grid"} <= contexts

@@ -55,6 +55,7 @@ def one_process(default_corpus, tmp_path_factory):
     return out, result
 
 
+@pytest.mark.slow  # torchrun with 2 ranks
 def test_two_ranks_match_one_process_and_only_rank0_writes(tmp_path, one_process):
     out = tmp_path / "two"
     proc, audit = _torchrun(tmp_path, 2, out, RUN)
@@ -81,6 +82,7 @@ def test_two_ranks_match_one_process_and_only_rank0_writes(tmp_path, one_process
     assert val == pytest.approx(loss(ref.model, load_corpus("default")).bits_per_byte, rel=1e-5)
 
 
+@pytest.mark.slow  # torchrun with 2 ranks, then a resume
 def test_crash_on_one_rank_is_named_and_the_run_resumes_on_one_rank(
     tmp_path, one_process, monkeypatch
 ):

@@ -233,6 +233,7 @@ def uniform_size(ckpt, fmt: str) -> int:
     return len(pack_checkpoint(ckpt, build_policy(fmt)).data)
 
 
+@pytest.mark.slow  # packs many --fit allocations
 def test_fit_never_lands_over_the_budget(pg_ckpt, tmp_path):
     code = tmp_path / "train_gpt.py"
     code.write_text("print('hello')\n" * 40)
@@ -262,6 +263,7 @@ def test_fit_never_lands_over_the_budget(pg_ckpt, tmp_path):
     assert cli("pack", pg_ckpt, "--fit", smallest, "-o", tmp_path / "min.rnpk").exit_code == 0
 
 
+@pytest.mark.slow  # packs many --fit allocations
 def test_fit_that_allows_int8_everywhere_gives_int8(pg_ckpt, tmp_path):
     s8 = uniform_size(pg_ckpt, "int8")
     out = tmp_path / "f.rnpk"

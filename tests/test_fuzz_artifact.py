@@ -6,33 +6,16 @@ import resource
 import subprocess
 import sys
 
-import numpy as np
 import pytest
+from helpers import fuzz_base_artifact
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_search import _embedding_like
 
 from recurnorm.budget import format as fmt
-from recurnorm.budget import pack_qtensors, read_artifact
+from recurnorm.budget import read_artifact
 from recurnorm.errors import ArtifactError
-from recurnorm.quant.qtensor import QTensor
 
-
-def _artifact() -> bytes:
-    rng = np.random.default_rng(0)
-    w = rng.normal(size=(64, 128))
-    s = np.abs(w).max(1) / 7
-    return pack_qtensors({
-        "w": QTensor("int4", (64, 128), "float32", np.round(w / s[:, None]).astype(np.int8), s.astype(np.float16)),
-        "t": QTensor("ternary", (40, 100), "float32", rng.integers(-1, 2, size=(1, 4000)).astype(np.int8),
-                     np.array([0.5], np.float32)),
-        "b": QTensor("raw", (9,), "int64", np.arange(9, dtype=np.int64).reshape(1, 9)),
-        "e": QTensor("ternary", (256, 128), "float32", _embedding_like().reshape(1, -1),  # a grid context
-                     np.array([0.5], np.float32)),
-    }, {"config": {"d": 1}})
-
-
-ART = _artifact()
+ART = fuzz_base_artifact()
 
 
 def test_fuzzed_artifact_holds_a_grid_context():
@@ -68,13 +51,15 @@ def test_mutations_raise_only_artifact_error(data):
         pass
 
 
+@pytest.mark.slow  # a child under an address-space limit
 def test_forged_huge_shape_under_memory_limit():
     # A re-signed manifest that declares a 2**29-element stream must fail validation,
     # not allocate: run it in a child limited to 2 GiB of address space beyond imports.
     code = """
 import hashlib, json, resource, sys
 sys.path.insert(0, 'tests')
-from test_fuzz_artifact import ART
+from helpers import fuzz_base_artifact
+ART = fuzz_base_artifact()
 from recurnorm.budget import format as fmt, read_artifact
 from recurnorm.errors import ArtifactError
 m, payload = fmt.split_container(ART)
@@ -106,6 +91,7 @@ def _resigned(payload: bytes) -> bytes:
     return fmt.write_container(MANIFEST, payload)
 
 
+@pytest.mark.slow  # 300 hypothesis examples
 @settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, len(PAYLOAD) - 1), st.integers(1, 255)), min_size=1, max_size=4))
 def test_resigned_payload_mutations_reach_the_codecs_and_raise_only_artifact_error(flips):

@@ -33,7 +33,10 @@ def test_good_artifacts_pass(setup, tmp_path):
     path = tmp_path / "m.rnpk"
     path.write_bytes(pack_model(model, "int8"))
     report = loss_gate(path, ckpt, corpus, max_loss_delta=0.05)
-    assert report.passed and 0.0 <= abs(report.delta) < 0.05
+    assert report.passed and abs(report.delta) < 0.05
+    assert report.delta == pytest.approx(report.bpb_artifact - report.bpb_reference, abs=1e-12)
+    # int8 is lossy: a zero delta would mean the gate measured the reference twice.
+    assert report.delta != 0.0 and report.bpb_reference == pytest.approx(exact.bpb_reference)
     assert json.loads(json.dumps(report.to_dict()))["passed"] is True
 
 

@@ -38,6 +38,7 @@ def test_the_corpus_covers_every_class():
     assert len(hc.CASES) >= 200
 
 
+@pytest.mark.slow  # two CLI children per artifact, 200+ artifacts
 def test_every_hostile_artifact_is_refused_in_one_line_with_bounded_memory(corpus):
     """verify and unpack, in a child limited to +1 GiB of address space and a 10 s alarm."""
     for path in corpus:
@@ -78,6 +79,7 @@ def test_a_bomb_names_the_limit():
     assert r.exit_code == 4 and "1,073,741,824 bytes" in r.reason
 
 
+@pytest.mark.slow  # 300 hypothesis examples
 @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32 - 1))
 def test_verify_ok_implies_unpack_succeeds(seed):

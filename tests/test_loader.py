@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from test_search import _embedding_like, _joint_like
+from helpers import IMPORT_BLOCKER, embedding_like, joint_like
 
 from recurnorm.budget import format as fmt
 from recurnorm.budget import pack_qtensors, read_artifact, unpack
@@ -20,16 +20,6 @@ from recurnorm.cli.main import main
 from recurnorm.export.pack import export_qtensors
 from recurnorm.export.policy import ExportPolicy
 from recurnorm.quant.qtensor import QTensor
-
-# Imports of these raise inside the loader's process: it must not need them.
-BLOCKER = textwrap.dedent("""
-    import sys
-    class Blocker:
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("recurnorm", "zstandard", "constriction"):
-                raise ImportError("blocked: " + name)
-    sys.meta_path.insert(0, Blocker())
-""")
 
 
 def _state() -> dict:
@@ -64,7 +54,7 @@ def _artifacts() -> dict[str, bytes]:
             out[f"{q}{opts} {codecs[0]}"] = pack_qtensors(qts, codecs=codecs)
     # rans contexts: grid (embedding-like), row/col (structured), scale (varied row scales)
     rng = np.random.default_rng(3)
-    emb = _embedding_like()
+    emb = embedding_like()
     cols = np.clip(np.round(rng.normal(size=(200, 300)) * np.where(rng.random(300) < 0.3, 0.3, 3)),
                    -7, 7).astype(np.int8)
     rows = np.clip(np.round(rng.normal(size=(300, 200)) * np.where(rng.random((300, 1)) < 0.3, 0.3, 3)),
@@ -73,7 +63,7 @@ def _artifacts() -> dict[str, bytes]:
     by_scale = np.clip(np.round(rng.normal(size=(256, 64)) * scale[:, None].astype(float)), -60, 60)
     out["contexts"] = pack_qtensors({
         "grid": QTensor("ternary", emb.shape, "float32", emb.reshape(1, -1), np.ones(1, np.float32)),
-        "joint": QTensor("ternary", (2048, 256), "float32", _joint_like().reshape(1, -1),  # > 64 contexts
+        "joint": QTensor("ternary", (2048, 256), "float32", joint_like().reshape(1, -1),  # > 64 contexts
                          np.ones(1, np.float32)),
         "col": QTensor("int4", cols.shape, "float32", cols, np.ones(200, np.float16)),
         "row": QTensor("int4", rows.shape, "float32", rows, np.ones(300, np.float16)),
@@ -113,10 +103,11 @@ def test_the_matrix_covers_every_portable_codec_layout_and_context(artifacts):
     assert ("raw", "") in seen and not any(c == "zstd" for c, _ in seen)
 
 
+@pytest.mark.slow  # the numpy loader decodes every codec layout in a child
 @pytest.mark.parametrize("compact", [False, True])
 def test_loader_alone_equals_unpack_bit_for_bit(artifacts, tmp_path, compact):
     (tmp_path / "rnpk_load.py").write_text(loader_source(compact=compact), encoding="utf-8")
-    script = BLOCKER + textwrap.dedent(f"""
+    script = IMPORT_BLOCKER + textwrap.dedent(f"""
         import glob, os, torch
         sys.path.insert(0, {str(tmp_path)!r})
         import rnpk_load

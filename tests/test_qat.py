@@ -227,6 +227,7 @@ def test_cli_pack_of_a_qat_checkpoint_ships_the_training_codes(qat_ternary, tmp_
     assert export_load.load_model(art).config.qat["exported"] is True
 
 
+@pytest.mark.slow  # fine-tunes through the CLI
 def test_cli_finetune(trained_tiny, tmp_path):
     from click.testing import CliRunner
 

@@ -95,6 +95,7 @@ def test_paired_training_shares_init_and_batches(small_corpus):
     assert pre["shared"] == pytest.approx(pre["norm"], abs=1e-5)
 
 
+@pytest.mark.slow  # trains the roundtrip matrix through the CLI
 def test_cli_roundtrip_json(tmp_path):
     text = tmp_path / "corpus.txt"
     text.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog "

@@ -79,6 +79,7 @@ def test_muon_learns_and_resumes_exactly(default_corpus, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # spawns worker processes that import torch
 def test_roundtrip_jobs_trains_in_parallel_processes_with_the_same_result(default_corpus, tmp_path):
     from recurnorm.evaluate.roundtrip import roundtrip
     from recurnorm.train.corpus import Corpus

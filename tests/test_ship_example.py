@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_loader import BLOCKER
+from helpers import IMPORT_BLOCKER
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "parameter_golf"
 
@@ -27,7 +27,7 @@ def test_parameter_golf_example_ships_through_the_loader(tmp_path):
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "ok: final_model.rnpk" in run.stdout and "(loader " in run.stdout
-    evaluate = BLOCKER + (
+    evaluate = IMPORT_BLOCKER + (
         "import runpy; sys.argv = ['train_gpt.py', 'eval', '--artifact', 'final_model.rnpk']; "
         "sys.path.insert(0, '.'); runpy.run_path('train_gpt.py', run_name='__main__')")
     run = subprocess.run([sys.executable, "-c", evaluate], cwd=tmp_path, capture_output=True, text=True,

@@ -245,6 +245,7 @@ def test_gate_on_byte_shards(env, tmp_path):
     assert g["data"].startswith("shards:") and g["val_bytes"] == c.val_tokens.size - 1
 
 
+@pytest.mark.slow  # evaluates on real SP8192 shards
 def test_gate_on_sentencepiece_shards(env, tmp_path, sp8192_model):
     from recurnorm.model import ModelConfig, save_checkpoint
     from recurnorm.train.data import load_corpus
@@ -272,12 +273,3 @@ def test_gate_on_sentencepiece_shards(env, tmp_path, sp8192_model):
     # Without the tokenizer the shards' bytes are unknown: an input error, not a silent pass.
     r = _run("verify", art, *gate)
     assert r.exit_code == 1 and "--tokenizer" in r.stderr
-
-
-def test_ci_doc_exit_code_table_matches_exitcodes():
-    from recurnorm.cli.exitcodes import MEANING
-
-    text = (REPO / "docs" / "CI.md").read_text(encoding="utf-8")
-    table = text.split("<!-- exit-codes:begin -->\n")[1].split("<!-- exit-codes:end -->")[0]
-    rows = [line.split("|")[1:3] for line in table.strip().splitlines()[2:]]
-    assert {int(k): v.strip() for k, v in rows} == MEANING

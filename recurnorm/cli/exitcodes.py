@@ -1,8 +1,17 @@
-"""Exit codes, defined once. The README's table is generated from this."""
+"""Exit codes, defined once.
+
+The exit-code tables in README.md and docs/CI.md are markdown_table()'s text, pasted
+between `<!-- exit-codes:begin -->` and `<!-- exit-codes:end -->`; tests/test_docs.py
+fails when either differs from it.
+"""
 
 from __future__ import annotations
 
+import re
+
 from .. import errors
+
+_OPTION = re.compile(r"--[a-z][a-z-]*")
 
 OK = 0
 FAILURE = errors.RecurnormError.exit_code  # any other library error (bad data, bad checkpoint, ...)
@@ -19,6 +28,15 @@ MEANING = {
     CORRUPT: "artifact is corrupt, truncated or of an unsupported format/version",
     LOSS_REGRESSION: "post-export loss exceeds the reference by more than --max-loss-delta",
 }
+
+
+def markdown_table() -> str:
+    """MEANING as the Markdown table the docs show, option names as code."""
+    lines = ["| exit | meaning |", "|---:|---|"]
+    for code in sorted(MEANING):
+        lines.append(f"| {code} | " + _OPTION.sub(lambda m: f"`{m.group()}`", MEANING[code]) + " |")
+    return "\n".join(lines) + "\n"
+
 
 def for_error(exc: BaseException) -> int:
     """The exit code for an error: its type's own (recurnorm.errors), FAILURE for any other."""
