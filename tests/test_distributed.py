@@ -118,13 +118,13 @@ def test_micro_batches_match_the_whole_batch(default_corpus):
 
 
 def test_batch_split_over_ranks_and_micro_batches():
-    from recurnorm.train.loop import _batch_split
+    from recurnorm.train.loop import batch_split
 
-    assert _batch_split(8, None, 2) == (4, 4, 1)
-    assert _batch_split(8, 2, 2) == (4, 2, 2)
-    assert _batch_split(8, 64, 1) == (8, 8, 1)  # a micro-batch larger than the slice is the slice
+    assert batch_split(8, None, 2) == (4, 4, 1)
+    assert batch_split(8, 2, 2) == (4, 2, 2)
+    assert batch_split(8, 64, 1) == (8, 8, 1)  # a micro-batch larger than the slice is the slice
     with pytest.raises(ConfigError, match="not divisible by the 2 ranks"):
-        _batch_split(7, None, 2)
+        batch_split(7, None, 2)
 
 
 def test_launcher_raises_the_failing_ranks_error_with_its_exit_code(tmp_path, monkeypatch):

@@ -166,7 +166,7 @@ def train(
     _check_args(config, corpus, hparams)
     ctx = distributed.context(device)
     dev = ctx.device(device)
-    local, micro, accum = _batch_split(batch_size, micro_batch, ctx.world_size)
+    local, micro, accum = batch_split(batch_size, micro_batch, ctx.world_size)
 
     out = Path(out_dir) if out_dir is not None else None
     saved = None
@@ -313,7 +313,7 @@ def train(
     )
 
 
-def _batch_split(batch_size: int, micro_batch: int | None, world: int) -> tuple[int, int, int]:
+def batch_split(batch_size: int, micro_batch: int | None, world: int) -> tuple[int, int, int]:
     """(windows per rank, windows per micro-batch, micro-batches per step); ConfigError if uneven."""
     if batch_size % world:
         raise ConfigError(f"batch_size {batch_size} is not divisible by the {world} ranks")
