@@ -47,12 +47,33 @@ def _probe(raw: bytes, quick) -> float:
     return got * n / (3 * ZSTD_PROBE)
 
 
+def _order0_bytes(raw: bytes) -> float:
+    """The order-0 bound of raw's bytes, in bytes."""
+    return rans._entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)) / 8
+
+
+def _zstd1() -> zstandard.ZstdCompressor:
+    return zstandard.ZstdCompressor(level=1)
+
+
 def _zstd_probe(raw: bytes) -> float:
     """zstd-3 size of raw extrapolated from three slices."""
     return _probe(raw, zstandard.ZstdCompressor(level=3).compress)
 
 
 DEFLATE_PROBE_MARGIN = 1.1  # deflate-1 slices run a few % above deflate-9 on codes
+# deflate-9 and lzma-9e land at >= this share of the bytes' order-0 bound where they find no
+# repetition (measured on int8/int4/ternary codes and fp16 scales of every benchmark case:
+# 0.985-1.03); below it only LZ matches take them.
+NOREP_FLOOR = 0.985
+QUICK_MIN = 1 << 15  # below this many bytes a full deflate-9 costs under a millisecond: no probe
+# On codes where deflate found no repetition, lzma lands within 0.5% of deflate or above
+# it, except where deflate's Huffman codes a skewed alphabet badly (int4 nibbles,
+# heavy-tailed int8: lzma 1-5% under deflate) or lzma's rep-matches find 2-D structure
+# (a position embedding's int4 codes: 2.7% under), and there rans led both by 4% or more
+# (measured: every codes stream of benchmarks/pack.py's cases). lzma on codes never won
+# there, yet racing it was a third of packing all-MiniLM-L6-v2 int8.
+LZMA_NOREP_GAIN = 0.995
 
 
 @dataclass
@@ -261,7 +282,7 @@ class Compressed(Codec):
         out = []
         for layout, offset in self._layouts(arr, ctx):
             raw = layout_bytes(arr, ctx.dtype, layout, offset)
-            if ctx.effort != "max" and len(raw) > 4 * ZSTD_PROBE and self._loses(raw, best):
+            if ctx.effort != "max" and len(raw) > QUICK_MIN and self._loses(raw, best):
                 continue
             out.append((compress.compress(self.compressor, raw), {"layout": layout, "offset": offset}))
         # Kept for the lzma race (it runs next and must not deflate the same bytes again).
@@ -273,9 +294,16 @@ class Compressed(Codec):
         """Whether quick deflate slices say the slow run cannot win: they land clearly above
         the best so far, or they find no repetition (near the bytes' order-0 bound, which
         the best so far already beats: only LZ matches take a compressor under it)."""
-        quick = _probe(raw, lambda b: compress.deflate(b, 1))
-        order0 = rans._entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)) / 8
-        return quick > best * DEFLATE_PROBE_MARGIN or (quick >= ZSTD_REPEATS * order0 and order0 >= best)
+        order0 = _order0_bytes(raw)
+        if len(raw) > 4 * ZSTD_PROBE:
+            quick = _probe(raw, lambda b: compress.deflate(b, 1))
+            return quick > best * DEFLATE_PROBE_MARGIN or (quick >= ZSTD_REPEATS * order0 and order0 >= best)
+        # Smaller streams: deflate-9 runs unless even its no-repetition floor loses and one
+        # quick zstd pass over all of it finds no repetition (zstd-1 is several times quicker
+        # than deflate-9 on low-entropy codes, where deflate's lazy matching crawls).
+        if order0 * NOREP_FLOOR < best:
+            return False
+        return len(_zstd1().compress(raw)) >= ZSTD_REPEATS * order0
 
     @staticmethod
     def _layouts(arr, ctx) -> list[tuple[str, int]]:
@@ -350,6 +378,9 @@ class Lzma(Compressed, name="lzma"):
         raw = layout_bytes(arr, ctx.dtype, params["layout"], params["offset"])
         if size > best * (self.LZMA_RACE_BIG if len(raw) > self.BIG_RAW else self.LZMA_RACE):
             return []
+        if (ctx.kind == "codes" and size * LZMA_NOREP_GAIN >= best and len(raw) > QUICK_MIN
+                and size >= ZSTD_REPEATS * _order0_bytes(raw)):
+            return []  # no repetition for lzma to find, and deflate not far enough behind
         return [(compress.compress(self.compressor, raw), params)]
 
 
@@ -463,13 +494,15 @@ class Rans(Codec, name="rans"):
             sym, offset, nsym = got
             geo = geometry(ctx)
             c = search.choose(sym, nsym, geo, ctx.effort)
-        cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, kc=c.kc)
-        tsym, nt = rans.to_tuples(sym, nsym, c.t), nsym ** c.t
+        # uint8 ids and uint16 units: what the kernel reads (no int64 copies of the stream)
+        cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, np.uint8, kc=c.kc)
+        nt = nsym ** c.t
+        tsym = rans.to_tuples(sym, nsym, c.t).astype(np.uint16 if nt <= 1 << 16 else np.int64)
         if c.side is not None:  # the search counted this stream exactly and made its side data
             body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, c.lanes, c.prec,
                                c.side.blobs())
         else:
-            counts = np.bincount(cvec * nt + tsym, minlength=c.k * nt).reshape(c.k, nt)
+            counts = rans.context_counts(tsym, cvec, c.k, nt)
             tables = rans.normalize_table(counts, c.prec)
             body = rans.encode(tsym, cvec, c.k, nt, c.ids, tables, c.lanes, c.prec)
         # Defaults stay out of the manifest: every byte of it counts against the cap.

@@ -174,6 +174,22 @@ def bincount(values: np.ndarray, minlength: int = 0) -> np.ndarray:
     return out
 
 
+def context_counts(sym: np.ndarray, ctx: np.ndarray | None, k: int, nsym: int) -> np.ndarray:
+    """[k, nsym] counts of each symbol under each context id (ctx None: all in context 0).
+
+    The compiled kernel counts uint16 symbols under uint8 ids in one pass; numpy bincounts
+    an int64 index of ctx * nsym + sym (the same counts)."""
+    if _ransc is not None and nsym <= MAX_ALPHABET and k <= MAX_CONTEXTS:
+        out = np.zeros(k * nsym, dtype=np.int64)
+        c = np.ascontiguousarray(ctx, dtype=np.uint8) if k > 1 and ctx is not None else None
+        _ransc.counts(np.ascontiguousarray(sym, dtype=np.uint16), c, nsym, k, out)
+        return out.reshape(k, nsym)
+    if k == 1 or ctx is None:
+        return np.bincount(sym, minlength=k * nsym).reshape(k, nsym)
+    idx = np.asarray(ctx).astype(np.int64) * nsym + sym
+    return np.bincount(idx, minlength=k * nsym).reshape(k, nsym)
+
+
 def order0_bits(symbols: np.ndarray) -> float:
     """The order-0 entropy bound in bits of an integer array."""
     s = np.asarray(symbols).ravel()
