@@ -52,6 +52,10 @@ def _order0_bytes(raw: bytes) -> float:
     return rans._entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)) / 8
 
 
+def _deflate1(raw: bytes) -> bytes:
+    return compress.deflate(raw, 1)
+
+
 def _zstd1() -> zstandard.ZstdCompressor:
     return zstandard.ZstdCompressor(level=1)
 
@@ -280,9 +284,17 @@ class Compressed(Codec):
 
     def candidates(self, arr, ctx, best):
         out = []
-        for layout, offset in self._layouts(arr, ctx):
-            raw = layout_bytes(arr, ctx.dtype, layout, offset)
-            if ctx.effort != "max" and len(raw) > QUICK_MIN and self._loses(raw, best):
+        tries = [(layout, offset, layout_bytes(arr, ctx.dtype, layout, offset))
+                 for layout, offset in self._layouts(arr, ctx)]
+        quick: dict[str, float] = {}
+        if ctx.effort != "max":
+            big = [i for i, (_, _, raw) in enumerate(tries) if len(raw) > 4 * ZSTD_PROBE]
+            quick = {tries[i][0]: _probe(tries[i][2], _deflate1) for i in big} if len(big) > 1 else {}
+            if quick:  # several big layouts (floats): the slow run on the quickest one only
+                keep = min(big, key=lambda i: quick[tries[i][0]])
+                tries = [t for i, t in enumerate(tries) if i == keep or i not in big]
+        for layout, offset, raw in tries:
+            if ctx.effort != "max" and len(raw) > QUICK_MIN and self._loses(raw, best, quick.get(layout)):
                 continue
             out.append((compress.compress(self.compressor, raw), {"layout": layout, "offset": offset}))
         # Kept for the lzma race (it runs next and must not deflate the same bytes again).
@@ -290,20 +302,26 @@ class Compressed(Codec):
         return out
 
     @staticmethod
-    def _loses(raw: bytes, best: int) -> bool:
-        """Whether quick deflate slices say the slow run cannot win: they land clearly above
-        the best so far, or they find no repetition (near the bytes' order-0 bound, which
-        the best so far already beats: only LZ matches take a compressor under it)."""
+    def _loses(raw: bytes, best: int, quick: float | None = None) -> bool:
+        """Whether quick passes say the slow run cannot win: a zstd-1 pass finds no
+        repetition (only LZ matches take a compressor under its bytes' order-0 floor) and
+        that floor is no better than the best so far; or, on big streams, quick deflate
+        slices (`quick`, when the caller has them) land clearly above the best so far or
+        find no repetition where the order-0 bound already loses.
+
+        zstd-1 is 15-20x quicker than deflate-1 on codes (where deflate-9's lazy matching
+        crawls): one pass over a small stream, slices of a big one."""
         order0 = _order0_bytes(raw)
-        if len(raw) > 4 * ZSTD_PROBE:
-            quick = _probe(raw, lambda b: compress.deflate(b, 1))
-            return quick > best * DEFLATE_PROBE_MARGIN or (quick >= ZSTD_REPEATS * order0 and order0 >= best)
-        # Smaller streams: deflate-9 runs unless even its no-repetition floor loses and one
-        # quick zstd pass over all of it finds no repetition (zstd-1 is several times quicker
-        # than deflate-9 on low-entropy codes, where deflate's lazy matching crawls).
-        if order0 * NOREP_FLOOR < best:
+        big = len(raw) > 4 * ZSTD_PROBE
+        if order0 * (1.0 if big else NOREP_FLOOR) >= best:
+            rep = _probe(raw, _zstd1().compress) if big else len(_zstd1().compress(raw))
+            if rep >= ZSTD_REPEATS * order0:
+                return True
+        if not big:
             return False
-        return len(_zstd1().compress(raw)) >= ZSTD_REPEATS * order0
+        if quick is None:
+            quick = _probe(raw, _deflate1)
+        return quick > best * DEFLATE_PROBE_MARGIN or (quick >= ZSTD_REPEATS * order0 and order0 >= best)
 
     @staticmethod
     def _layouts(arr, ctx) -> list[tuple[str, int]]:

@@ -226,12 +226,14 @@ def scale_buckets(scales: np.ndarray, k: int) -> np.ndarray:
 def context_vector(
     variant: str, k: int, n: int, rows: int, cols: int, L: int,
     scales: np.ndarray | None, ids: np.ndarray | None, step: int = 1, dtype=np.int64, kc: int = 1,
+    order: np.ndarray | None = None,
 ) -> np.ndarray:
     """Context id of code positions 0, step, 2*step, ... < n (= G*L).
 
     row / col: the class id of the position's row / column (ids: one per row / column).
     grid: row class * kc + column class (ids: the rows' classes, then the columns').
     Decoders ask for uint8 (k <= MAX_CONTEXTS = 256): one byte per declared position, not eight.
+    order: scale_order(scales), when the caller has it already (the search asks for many k).
     """
     m = -(-n // step)
     if variant == "none" or k == 1:
@@ -239,7 +241,7 @@ def context_vector(
     if variant == "scale":
         if scales is None or len(scales) * L != n:
             raise ArtifactError("scale context needs one scale per code row")
-        buckets = scale_buckets(scales, k).astype(dtype)
+        buckets = rank_buckets(scale_order(scales) if order is None else order, k).astype(dtype)
         if L % step == 0:
             return np.repeat(buckets, L // step)
         return buckets[np.arange(0, n, step, dtype=np.int64) // L]
