@@ -52,6 +52,11 @@ def _order0_bytes(raw: bytes) -> float:
     return rans._entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)) / 8
 
 
+def _whole(raw: bytes, quick) -> float:
+    """Size of raw under a quick compressor (for streams too small to probe by slices)."""
+    return len(quick(raw))
+
+
 def _deflate1(raw: bytes) -> bytes:
     return compress.deflate(raw, 1)
 
@@ -289,9 +294,11 @@ class Compressed(Codec):
                  for layout, offset in self._layouts(arr, ctx)]
         quick: dict[str, float] = {}
         if ctx.effort != "max":
-            big = [i for i, (_, _, raw) in enumerate(tries) if len(raw) > 4 * ZSTD_PROBE]
-            quick = {tries[i][0]: _probe(tries[i][2], _deflate1) for i in big} if len(big) > 1 else {}
-            if quick:  # several big layouts (floats): the slow run on the quickest one only
+            big = [i for i, (_, _, raw) in enumerate(tries) if len(raw) > QUICK_MIN]
+            # (slices of a big stream, all of a smaller one)
+            quick = {tries[i][0]: (_probe if len(tries[i][2]) > 4 * ZSTD_PROBE else _whole)(tries[i][2], _deflate1)
+                     for i in big} if len(big) > 1 else {}
+            if quick:  # several layouts (floats): the slow run on the one deflate-1 favours only
                 keep = min(big, key=lambda i: quick[tries[i][0]])
                 tries = [t for i, t in enumerate(tries) if i == keep or i not in big]
         for layout, offset, raw in tries:
