@@ -395,7 +395,8 @@ class Lzma(Compressed, name="lzma"):
     def candidates(self, arr, ctx, best):
         if ctx.effort == "max":  # every layout
             return super().candidates(arr, ctx, best)
-        if Deflate.name not in ctx.plans:  # deflate was not in the race: try it here
+        raced = Deflate.name in ctx.plans  # (its result is then among the candidates)
+        if not raced:  # deflate was not in the race: try it here
             Deflate().candidates(arr, ctx, best)
         tries = ctx.plans[Deflate.name]
         if not tries:  # deflate's probe already lost clearly: lzma lands near it on such bytes
@@ -404,9 +405,9 @@ class Lzma(Compressed, name="lzma"):
         raw = layout_bytes(arr, ctx.dtype, params["layout"], params["offset"])
         if size > best * (self.LZMA_RACE_BIG if len(raw) > self.BIG_RAW else self.LZMA_RACE):
             return []
-        # No repetition for lzma to find, and deflate either leads (lzma then lands above it:
-        # 1% on 16K int8 codes) or trails the best by under LZMA_NOREP_GAIN.
-        if (ctx.kind == "codes" and best < NO_RACE and (size <= best or size * LZMA_NOREP_GAIN >= best)
+        # No repetition for lzma to find, and deflate either leads the race (lzma then lands
+        # above it: 1% on 16K int8 codes) or trails the best by under LZMA_NOREP_GAIN.
+        if (ctx.kind == "codes" and best < NO_RACE and ((raced and size <= best) or size * LZMA_NOREP_GAIN >= best)
                 and size >= ZSTD_REPEATS * _order0_bytes(raw)):
             return []
         return [(compress.compress(self.compressor, raw), params)]
