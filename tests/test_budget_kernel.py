@@ -148,6 +148,15 @@ def test_kernel_context_counts_equal_numpy_reference(seed, n, nsym, k):
                                    np.zeros(k * nsym, np.int64))
 
 
+def test_reference_encoder_takes_narrow_ids_and_units():
+    """The encoder hands uint8 ids and uint16 units to the coder; the numpy reference must
+    code them as it codes int64 ones (ctx * nsym would wrap in uint8)."""
+    sym, ctx, freq = _stream(4, 3000, 255, 7, 12)
+    want = rans.ilv_encode_numpy(sym.astype(np.int64), ctx.astype(np.int64), freq, 12, 4)
+    assert rans.ilv_encode_numpy(sym.astype(np.uint16), ctx.astype(np.uint8), freq, 12, 4) == want
+    assert rans.ilv_encode(sym.astype(np.uint16), ctx.astype(np.uint8), freq, 12, 4) == want
+
+
 def test_fallback_writes_the_same_artifact(monkeypatch):
     """Without the compiled kernel the numpy reference (coder and search histograms) writes
     and reads identical bytes."""

@@ -463,7 +463,8 @@ def ilv_encode_numpy(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, 
     """The numpy reference of ilv_encode: lanes vectorized, one Python step per `lanes` units."""
     n = len(sym)
     k, nsym = freq.shape
-    idx = ctx * nsym + sym if k > 1 else sym
+    # (int64 first: ids come as uint8, where ctx * nsym would wrap)
+    idx = np.asarray(ctx).astype(np.int64) * nsym + sym if k > 1 else sym
     flat = freq.ravel().astype(np.int64)
     cum = (np.cumsum(flat) - flat) % (1 << prec)  # cumulative within each context row
     f = flat[idx].astype(np.uint32)
