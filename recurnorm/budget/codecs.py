@@ -526,7 +526,7 @@ class Rans(Codec, name="rans"):
         # uint8 ids and uint16 units: what the kernel reads (no int64 copies of the stream)
         cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, np.uint8, kc=c.kc)
         nt = nsym ** c.t
-        tsym = rans.to_tuples(sym, nsym, c.t).astype(np.uint16 if nt <= 1 << 16 else np.int64)
+        tsym = rans.to_tuples(sym, nsym, c.t, np.uint16).astype(np.uint16, copy=False)
         if c.side is not None:  # the search counted this stream exactly and made its side data
             body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, c.lanes, c.prec,
                                c.side.blobs())

@@ -275,15 +275,18 @@ def context_vector(
 # ----------------------------------------------------------------- tuples
 
 
-def to_tuples(sym: np.ndarray, nsym: int, t: int) -> np.ndarray:
-    """Base-nsym numbers of t consecutive symbols (first one least significant), zero-padded."""
+def to_tuples(sym: np.ndarray, nsym: int, t: int, dtype=np.int64) -> np.ndarray:
+    """Base-nsym numbers of t consecutive symbols (first one least significant), zero-padded.
+
+    dtype: of the result (t > 1), wide enough for nsym**t: the encoder and the search ask
+    for uint16 (tuple alphabets are at most 4096), a quarter of int64's memory traffic."""
     if t == 1:
         return sym
-    padded = np.zeros(-(-sym.size // t) * t, dtype=np.int64)
+    padded = np.zeros(-(-sym.size // t) * t, dtype=dtype)
     padded[: sym.size] = sym
     cols = padded.reshape(-1, t)
     out = cols[:, t - 1].copy()
-    for i in range(t - 2, -1, -1):  # Horner: exact int64, no integer matmul
+    for i in range(t - 2, -1, -1):  # Horner: exact integers, no integer matmul
         out *= nsym
         out += cols[:, i]
     return out

@@ -149,11 +149,11 @@ class _Stream:
         self._totals: dict[int, np.ndarray] = {}
         self._hists: dict[str, tuple[np.ndarray, float]] = {}
         self._sym16: np.ndarray | None = None
-        self._units16: dict[int, np.ndarray] = {}
 
     def tuples(self, t: int) -> np.ndarray:
+        """The units of t symbols, as uint16 (unit alphabets are at most 4096)."""
         if t not in self._units:
-            self._units[t] = rans.to_tuples(self.sym, self.nsym, t)
+            self._units[t] = self.sym16 if t == 1 else rans.to_tuples(self.sym, self.nsym, t, np.uint16)
         return self._units[t]
 
     def total(self, t: int) -> np.ndarray:
@@ -204,16 +204,9 @@ class _Stream:
         us = max(1, tsym.size // (SEARCH_SAMPLE // 2))
         # uint8 ids (k <= 256) and uint16 units: one pass of the kernel, no int64 index
         cvec = self.geo.context_vector(variant, k, ids, t * us, np.uint8, kc=kc)
-        counts = rans.context_counts(self.units16(t)[::us], cvec, k, nt)
+        counts = rans.context_counts(tsym[::us], cvec, k, nt)
         return counts * (tsym.size / len(cvec))
 
-    def units16(self, t: int) -> np.ndarray:
-        """tuples(t) as uint16 (unit alphabets are at most 4096)."""
-        if t == 1:
-            return self.sym16
-        if t not in self._units16:
-            self._units16[t] = self.tuples(t).astype(np.uint16)
-        return self._units16[t]
 
     def class_counts(self, sums: np.ndarray, scale: float) -> np.ndarray:
         """Row/col class counts (scaled up from the sample) plus the padding codes, which sit
