@@ -124,6 +124,39 @@ def test_kernel_histograms_equal_numpy_reference(seed, rows, cols, nsym, axis, s
                                    np.zeros_like(got))
 
 
+@kernel
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(0, 3000), nsym=st.sampled_from([1, 3, 16, 243, 4096]),
+       k=st.sampled_from([1, 2, 7, 256]))
+def test_kernel_context_counts_equal_numpy_reference(seed, n, nsym, k):
+    rng = np.random.default_rng(seed)
+    sym, ctx = rng.integers(0, nsym, n), rng.integers(0, k, n).astype(np.uint8)
+    got = rans.context_counts(sym, ctx, k, nsym)
+    want = np.bincount(ctx.astype(np.int64) * nsym + sym, minlength=k * nsym).reshape(k, nsym)
+    assert got.shape == (k, nsym) and np.array_equal(got, want)
+    kernel, rans._ransc = rans._ransc, None  # the numpy fallback (no fixture: hypothesis)
+    try:
+        assert np.array_equal(rans.context_counts(sym, ctx, k, nsym), want)
+    finally:
+        rans._ransc = kernel
+    if n:  # a symbol or context past its range is refused, not counted out of bounds
+        with pytest.raises(ValueError, match="out of range"):
+            rans._ransc.counts(np.full(n, nsym, np.uint16), None, nsym, 1, np.zeros(nsym, np.int64))
+        if k < 256:
+            with pytest.raises(ValueError, match="out of range"):
+                rans._ransc.counts(sym.astype(np.uint16), np.full(n, k, np.uint8), nsym, k,
+                                   np.zeros(k * nsym, np.int64))
+
+
+def test_reference_encoder_takes_narrow_ids_and_units():
+    """The encoder hands uint8 ids and uint16 units to the coder; the numpy reference must
+    code them as it codes int64 ones (ctx * nsym would wrap in uint8)."""
+    sym, ctx, freq = _stream(4, 3000, 255, 7, 12)
+    want = rans.ilv_encode_numpy(sym.astype(np.int64), ctx.astype(np.int64), freq, 12, 4)
+    assert rans.ilv_encode_numpy(sym.astype(np.uint16), ctx.astype(np.uint8), freq, 12, 4) == want
+    assert rans.ilv_encode(sym.astype(np.uint16), ctx.astype(np.uint8), freq, 12, 4) == want
+
+
 @pytest.mark.slow  # packs through the numpy reference coder
 def test_fallback_writes_the_same_artifact(monkeypatch):
     """Without the compiled kernel the numpy reference (coder and search histograms) writes

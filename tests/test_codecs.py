@@ -100,3 +100,40 @@ def test_varints():
     long = np.random.default_rng(0).integers(0, 2**35, 1000) >> np.random.default_rng(1).integers(0, 35, 1000)
     assert rans.varint_encode(long) == b"".join(rans.varint_encode(long[i : i + 1]) for i in range(1000))
     assert np.array_equal(rans.varint_decode(rans.varint_encode(long), 1000), long)
+
+
+def _best(arr, kind="codes"):
+    """encode_best of one stream (every default codec prepared for it), and whether it decodes."""
+    ctx = _ctx(arr, kind=kind)
+    name, params, data = codecs.encode_all([(arr, ctx)])[0]
+    back = codecs.get(name).decode(data, params, _ctx(arr, kind=kind))
+    return name, len(data), np.array_equal(back, arr)
+
+
+@pytest.mark.parametrize("shape", [(64, 512), (512, 1024)])  # below and above the quick-pass sizes
+def test_quick_gates_keep_lz_codecs_where_they_win(shape):
+    """The quick passes that skip deflate-9 / lzma on codes (no repetition found, order-0
+    floor above the best) must not skip them where LZ matches win: tiled rows."""
+    rng = np.random.default_rng(5)
+    row, _ = _gauss(1, shape[1], 127, rng)
+    arr = np.tile(row, (shape[0], 1))
+    name, size, ok = _best(arr)
+    assert ok and name in ("deflate", "lzma") and size < arr.size / 50
+
+
+@pytest.mark.parametrize("shape,qmax", [((384, 384), 127), ((128, 128), 127), ((512, 512), 7)])
+def test_quick_gates_skip_lz_codecs_that_cannot_win(shape, qmax, monkeypatch):
+    """On codes without repetition lzma is not run where deflate found none and is not far
+    behind the best; the result is what the full race (effort max's rule) would keep."""
+    from recurnorm.budget import compress
+
+    arr, _ = _gauss(*shape, qmax, np.random.default_rng(6))
+    calls = []
+    real = compress.compress
+    monkeypatch.setattr(compress, "compress",
+                        lambda kind, raw, *a: calls.append((kind, len(raw))) or real(kind, raw, *a))
+    name, size, ok = _best(arr)
+    raw = codecs.layout_bytes(arr, "int8", *codecs.layouts_for(arr, "int8")[-1])
+    # (rans side data may still try lzma; on 16K codes deflate beats rans' table cost)
+    assert ok and name in ("rans", "deflate") and (compress.LZMA, len(raw)) not in calls
+    assert size <= min(len(compress.deflate(raw)), len(real(compress.LZMA, raw)))

@@ -281,7 +281,51 @@ static PyObject *histograms(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* counts(sym: u16[n], ctx: u8[n] | None, nsym, k, out: i64[k*nsym]) -> None
+ * Adds the count of each (context, symbol) pair to out: the encoder's exact tables in one
+ * pass, where numpy would build an int64 index of ctx * nsym + sym and bincount it. */
+static PyObject *counts(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *sym_o, *ctx_o, *out_o;
+    int nsym, k;
+    if (!PyArg_ParseTuple(args, "OOiiO", &sym_o, &ctx_o, &nsym, &k, &out_o)) return NULL;
+    if (nsym < 1 || nsym > MAX_NSYM || k < 1 || k > MAX_K) {
+        PyErr_SetString(PyExc_ValueError, "counts: nsym or k out of range");
+        return NULL;
+    }
+    Py_buffer sb, cb = {0}, ob;
+    if (get_buffer(sym_o, &sb, "sym", 0) < 0) return NULL;
+    int has_ctx = ctx_o != Py_None;
+    if (has_ctx && get_buffer(ctx_o, &cb, "ctx", 0) < 0) { PyBuffer_Release(&sb); return NULL; }
+    if (get_buffer(out_o, &ob, "out", 1) < 0) {
+        PyBuffer_Release(&sb);
+        if (has_ctx) PyBuffer_Release(&cb);
+        return NULL;
+    }
+    const Py_ssize_t n = sb.len / 2;
+    const char *err = NULL;
+    if (ob.len != (Py_ssize_t)(8 * (Py_ssize_t)k * nsym) || (has_ctx && cb.len != n))
+        err = "counts: buffer sizes disagree";
+    const uint16_t *sym = sb.buf;
+    const uint8_t *ctx = has_ctx ? cb.buf : NULL;
+    int64_t *out = ob.buf;
+    if (!err) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t c = ctx ? ctx[i] : 0;
+            if (sym[i] >= (uint16_t)nsym || c >= (uint32_t)k) { err = "counts: symbol or context out of range"; break; }
+            out[c * (uint32_t)nsym + sym[i]]++;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    if (err) PyErr_SetString(PyExc_ValueError, err);
+    PyBuffer_Release(&sb); PyBuffer_Release(&ob);
+    if (has_ctx) PyBuffer_Release(&cb);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"counts", counts, METH_VARARGS, "Counts of (context, symbol) pairs added to out (i64): (sym u16, ctx u8|None, nsym, k, out)."},
     {"encode", ilv_encode, METH_VARARGS, "Interleaved rANS encode: (sym u16, ctx u8|None, freq u32, nsym, prec, lanes) -> bytes."},
     {"decode", ilv_decode, METH_VARARGS, "Interleaved rANS decode into out (u16): (data, ctx u8|None, freq u32, nsym, prec, lanes, out)."},
     {"histograms", histograms, METH_VARARGS, "Per-row or per-column symbol counts added to out (f32): (sym u16, rows, cols, nsym, axis, stride, out)."},

@@ -49,12 +49,43 @@ def _probe(raw: bytes, quick) -> float:
     return got * n / (3 * ZSTD_PROBE)
 
 
+def _order0_bytes(raw: bytes) -> float:
+    """The order-0 bound of raw's bytes, in bytes."""
+    return rans._entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)) / 8
+
+
+def _whole(raw: bytes, quick) -> float:
+    """Size of raw under a quick compressor (for streams too small to probe by slices)."""
+    return len(quick(raw))
+
+
+def _deflate1(raw: bytes) -> bytes:
+    return compress.deflate(raw, 1)
+
+
+def _zstd1() -> zstandard.ZstdCompressor:
+    return zstandard.ZstdCompressor(level=1)
+
+
 def _zstd_probe(raw: bytes) -> float:
     """zstd-3 size of raw extrapolated from three slices."""
     return _probe(raw, zstandard.ZstdCompressor(level=3).compress)
 
 
 DEFLATE_PROBE_MARGIN = 1.1  # deflate-1 slices run a few % above deflate-9 on codes
+# deflate-9 and lzma-9e land at >= this share of the bytes' order-0 bound where they find no
+# repetition (measured on int8/int4/ternary codes and fp16 scales of every benchmark case:
+# 0.985-1.03); below it only LZ matches take them.
+NOREP_FLOOR = 0.985
+QUICK_MIN = 1 << 15  # below this many bytes a full deflate-9 costs under a millisecond: no probe
+# On codes where deflate found no repetition, lzma lands within 0.5% of deflate or above
+# it, except where deflate's Huffman codes a skewed alphabet badly (int4 nibbles,
+# heavy-tailed int8: lzma 1-5% under deflate) or lzma's rep-matches find 2-D structure
+# (a position embedding's int4 codes: 2.7% under), and there rans led both by 4% or more
+# (measured: every codes stream of benchmarks/pack.py's cases). lzma on codes never won
+# there, yet racing it was a third of packing all-MiniLM-L6-v2 int8.
+LZMA_NOREP_GAIN = 0.995
+NO_RACE = 1 << 62  # best= of a codec's own encode(): nothing to beat, so no gate skips it
 
 
 @dataclass
@@ -333,9 +364,19 @@ class Compressed(Codec):
 
     def candidates(self, arr, ctx, best):
         out = []
-        for layout, offset in self._layouts(arr, ctx):
-            raw = layout_bytes(arr, ctx.dtype, layout, offset)
-            if ctx.effort != "max" and len(raw) > 4 * ZSTD_PROBE and self._loses(raw, best):
+        tries = [(layout, offset, layout_bytes(arr, ctx.dtype, layout, offset))
+                 for layout, offset in self._layouts(arr, ctx)]
+        quick: dict[str, float] = {}
+        if ctx.effort != "max":
+            big = [i for i, (_, _, raw) in enumerate(tries) if len(raw) > QUICK_MIN]
+            # (slices of a big stream, all of a smaller one)
+            quick = {tries[i][0]: (_probe if len(tries[i][2]) > 4 * ZSTD_PROBE else _whole)(tries[i][2], _deflate1)
+                     for i in big} if len(big) > 1 else {}
+            if quick:  # several layouts (floats): the slow run on the one deflate-1 favours only
+                keep = min(big, key=lambda i: quick[tries[i][0]])
+                tries = [t for i, t in enumerate(tries) if i == keep or i not in big]
+        for layout, offset, raw in tries:
+            if ctx.effort != "max" and len(raw) > QUICK_MIN and self._loses(raw, best, quick.get(layout)):
                 continue
             out.append((compress.compress(self.compressor, raw), {"layout": layout, "offset": offset}))
         # Kept for the lzma race (it runs next and must not deflate the same bytes again).
@@ -343,12 +384,25 @@ class Compressed(Codec):
         return out
 
     @staticmethod
-    def _loses(raw: bytes, best: int) -> bool:
-        """Whether quick deflate slices say the slow run cannot win: they land clearly above
-        the best so far, or they find no repetition (near the bytes' order-0 bound, which
-        the best so far already beats: only LZ matches take a compressor under it)."""
-        quick = _probe(raw, lambda b: compress.deflate(b, 1))
-        order0 = rans._entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)) / 8
+    def _loses(raw: bytes, best: int, quick: float | None = None) -> bool:
+        """Whether quick passes say the slow run cannot win: a zstd-1 pass finds no
+        repetition (only LZ matches take a compressor under its bytes' order-0 floor) and
+        that floor is no better than the best so far; or, on big streams, quick deflate
+        slices (`quick`, when the caller has them) land clearly above the best so far or
+        find no repetition where the order-0 bound already loses.
+
+        zstd-1 is 15-20x quicker than deflate-1 on codes (where deflate-9's lazy matching
+        crawls): one pass over a small stream, slices of a big one."""
+        order0 = _order0_bytes(raw)
+        big = len(raw) > 4 * ZSTD_PROBE
+        if order0 * (1.0 if big else NOREP_FLOOR) >= best:
+            rep = _probe(raw, _zstd1().compress) if big else len(_zstd1().compress(raw))
+            if rep >= ZSTD_REPEATS * order0:
+                return True
+        if not big:
+            return False
+        if quick is None:
+            quick = _probe(raw, _deflate1)
         return quick > best * DEFLATE_PROBE_MARGIN or (quick >= ZSTD_REPEATS * order0 and order0 >= best)
 
     @staticmethod
@@ -361,7 +415,7 @@ class Compressed(Codec):
         return layouts
 
     def encode(self, arr, ctx):
-        return min(self.candidates(arr, ctx, best=1 << 62), key=lambda c: len(c[0]))
+        return min(self.candidates(arr, ctx, best=NO_RACE), key=lambda c: len(c[0]))
 
     def decode(self, data, params, ctx):
         layout = params.get("layout")
@@ -399,7 +453,8 @@ class Lzma(Compressed, name="lzma"):
     def candidates(self, arr, ctx, best):
         if ctx.effort == "max":  # every layout
             return super().candidates(arr, ctx, best)
-        if Deflate.name not in ctx.plans:  # deflate was not in the race: try it here
+        raced = Deflate.name in ctx.plans  # (its result is then among the candidates)
+        if not raced:  # deflate was not in the race: try it here
             Deflate().candidates(arr, ctx, best)
         tries = ctx.plans[Deflate.name]
         if not tries:  # deflate's probe already lost clearly: lzma lands near it on such bytes
@@ -407,6 +462,11 @@ class Lzma(Compressed, name="lzma"):
         size, params = min(tries, key=lambda c: c[0])
         raw = layout_bytes(arr, ctx.dtype, params["layout"], params["offset"])
         if size > best * (self.LZMA_RACE_BIG if len(raw) > self.BIG_RAW else self.LZMA_RACE):
+            return []
+        # No repetition for lzma to find, and deflate either leads the race (lzma then lands
+        # above it: 1% on 16K int8 codes) or trails the best by under LZMA_NOREP_GAIN.
+        if (ctx.kind == "codes" and best < NO_RACE and ((raced and size <= best) or size * LZMA_NOREP_GAIN >= best)
+                and size >= ZSTD_REPEATS * _order0_bytes(raw)):
             return []
         return [(compress.compress(self.compressor, raw), params)]
 
@@ -514,13 +574,15 @@ class Rans(Codec, name="rans"):
             sym, offset, nsym = got
             geo = geometry(ctx)
             c = search.choose(sym, nsym, geo, ctx.effort)
-        cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, kc=c.kc)
-        tsym, nt = rans.to_tuples(sym, nsym, c.t), nsym ** c.t
+        # uint8 ids and uint16 units: what the kernel reads (no int64 copies of the stream)
+        cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, np.uint8, kc=c.kc)
+        nt = nsym ** c.t
+        tsym = rans.to_tuples(sym, nsym, c.t, np.uint16).astype(np.uint16, copy=False)
         if c.side is not None:  # the search counted this stream exactly and made its side data
             body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, c.lanes, c.prec,
                                c.side.blobs())
         else:
-            counts = np.bincount(cvec * nt + tsym, minlength=c.k * nt).reshape(c.k, nt)
+            counts = rans.context_counts(tsym, cvec, c.k, nt)
             tables = rans.normalize_table(counts, c.prec)
             body = rans.encode(tsym, cvec, c.k, nt, c.ids, tables, c.lanes, c.prec)
         # Defaults stay out of the manifest: every byte of it counts against the cap.

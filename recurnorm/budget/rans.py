@@ -174,6 +174,22 @@ def bincount(values: np.ndarray, minlength: int = 0) -> np.ndarray:
     return out
 
 
+def context_counts(sym: np.ndarray, ctx: np.ndarray | None, k: int, nsym: int) -> np.ndarray:
+    """[k, nsym] counts of each symbol under each context id (ctx None: all in context 0).
+
+    The compiled kernel counts uint16 symbols under uint8 ids in one pass; numpy bincounts
+    an int64 index of ctx * nsym + sym (the same counts)."""
+    if _ransc is not None and nsym <= MAX_ALPHABET and k <= MAX_CONTEXTS:
+        out = np.zeros(k * nsym, dtype=np.int64)
+        c = np.ascontiguousarray(ctx, dtype=np.uint8) if k > 1 and ctx is not None else None
+        _ransc.counts(np.ascontiguousarray(sym, dtype=np.uint16), c, nsym, k, out)
+        return out.reshape(k, nsym)
+    if k == 1 or ctx is None:
+        return np.bincount(sym, minlength=k * nsym).reshape(k, nsym)
+    idx = np.asarray(ctx).astype(np.int64) * nsym + sym
+    return np.bincount(idx, minlength=k * nsym).reshape(k, nsym)
+
+
 def order0_bits(symbols: np.ndarray) -> float:
     """The order-0 entropy bound in bits of an integer array."""
     s = np.asarray(symbols).ravel()
@@ -210,12 +226,14 @@ def scale_buckets(scales: np.ndarray, k: int) -> np.ndarray:
 def context_vector(
     variant: str, k: int, n: int, rows: int, cols: int, L: int,
     scales: np.ndarray | None, ids: np.ndarray | None, step: int = 1, dtype=np.int64, kc: int = 1,
+    order: np.ndarray | None = None,
 ) -> np.ndarray:
     """Context id of code positions 0, step, 2*step, ... < n (= G*L).
 
     row / col: the class id of the position's row / column (ids: one per row / column).
     grid: row class * kc + column class (ids: the rows' classes, then the columns').
     Decoders ask for uint8 (k <= MAX_CONTEXTS = 256): one byte per declared position, not eight.
+    order: scale_order(scales), when the caller has it already (the search asks for many k).
     """
     m = -(-n // step)
     if variant == "none" or k == 1:
@@ -223,7 +241,7 @@ def context_vector(
     if variant == "scale":
         if scales is None or len(scales) * L != n:
             raise ArtifactError("scale context needs one scale per code row")
-        buckets = scale_buckets(scales, k).astype(dtype)
+        buckets = rank_buckets(scale_order(scales) if order is None else order, k).astype(dtype)
         if L % step == 0:
             return np.repeat(buckets, L // step)
         return buckets[np.arange(0, n, step, dtype=np.int64) // L]
@@ -257,15 +275,18 @@ def context_vector(
 # ----------------------------------------------------------------- tuples
 
 
-def to_tuples(sym: np.ndarray, nsym: int, t: int) -> np.ndarray:
-    """Base-nsym numbers of t consecutive symbols (first one least significant), zero-padded."""
+def to_tuples(sym: np.ndarray, nsym: int, t: int, dtype=np.int64) -> np.ndarray:
+    """Base-nsym numbers of t consecutive symbols (first one least significant), zero-padded.
+
+    dtype: of the result (t > 1), wide enough for nsym**t: the encoder and the search ask
+    for uint16 (tuple alphabets are at most 4096), a quarter of int64's memory traffic."""
     if t == 1:
         return sym
-    padded = np.zeros(-(-sym.size // t) * t, dtype=np.int64)
+    padded = np.zeros(-(-sym.size // t) * t, dtype=dtype)
     padded[: sym.size] = sym
     cols = padded.reshape(-1, t)
     out = cols[:, t - 1].copy()
-    for i in range(t - 2, -1, -1):  # Horner: exact int64, no integer matmul
+    for i in range(t - 2, -1, -1):  # Horner: exact integers, no integer matmul
         out *= nsym
         out += cols[:, i]
     return out
@@ -445,7 +466,8 @@ def ilv_encode_numpy(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, 
     """The numpy reference of ilv_encode: lanes vectorized, one Python step per `lanes` units."""
     n = len(sym)
     k, nsym = freq.shape
-    idx = ctx * nsym + sym if k > 1 else sym
+    # (int64 first: ids come as uint8, where ctx * nsym would wrap)
+    idx = np.asarray(ctx).astype(np.int64) * nsym + sym if k > 1 else sym
     flat = freq.ravel().astype(np.int64)
     cum = (np.cumsum(flat) - flat) % (1 << prec)  # cumulative within each context row
     f = flat[idx].astype(np.uint32)

@@ -20,6 +20,7 @@ the candidates; the encoder counts the chosen one exactly."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -82,8 +83,14 @@ class Geometry:
 
     def context_vector(self, variant: str, k: int, ids, step: int = 1, dtype=np.int64, kc: int = 1) -> np.ndarray:
         """Context id of positions 0, step, 2*step, ..."""
+        order = self.scale_order if variant == "scale" and self.scales is not None else None
         return rans.context_vector(variant, k, self.n, self.rows, self.cols, self.row_len,
-                                   self.scales, ids, step, dtype, kc)
+                                   self.scales, ids, step, dtype, kc, order)
+
+    @cached_property
+    def scale_order(self) -> np.ndarray:
+        """rans.scale_order(scales), sorted once for every k the search tries."""
+        return rans.scale_order(self.scales)
 
 
 @dataclass(frozen=True)
@@ -144,8 +151,9 @@ class _Stream:
         self._sym16: np.ndarray | None = None
 
     def tuples(self, t: int) -> np.ndarray:
+        """The units of t symbols, as uint16 (unit alphabets are at most 4096)."""
         if t not in self._units:
-            self._units[t] = rans.to_tuples(self.sym, self.nsym, t)
+            self._units[t] = self.sym16 if t == 1 else rans.to_tuples(self.sym, self.nsym, t, np.uint16)
         return self._units[t]
 
     def total(self, t: int) -> np.ndarray:
@@ -194,9 +202,11 @@ class _Stream:
         exact below SEARCH_SAMPLE // 2 units)."""
         tsym, nt = self.tuples(t), self.nsym ** t
         us = max(1, tsym.size // (SEARCH_SAMPLE // 2))
-        cvec = self.geo.context_vector(variant, k, ids, t * us, kc=kc)
-        counts = np.bincount(cvec * nt + tsym[::us], minlength=k * nt).reshape(k, nt)
+        # uint8 ids (k <= 256) and uint16 units: one pass of the kernel, no int64 index
+        cvec = self.geo.context_vector(variant, k, ids, t * us, np.uint8, kc=kc)
+        counts = rans.context_counts(tsym[::us], cvec, k, nt)
         return counts * (tsym.size / len(cvec))
+
 
     def class_counts(self, sums: np.ndarray, scale: float) -> np.ndarray:
         """Row/col class counts (scaled up from the sample) plus the padding codes, which sit
@@ -240,7 +250,7 @@ def candidates_many(streams: list[_Stream], effort: Effort = EFFORTS["normal"]) 
             kk = [k for k in ks if k < G]
             if t == 1:
                 ghist, scale = st.histograms("scale")
-                sums = ranked_class_sums(ghist, rans.scale_order(scales), kk)
+                sums = ranked_class_sums(ghist, geo.scale_order, kk)
                 cands += [Candidate("scale", k, t, c * scale) for k, c in zip(kk, sums, strict=True)]
             else:
                 cands += [Candidate("scale", k, t, st.unit_counts(t, "scale", k, None)) for k in kk]
