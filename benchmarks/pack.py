@@ -224,7 +224,7 @@ def main() -> None:
     for path in filter(None, reals):  # --real "": none
         cases.update(real(path))
     cases = {k: v for k, v in cases.items() if args.only in k}
-    coder = "compiled kernel" if rans._ransc is not None else "numpy reference (kernel not built)"
+    coder = "compiled kernel" if rans.has_kernel() else "numpy reference (kernel not built)"
     print(f"recurnorm rANS: {coder}; effort {args.effort}")
     cols = ["recurnorm", *ANCHORS]
     width = max([20, *map(len, cases)])

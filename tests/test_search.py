@@ -19,7 +19,7 @@ def _ctx(codes, tensor_shape=None, scales=None):
 
 def _choice(codes, tensor_shape=None, scales=None):
     ctx = _ctx(codes, tensor_shape, scales)
-    sym, _, nsym = codecs.Rans()._symbols(codes)
+    sym, _, nsym = codecs.Rans().symbols(codes)
     return search.choose(sym, nsym, codecs.geometry(ctx)), ctx
 
 
@@ -126,7 +126,7 @@ def _jobs(seed=7):
         w = rng.normal(size=(rows, cols)) * np.where(rng.random(cols) < 0.3, 0.4, 1.5)
         codes = np.clip(np.round(w * span / 3), -span, span).astype(np.int8)
         ctx = _ctx(codes, scales=np.abs(w).max(1))
-        sym, _, nsym = codecs.Rans()._symbols(codes)
+        sym, _, nsym = codecs.Rans().symbols(codes)
         out.append((codes, ctx, (sym, nsym, codecs.geometry(ctx))))
     return out
 
@@ -204,13 +204,13 @@ def test_grid_context_finds_row_and_column_structure_together():
     codes = embedding_like()
     choice, ctx = _choice(codes.reshape(1, -1), tensor_shape=codes.shape)
     assert choice.variant == "grid" and choice.kc >= 2 and choice.k // choice.kc >= 2
-    sym, _, nsym = codecs.Rans()._symbols(codes)
+    sym, _, nsym = codecs.Rans().symbols(codes)
     assert search.choose(sym, nsym, codecs.geometry(ctx), "max").variant == "grid"  # max looks wider
     data, params = codecs.Rans().encode(codes.reshape(1, -1), ctx)
     assert params["context"] == "grid" and params["kc"] == choice.kc
     assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes.reshape(1, -1))
     # Better than either axis alone, by more than the grid's extra tables and ids.
-    stream = search._Stream(sym, nsym, codecs.geometry(ctx))
+    stream = search.Stream(sym, nsym, codecs.geometry(ctx))
     alone = search.candidates_many([stream])[0]
     best_axis = min(search.score([c], stream.units, search.PRECS, False).total().min()
                     for c in alone if c.variant in ("row", "col"))
@@ -311,7 +311,7 @@ def test_grid_codes_single_symbols_where_order0_codes_tuples():
     classes (a real 30522 x 384 token embedding: 0.963 of order-0 so, 0.988 with tuples)."""
     codes = joint_like(23, rows=4096, cols=256)
     choice, ctx = _choice(codes.reshape(1, -1), tensor_shape=codes.shape)
-    sym, _, nsym = codecs.Rans()._symbols(codes)
+    sym, _, nsym = codecs.Rans().symbols(codes)
     assert search.tuple_size(nsym, sym.size) == 5
     assert choice.variant == "grid" and choice.t == 1 and choice.k > 64
     data, params = codecs.Rans().encode(codes.reshape(1, -1), ctx)

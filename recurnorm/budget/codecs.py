@@ -51,7 +51,7 @@ def _probe(raw: bytes, quick) -> float:
 
 def _order0_bytes(raw: bytes) -> float:
     """The order-0 bound of raw's bytes, in bytes."""
-    return rans._entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)) / 8
+    return rans.entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)) / 8
 
 
 def _whole(raw: bytes, quick) -> float:
@@ -495,7 +495,7 @@ class Zstd(Compressed, name="zstd"):
         data, params, raw = min(quick, key=lambda q: len(q[0]))  # first layout on ties
         if len(data) > best * ZSTD_SLOW_RACE:
             return out
-        order0 = rans._entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8))) / 8
+        order0 = rans.entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8))) / 8
         if len(data) < ZSTD_REPEATS * order0 or order0 < ZSTD_DENSE * len(raw):
             out.append((compress.compress(self.compressor, raw), params))
         return out
@@ -541,7 +541,9 @@ class Rans(Codec, name="rans"):
     symbols as one joint symbol. `search.choose` picks all of it by estimated size.
     """
 
-    def _symbols(self, arr: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+    def symbols(self, arr: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+        """(symbols = codes - lowest, lowest, alphabet size), or None where rans cannot code arr
+        (floats, or an alphabet over MAX_ALPHABET)."""
         rng = _int_range(arr)
         if rng is None or rng[1] - rng[0] + 1 > rans.MAX_ALPHABET:
             return None
@@ -556,7 +558,7 @@ class Rans(Codec, name="rans"):
         """One search for all codes streams (search.plan): small tensors share its calls."""
         jobs, ctxs, syms = [], [], []
         for arr, ctx in items:
-            got = self._symbols(arr) if ctx.kind == "codes" else None
+            got = self.symbols(arr) if ctx.kind == "codes" else None
             if got is not None:
                 jobs.append((got[0], got[2], geometry(ctx)))
                 ctxs.append(ctx)
@@ -570,7 +572,7 @@ class Rans(Codec, name="rans"):
         if self.name in ctx.plans:  # prepare() already has the symbols, geometry and choice
             (sym, offset, nsym), geo, c = ctx.plans[self.name]
         else:
-            got = self._symbols(arr)
+            got = self.symbols(arr)
             if got is None:
                 return []
             sym, offset, nsym = got

@@ -27,6 +27,21 @@ try:  # the compiled kernel (setup.py builds it when a C compiler is present)
 except ImportError:  # pragma: no cover - depends on the build machine
     _ransc = None
 
+
+
+def has_kernel() -> bool:
+    """Whether the compiled kernel is built (else the numpy reference codes: same bytes, slower)."""
+    return _ransc is not None
+
+
+def kernel_histograms(sym16: np.ndarray, rows: int, cols: int, nsym: int, axis: int, stride: int) -> np.ndarray:
+    """Per-row (axis 0) or per-column (axis 1) symbol counts of a rows x cols matrix of uint16
+    symbols, every `stride`-th position along the other axis, in one pass of the kernel."""
+    hist = np.zeros(((rows, cols)[axis], nsym), dtype=np.float32)
+    _ransc.histograms(sym16, rows, cols, nsym, axis, stride, hist)
+    return hist
+
+
 _FALLBACK_NOTE_UNITS = 1 << 20  # say once why coding is slow, past this many units
 
 
@@ -152,7 +167,7 @@ def normalize_table(counts: np.ndarray, prec) -> np.ndarray:
         f[hard] -= take
 
 
-def _entropy_bits(counts: np.ndarray) -> float:
+def entropy_bits(counts: np.ndarray) -> float:
     """Order-0 code length in bits of symbols with these counts (ideal model)."""
     c = counts[counts > 0].astype(np.float64)
     if c.size == 0:
@@ -197,9 +212,9 @@ def order0_bits(symbols: np.ndarray) -> float:
         return 0.0
     if s.dtype.kind in "iub" and s.dtype.itemsize <= 2:
         # Counted by bit pattern: a relabelling leaves the entropy as it is; no sort, no copy.
-        return _entropy_bits(bincount(np.ascontiguousarray(s).view(f"u{s.dtype.itemsize}")))
+        return entropy_bits(bincount(np.ascontiguousarray(s).view(f"u{s.dtype.itemsize}")))
     _, counts = np.unique(s, return_counts=True)
-    return _entropy_bits(counts)
+    return entropy_bits(counts)
 
 
 # ----------------------------------------------------------------- contexts

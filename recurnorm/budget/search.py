@@ -137,7 +137,7 @@ def _stride_for(numel: int) -> int:
     return max(1, numel // SEARCH_SAMPLE)
 
 
-class _Stream:
+class Stream:
     """One stream's symbols, and what its candidates share: unit views, totals, histograms."""
 
     def __init__(self, sym: np.ndarray, nsym: int, geo: Geometry):
@@ -179,12 +179,11 @@ class _Stream:
             numel = view[0] * view[1]
             # The kernel counts every position (one linear pass): sampled rows of a wide
             # embedding keep too few positions each to tell their classes apart.
-            stride = 1 if rans._ransc is not None else _stride_for(numel)
+            stride = 1 if rans.has_kernel() else _stride_for(numel)
             mat = self.sym[:numel].reshape(view)
             part = mat[:, ::stride] if axis == 0 else mat[::stride]
-            if rans._ransc is not None:  # the same integer counts, one pass in C
-                hist = np.zeros((view[axis], self.nsym), dtype=np.float32)
-                rans._ransc.histograms(self.sym16, *view, self.nsym, axis, stride, hist)
+            if rans.has_kernel():  # the same integer counts, one pass in C
+                hist = rans.kernel_histograms(self.sym16, *view, self.nsym, axis, stride)
             else:
                 hist = axis_histograms(part, axis, self.nsym)
             self._hists[family] = (hist, numel / part.size)
@@ -216,7 +215,7 @@ class _Stream:
         return counts
 
 
-def _class_problems(stream: _Stream, ks) -> list[tuple[str, np.ndarray, float, list[int]]]:
+def _class_problems(stream: Stream, ks) -> list[tuple[str, np.ndarray, float, list[int]]]:
     """(variant, item histograms, sample factor, class counts) of each row/col clustering."""
     geo = stream.geo
     numel = geo.rows * geo.cols
@@ -231,7 +230,7 @@ def _class_problems(stream: _Stream, ks) -> list[tuple[str, np.ndarray, float, l
     return out
 
 
-def candidates_many(streams: list[_Stream], effort: Effort = EFFORTS["normal"]) -> list[list[Candidate]]:
+def candidates_many(streams: list[Stream], effort: Effort = EFFORTS["normal"]) -> list[list[Candidate]]:
     """Every context worth scoring, per stream: order-0, scale buckets, row/col classes.
 
     The row/col clusterings of all streams run as one batch (cluster_many).
@@ -429,7 +428,7 @@ def _flat(streams, per_job: dict[int, list[Candidate]]):
     return jobs, flat, units, big, bounds
 
 
-def _rough_by_job(streams: list[_Stream], per_job: dict[int, list[Candidate]]) -> dict[int, np.ndarray]:
+def _rough_by_job(streams: list[Stream], per_job: dict[int, list[Candidate]]) -> dict[int, np.ndarray]:
     """rough_total of several streams' candidates in one call, split back per stream."""
     if not per_job:
         return {}
@@ -438,7 +437,7 @@ def _rough_by_job(streams: list[_Stream], per_job: dict[int, list[Candidate]]) -
     return {j: first[a:b] for j, a, b in zip(jobs, bounds, bounds[1:], strict=False)}
 
 
-def grid_candidates(stream: _Stream, cands: list[Candidate], rough: np.ndarray, how: Effort) -> list[Candidate]:
+def grid_candidates(stream: Stream, cands: list[Candidate], rough: np.ndarray, how: Effort) -> list[Candidate]:
     """Row class x column class contexts (single symbols), from the row and column
     clusterings already made.
 
@@ -477,7 +476,7 @@ def grid_candidates(stream: _Stream, cands: list[Candidate], rough: np.ndarray, 
     return out
 
 
-def _choose_group(streams: list[_Stream], cands: list[list[Candidate]], group: list[int],
+def _choose_group(streams: list[Stream], cands: list[list[Candidate]], group: list[int],
                   how: Effort) -> dict[int, Choice]:
     """Choices for streams whose unit alphabets are about as wide: scored together."""
     # First pass by ideal code lengths (it also picks the grids to try); every precision for
@@ -534,7 +533,7 @@ def plan(jobs: list[tuple[np.ndarray, int, Geometry]], effort: str = "normal") -
     call instead of paying its overhead once per tensor.
     """
     how = EFFORTS[effort]
-    streams = [_Stream(sym, nsym, geo) for sym, nsym, geo in jobs]
+    streams = [Stream(sym, nsym, geo) for sym, nsym, geo in jobs]
     cands = candidates_many(streams, how)
     groups: dict[int, list[int]] = {}
     for j, st in enumerate(streams):  # unit alphabets of about one width share a padded array
