@@ -36,11 +36,11 @@ test: lint
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not slow"
 
-LINT_PATHS := recurnorm tests benchmarks
-# ruff format is not adopted yet; when it is, add to lint:
-#	$(BIN)/ruff format --check $(LINT_PATHS)
+LINT_PATHS := recurnorm tests benchmarks examples
+# The code is ruff-formatted (`ruff format $(LINT_PATHS)` before committing); lint fails otherwise.
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/actionlint
 	$(BIN)/python tests/ci_doc_workflow.py > $(VENV)/ci-doc-workflow.yml
 	$(BIN)/actionlint $(VENV)/ci-doc-workflow.yml

@@ -59,8 +59,7 @@ def plain_loop(model, tokens: torch.Tensor, seq_len: int, batch: int) -> float:
     with torch.no_grad():
         for i in range(0, n_full, batch):
             logits = model(inp[i : i + batch])
-            total += F.cross_entropy(logits.flatten(0, 1), tgt[i : i + batch].flatten(),
-                                     reduction="sum").item()  # fmt: skip
+            total += F.cross_entropy(logits.flatten(0, 1), tgt[i : i + batch].flatten(), reduction="sum").item()
     return total
 
 
@@ -93,8 +92,7 @@ def child(path: str, device: str, batch: int) -> None:
     stop.set()
     t.join()
     gpu = torch.cuda.max_memory_allocated() // 1024 if device.startswith("cuda") else None
-    print(json.dumps({"peak_kb": peak[0] - base, "gpu_peak_kb": gpu,
-                      "tokens_per_s": (len(tokens) - 1) / dt}))  # fmt: skip
+    print(json.dumps({"peak_kb": peak[0] - base, "gpu_peak_kb": gpu, "tokens_per_s": (len(tokens) - 1) / dt}))
 
 
 def main() -> None:
@@ -129,10 +127,12 @@ def main() -> None:
         plain.append(b)
         ratios.append(a / b)
     ratios.sort()
-    print(f"speed ({args.speed_tokens:,} tokens, tiny preset, {args.device}, batch {args.batch}): "
-          f"loss() {max(ours):,.0f} tokens/s, plain loop {max(plain):,.0f} tokens/s, "
-          f"ratio (median of {args.rounds} paired rounds) {ratios[len(ratios) // 2]:.3f} "
-          "(target >= 0.9)")  # fmt: skip
+    print(
+        f"speed ({args.speed_tokens:,} tokens, tiny preset, {args.device}, batch {args.batch}): "
+        f"loss() {max(ours):,.0f} tokens/s, plain loop {max(plain):,.0f} tokens/s, "
+        f"ratio (median of {args.rounds} paired rounds) {ratios[len(ratios) // 2]:.3f} "
+        "(target >= 0.9)"
+    )
 
     print("| validation tokens | peak extra memory (RssAnon) | GPU peak | tokens/s |")
     print("|---|---|---|---|")
@@ -140,9 +140,23 @@ def main() -> None:
         for n in (int(x) for x in args.lengths.split(",")):
             path = Path(tmp) / f"fineweb_val_{n}.bin"
             write_shard(path, stream(n))
-            out = subprocess.run([sys.executable, __file__, "--child", str(path), "--device",
-                                  args.device, "--batch", str(args.batch), "--threads",
-                                  str(args.threads)], capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    str(path),
+                    "--device",
+                    args.device,
+                    "--batch",
+                    str(args.batch),
+                    "--threads",
+                    str(args.threads),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             r = json.loads(out.stdout.strip().splitlines()[-1])
             gpu = f"{r['gpu_peak_kb'] / 1024:.1f} MiB" if r["gpu_peak_kb"] is not None else "-"
             print(f"| {n:,} | {r['peak_kb'] / 1024:.1f} MiB | {gpu} | {r['tokens_per_s']:,.0f} |")

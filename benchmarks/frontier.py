@@ -43,8 +43,7 @@ def train_checkpoint(scheme: str, d: int, steps: int, out: Path, corpus) -> Path
     if (path / "model.safetensors").exists():
         return path
     config = ModelConfig(d_model=d, n_heads=2, depth=3, seq_len=64, scheme=scheme)
-    result = train(config, corpus, steps=steps, batch_size=16, lr=3e-3, warmup=20, seed=0,
-                   progress=False)  # fmt: skip
+    result = train(config, corpus, steps=steps, batch_size=16, lr=3e-3, warmup=20, seed=0, progress=False)
     save_checkpoint(result.model, path)
     return path
 
@@ -63,10 +62,18 @@ def rows_for(ckpt: Path, corpus, calib_tokens: int) -> list[dict]:
     rows = []
 
     def add(label: str, kind: str, packed, target: int | None = None, seconds: float = 0.0):
-        rows.append({"checkpoint": ckpt.name, "recipe": label, "kind": kind,
-                     "bytes": len(packed.data), "target_bytes": target,
-                     "bpb": bpb_of(packed.data, corpus), "seconds": round(seconds, 1),
-                     "allocation": None if packed.fit is None else _counts(packed.fit.allocation)})  # fmt: skip
+        rows.append(
+            {
+                "checkpoint": ckpt.name,
+                "recipe": label,
+                "kind": kind,
+                "bytes": len(packed.data),
+                "target_bytes": target,
+                "bpb": bpb_of(packed.data, corpus),
+                "seconds": round(seconds, 1),
+                "allocation": None if packed.fit is None else _counts(packed.fit.allocation),
+            }
+        )
         r = rows[-1]
         print(f"{ckpt.name:<16} {label:<28} {r['bytes']:>9,} B  bpb {r['bpb']:.4f}", flush=True)
 
@@ -82,13 +89,18 @@ def rows_for(ckpt: Path, corpus, calib_tokens: int) -> list[dict]:
     baselines.append((RECIPE, len(packed.data)))
     for label, size in baselines:
         t = time.time()
-        packed = ship.ship(ckpt, build_policy("int8"), fit_bytes=size, calib_data="default",
-                           calib_tokens=calib_tokens)
+        packed = ship.ship(ckpt, build_policy("int8"), fit_bytes=size, calib_data="default", calib_tokens=calib_tokens)
         add(f"fit @ {label}", "fit", packed, target=size, seconds=time.time() - t)
     # the recipe's GPTQ codes with --fit's formats: GPTQ against GPTQ at equal bytes
     t = time.time()
-    packed = ship.ship(ckpt, build_policy("int8"), fit_bytes=baselines[-1][1], gptq=True,
-                       calib_data="default", calib_tokens=calib_tokens)
+    packed = ship.ship(
+        ckpt,
+        build_policy("int8"),
+        fit_bytes=baselines[-1][1],
+        gptq=True,
+        calib_data="default",
+        calib_tokens=calib_tokens,
+    )
     add(f"fit+gptq @ {RECIPE}", "fit", packed, target=baselines[-1][1], seconds=time.time() - t)
     return rows
 
@@ -101,8 +113,10 @@ def _counts(allocation: dict[str, str]) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| checkpoint | recipe | bytes | vs target | val bpb | Δbpb vs the recipe it matches | fit allocation |",
-             "|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines = [
+        "| checkpoint | recipe | bytes | vs target | val bpb | Δbpb vs the recipe it matches | fit allocation |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
     by_label = {(r["checkpoint"], r["recipe"]): r for r in rows}
     for r in rows:
         gap = under = ""
@@ -110,8 +124,10 @@ def table(rows: list[dict]) -> str:
             base = by_label[(r["checkpoint"], r["recipe"].split(" @ ", 1)[1])]
             gap = f"{r['bpb'] - base['bpb']:+.4f}"
             under = f"{(r['bytes'] / r['target_bytes'] - 1) * 100:+.2f}%"
-        lines.append(f"| {r['checkpoint']} | {r['recipe']} | {r['bytes']:,} | {under} | {r['bpb']:.4f} | "
-                     f"{gap} | {r['allocation'] or ''} |")
+        lines.append(
+            f"| {r['checkpoint']} | {r['recipe']} | {r['bytes']:,} | {under} | {r['bpb']:.4f} | "
+            f"{gap} | {r['allocation'] or ''} |"
+        )
     return "\n".join(lines)
 
 
@@ -128,8 +144,13 @@ def plot(rows: list[dict], path: Path) -> None:
         for kind, marker in markers.items():
             pts = sorted((r["bytes"], r["bpb"]) for r in rows if r["checkpoint"] == ckpt and r["kind"] == kind)
             if pts:
-                ax.plot(*zip(*pts, strict=True), marker=marker, color=cmap(i),
-                        linestyle="-" if kind == "fit" else "none", label=f"{ckpt} {kind}")
+                ax.plot(
+                    *zip(*pts, strict=True),
+                    marker=marker,
+                    color=cmap(i),
+                    linestyle="-" if kind == "fit" else "none",
+                    label=f"{ckpt} {kind}",
+                )
     ax.set_xlabel("artifact bytes")
     ax.set_ylabel("validation bpb after export")
     ax.set_title("Frontier: uniform formats, the record recipe and --fit at equal bytes")
@@ -155,7 +176,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpts = [Path(c) for c in args.ckpt] or [
-        train_checkpoint(s, args.d, args.steps, out, corpus) for s in args.schemes.split(",")]
+        train_checkpoint(s, args.d, args.steps, out, corpus) for s in args.schemes.split(",")
+    ]
     rows = [r for c in ckpts for r in rows_for(c, corpus, args.calib_tokens)]
     (out / "frontier.json").write_text(json.dumps(rows, indent=2))
     md = table(rows)

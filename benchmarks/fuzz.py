@@ -61,8 +61,9 @@ def bases() -> dict[str, bytes]:
     from test_search import _embedding_like
 
     qts = hc.base_qtensors()
-    grid = {"e": QTensor("ternary", (256, 128), "float32", _embedding_like().reshape(1, -1),
-                            np.array([0.5], np.float32))}
+    grid = {
+        "e": QTensor("ternary", (256, 128), "float32", _embedding_like().reshape(1, -1), np.array([0.5], np.float32))
+    }
     # Rows and columns of different spread: the packer picks col and grid contexts, 2-4 lanes.
     rng = np.random.default_rng(1)
     R, C = 256, 512
@@ -72,15 +73,25 @@ def bases() -> dict[str, bytes]:
     cs = np.abs(col).max() / 7
     tern = (rng.random((1, 1 << 18)) < 0.3).astype(np.int8) * rng.choice([-1, 1], size=(1, 1 << 18)).astype(np.int8)
     contexts = {
-        "grid": QTensor("int4", (R, C), "float32", np.clip(np.round(w / s[:, None]), -7, 7).astype(np.int8),
-                        s.astype(np.float16)),
-        "col": QTensor("int4", (R, C), "float32", np.clip(np.round(col / cs), -7, 7).astype(np.int8).reshape(1, -1),
-                       np.array([cs], np.float32)),
+        "grid": QTensor(
+            "int4", (R, C), "float32", np.clip(np.round(w / s[:, None]), -7, 7).astype(np.int8), s.astype(np.float16)
+        ),
+        "col": QTensor(
+            "int4",
+            (R, C),
+            "float32",
+            np.clip(np.round(col / cs), -7, 7).astype(np.int8).reshape(1, -1),
+            np.array([cs], np.float32),
+        ),
         "lanes": QTensor("ternary", (512, 512), "float32", tern, np.array([0.1], np.float32)),
     }
-    return {"mixed": hc.BASE, "zstd": pack_qtensors(qts, {"config": {}}, codecs=["zstd"]),
-            "raw": pack_qtensors(qts, codecs=["raw"]), "grid": pack_qtensors(grid),
-            "contexts": pack_qtensors(contexts)}
+    return {
+        "mixed": hc.BASE,
+        "zstd": pack_qtensors(qts, {"config": {}}, codecs=["zstd"]),
+        "raw": pack_qtensors(qts, codecs=["raw"]),
+        "grid": pack_qtensors(grid),
+        "contexts": pack_qtensors(contexts),
+    }
 
 
 # ------------------------------------------------------------------ the corpus, through the CLI
@@ -90,12 +101,17 @@ def run_corpus(out_dir: Path) -> list[dict]:
     rows = []
     for path in hc.write(out_dir):
         r = hc.run_cli(["verify", str(path)], MEM, ALARM)
-        row = {"case": path.stem, "verify": r["code"], "seconds": r["seconds"], "peak": r["peak_bytes"],
-               "traceback": "Traceback" in r["stderr"] or r["code"] == 71,
-               "lines": len(r["stderr"].strip().splitlines()), "unpack_failed": False}
+        row = {
+            "case": path.stem,
+            "verify": r["code"],
+            "seconds": r["seconds"],
+            "peak": r["peak_bytes"],
+            "traceback": "Traceback" in r["stderr"] or r["code"] == 71,
+            "lines": len(r["stderr"].strip().splitlines()),
+            "unpack_failed": False,
+        }
         if r["code"] == 0:
-            u = hc.run_cli(["unpack", str(path), "-o", str(path.with_suffix(".safetensors")), "--force"],
-                           MEM, ALARM)
+            u = hc.run_cli(["unpack", str(path), "-o", str(path.with_suffix(".safetensors")), "--force"], MEM, ALARM)
             row["unpack_failed"] = u["code"] != 0
             row["seconds"] += u["seconds"]
             row["peak"] = max(row["peak"], u["peak_bytes"])
@@ -125,8 +141,14 @@ def _worker(seeds: list[int], base_list: list[tuple[str, bytes]], out_path: str)
             rng = random.Random(seed)
             base_name, base = base_list[seed % len(base_list)]
             data = hc.mutated(rng, base)
-            row = {"case": f"{base_name}/{seed}", "verify": None, "traceback": None, "unpack_failed": None,
-                   "timeout": False, "memory": False}
+            row = {
+                "case": f"{base_name}/{seed}",
+                "verify": None,
+                "traceback": None,
+                "unpack_failed": None,
+                "timeout": False,
+                "memory": False,
+            }
             start = time.perf_counter()
             signal.alarm(ALARM)
             try:
@@ -191,14 +213,17 @@ def run_mutations(n: int, seed: int, workers: int, tmp: Path) -> tuple[list[dict
 def summarize(name: str, rows: list[dict], peak: int) -> dict:
     slow = max(rows, key=lambda r: r["seconds"])
     return {
-        "set": name, "cases": len(rows),
+        "set": name,
+        "cases": len(rows),
         "exit_codes": dict(sorted(collections.Counter(str(r["verify"]) for r in rows).items())),
         "tracebacks": sum(bool(r["traceback"]) for r in rows),
         "verify_ok_unpack_failed": sum(bool(r["unpack_failed"]) for r in rows),
         "over_10s": sum(bool(r.get("timeout")) or r["seconds"] > ALARM for r in rows),
         "over_1GiB": sum(bool(r.get("memory")) or r.get("peak", 0) > MEM for r in rows) + (peak > MEM),
         "multi_line_errors": sum(r.get("lines", 1) > 1 for r in rows),
-        "peak_mb": peak / MB, "slowest_s": slow["seconds"], "slowest_case": slow["case"],
+        "peak_mb": peak / MB,
+        "slowest_s": slow["seconds"],
+        "slowest_case": slow["case"],
     }
 
 
@@ -214,8 +239,10 @@ def run_big(out_dir: Path) -> None:
         path.write_bytes(hc._bomb(shape, "float32", valid=True))
         for cmd in (["verify", str(path)], ["unpack", str(path), "-o", str(path) + ".safetensors", "--force"]):
             r = hc.run_cli(cmd, 8 << 30, 120)
-            print(f"| {decoded / MB:.0f} | {cmd[0]} | {r['code']} | {r['seconds']:.1f} | "
-                  f"{r['peak_bytes'] / MB:.0f} | {(2 * decoded + 64 * MB) / MB:.0f} |")
+            print(
+                f"| {decoded / MB:.0f} | {cmd[0]} | {r['code']} | {r['seconds']:.1f} | "
+                f"{r['peak_bytes'] / MB:.0f} | {(2 * decoded + 64 * MB) / MB:.0f} |"
+            )
         path.unlink()
         Path(str(path) + ".safetensors").unlink(missing_ok=True)
 
@@ -234,29 +261,45 @@ def main() -> None:
         tmp = Path(tmp)
         corpus = run_corpus(tmp / "corpus")
         mutations, worker_peak = run_mutations(args.mutations, args.seed, args.workers, tmp)
-    summaries = [summarize("corpus (CLI)", corpus, max(r["peak"] for r in corpus)),
-                 summarize("mutations (library)", mutations, worker_peak)]
-    head = (f"| {'set':<20} | {'cases':>6} | {'exit codes':<22} | tracebacks | verify ok, unpack failed | "
-            "> 10 s | > 1 GiB | peak MB | slowest |")
+    summaries = [
+        summarize("corpus (CLI)", corpus, max(r["peak"] for r in corpus)),
+        summarize("mutations (library)", mutations, worker_peak),
+    ]
+    head = (
+        f"| {'set':<20} | {'cases':>6} | {'exit codes':<22} | tracebacks | verify ok, unpack failed | "
+        "> 10 s | > 1 GiB | peak MB | slowest |"
+    )
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
     for s in summaries:
         codes = " ".join(f"{k}:{v}" for k, v in s["exit_codes"].items())
-        print(f"| {s['set']:<20} | {s['cases']:>6} | {codes:<22} | {s['tracebacks']:>10} | "
-              f"{s['verify_ok_unpack_failed']:>24} | {s['over_10s']:>6} | {s['over_1GiB']:>7} | "
-              f"{s['peak_mb']:>7.1f} | {s['slowest_s']:.2f} s ({s['slowest_case']}) |")
+        print(
+            f"| {s['set']:<20} | {s['cases']:>6} | {codes:<22} | {s['tracebacks']:>10} | "
+            f"{s['verify_ok_unpack_failed']:>24} | {s['over_10s']:>6} | {s['over_1GiB']:>7} | "
+            f"{s['peak_mb']:>7.1f} | {s['slowest_s']:.2f} s ({s['slowest_case']}) |"
+        )
     print(f"total {time.perf_counter() - start:.0f} s")
     if args.big:
         with tempfile.TemporaryDirectory() as tmp:
             run_big(Path(tmp))
-    bad = [r for r in corpus + mutations if r["traceback"] or r["unpack_failed"] or r.get("timeout")
-           or r.get("memory") or r.get("lines", 1) > 1 or (r.get("verify") not in (0, 4) and "/" in r["case"])]
+    bad = [
+        r
+        for r in corpus + mutations
+        if r["traceback"]
+        or r["unpack_failed"]
+        or r.get("timeout")
+        or r.get("memory")
+        or r.get("lines", 1) > 1
+        or (r.get("verify") not in (0, 4) and "/" in r["case"])
+    ]
     for r in bad[:20]:
         print("FAIL", json.dumps(r), file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps({"summary": summaries, "failures": bad}, indent=2) + "\n")
-    missed = any(s["tracebacks"] or s["verify_ok_unpack_failed"] or s["over_10s"] or s["over_1GiB"]
-                 or s["multi_line_errors"] for s in summaries)
+    missed = any(
+        s["tracebacks"] or s["verify_ok_unpack_failed"] or s["over_10s"] or s["over_1GiB"] or s["multi_line_errors"]
+        for s in summaries
+    )
     sys.exit(1 if missed else 0)
 
 

@@ -31,17 +31,24 @@ import ship as ship_bench  # noqa: E402
 
 from recurnorm.budget import pack_qtensors  # noqa: E402
 
-CLI_RUNS = {f"-q {q}": ["-q", q] for q in ("int8", "int8_pg", "int6", "int5", "int4", "int3", "nf4",
-                                            "ternary", "fp16", "bf16")}
-CLI_RUNS.update({
-    "-q int6:clip=sigma:3 rules": ["-q", "tok_emb.weight=int8,*=int6:clip=sigma:3"],
-    "--effort max": ["-q", "int8", "--effort", "max"],
-    "--fit 150000 (proxy)": ["--fit", "150000"],
-    "--gptq int6": ["-q", "int6", "--gptq", "--calib-data", "default", "--calib-tokens", "4096"],
-})
-TRAIN_RUNS = {"shared": ["--scheme", "shared"], "norm_gate muon": ["--scheme", "norm_gate", "--optimizer", "muon"],
-              "lora": ["--scheme", "lora"], "--qat int4": ["--qat", "int4"],
-              "--qat ternary --act-quant": ["--qat", "ternary", "--act-quant"]}
+CLI_RUNS = {
+    f"-q {q}": ["-q", q] for q in ("int8", "int8_pg", "int6", "int5", "int4", "int3", "nf4", "ternary", "fp16", "bf16")
+}
+CLI_RUNS.update(
+    {
+        "-q int6:clip=sigma:3 rules": ["-q", "tok_emb.weight=int8,*=int6:clip=sigma:3"],
+        "--effort max": ["-q", "int8", "--effort", "max"],
+        "--fit 150000 (proxy)": ["--fit", "150000"],
+        "--gptq int6": ["-q", "int6", "--gptq", "--calib-data", "default", "--calib-tokens", "4096"],
+    }
+)
+TRAIN_RUNS = {
+    "shared": ["--scheme", "shared"],
+    "norm_gate muon": ["--scheme", "norm_gate", "--optimizer", "muon"],
+    "lora": ["--scheme", "lora"],
+    "--qat int4": ["--qat", "int4"],
+    "--qat ternary --act-quant": ["--qat", "ternary", "--act-quant"],
+}
 
 
 def cases(ckpts: list[str], reals: list[str]):
@@ -62,17 +69,30 @@ def cases(ckpts: list[str], reals: list[str]):
         for ckpt in ckpts:
             for label, argv in CLI_RUNS.items():
                 out = os.path.join(tmp, "a.rnpk")
-                subprocess.run([cli, "pack", ckpt, "-o", out, *argv, "--force", "--json"],
-                               check=True, stdout=subprocess.DEVNULL)
+                subprocess.run(
+                    [cli, "pack", ckpt, "-o", out, *argv, "--force", "--json"], check=True, stdout=subprocess.DEVNULL
+                )
                 with open(out, "rb") as f:
                     yield f"cli pack {os.path.basename(os.path.normpath(ckpt))} {label}", f.read()
         # Training is held too: a few CPU steps of each path, the weights hashed.
-        tiny = ["--preset", "tiny", "--steps", "6", "--seed", "0", "--no-progress", "--device", "cpu",
-                "--eval-every", "0"]
+        tiny = [
+            "--preset",
+            "tiny",
+            "--steps",
+            "6",
+            "--seed",
+            "0",
+            "--no-progress",
+            "--device",
+            "cpu",
+            "--eval-every",
+            "0",
+        ]
         for label, argv in TRAIN_RUNS.items():
             out = os.path.join(tmp, "run")
-            subprocess.run([cli, "train", *tiny, *argv, "--out", out, "--force", "--json"],
-                           check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [cli, "train", *tiny, *argv, "--out", out, "--force", "--json"], check=True, stdout=subprocess.DEVNULL
+            )
             with open(os.path.join(out, "model.safetensors"), "rb") as f:
                 yield f"cli train tiny {label}", f.read()
 
@@ -108,8 +128,11 @@ def main() -> None:
         differ = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
         for k in differ:
             print(f"DIFFERS: {k}\n  before {before.get(k)}\n  after  {after.get(k)}")
-        print(f"{len(after) - len(differ)} of {len(after)} cases identical" if not differ else
-              f"{len(differ)} cases differ")
+        print(
+            f"{len(after) - len(differ)} of {len(after)} cases identical"
+            if not differ
+            else f"{len(differ)} cases differ"
+        )
         sys.exit(1 if differ else 0)
 
 

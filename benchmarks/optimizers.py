@@ -43,16 +43,21 @@ OPTIMIZERS = ("adamw", "muon")
 
 
 def run(opt: str, seed: int, steps: int, corpus, preset, muon_lr_mult: float = 1.0) -> dict:
-    kw = preset.with_overrides(steps=steps, optimizer=opt, eval_every=0,
-                               muon_lr_mult=muon_lr_mult).train_kwargs()
+    kw = preset.with_overrides(steps=steps, optimizer=opt, eval_every=0, muon_lr_mult=muon_lr_mult).train_kwargs()
     kw["warmup"] = min(kw["warmup"], steps // 5)
     config = ModelConfig.from_dict({**preset.model, "vocab_size": corpus.vocab_size})
     result = train(config, corpus, seed=seed, progress=False, **kw)
     # Training steps only (the loop's own clock): no model building, evaluation or start-up.
     step_s = kw["batch_size"] * config.seq_len / result.tokens_per_s
     bpb = loss(result.model, corpus).bits_per_byte
-    return {"optimizer": opt, "seed": seed, "steps": steps, "bpb": bpb,
-            "s_per_step": step_s, "tokens_per_s": result.tokens_per_s}  # fmt: skip
+    return {
+        "optimizer": opt,
+        "seed": seed,
+        "steps": steps,
+        "bpb": bpb,
+        "s_per_step": step_s,
+        "tokens_per_s": result.tokens_per_s,
+    }
 
 
 def verdict(rows: list[dict], label: str) -> dict:
@@ -66,17 +71,24 @@ def verdict(rows: list[dict], label: str) -> dict:
     winner = None
     if same_sign and abs(mean) > spread:
         winner = "muon" if mean < 0 else "adamw"
-    return {"comparison": label, "adamw_mean": statistics.fmean(by["adamw"].values()),
-            "muon_mean": statistics.fmean(by["muon"].values()), "paired_diffs": diffs,
-            "mean_diff": mean, "seed_spread": spread, "winner": winner}  # fmt: skip
+    return {
+        "comparison": label,
+        "adamw_mean": statistics.fmean(by["adamw"].values()),
+        "muon_mean": statistics.fmean(by["muon"].values()),
+        "paired_diffs": diffs,
+        "mean_diff": mean,
+        "seed_spread": spread,
+        "winner": winner,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--first-seed", type=int, default=0,
-                    help="seeds first..first+seeds-1 (keep them apart from any tuning seed)")
+    ap.add_argument(
+        "--first-seed", type=int, default=0, help="seeds first..first+seeds-1 (keep them apart from any tuning seed)"
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--muon-lr-mult", type=float, default=1.0)
     ap.add_argument("--time-steps", type=int, default=10)
@@ -100,8 +112,7 @@ def main() -> None:
         for opt in OPTIMIZERS:
             equal_steps.append(run(opt, seed, args.steps, corpus, preset, mult))
             r = equal_steps[-1]
-            print(f"  {opt:5s} seed {seed}: {r['bpb']:.4f} bpb, {r['s_per_step']:.3f} s/step",
-                  flush=True)  # fmt: skip
+            print(f"  {opt:5s} seed {seed}: {r['bpb']:.4f} bpb, {r['s_per_step']:.3f} s/step", flush=True)
     slow = max(speed, key=speed.get)
     fast = min(speed, key=speed.get)
     slow_steps = max(1, round(args.steps * speed[fast] / speed[slow]))
@@ -109,22 +120,26 @@ def main() -> None:
     for seed in seeds:
         equal_time.append(run(slow, seed, slow_steps, corpus, preset, mult))
 
-    verdicts = [verdict(equal_steps, f"equal steps ({args.steps})"),
-                verdict(equal_time, f"equal wall time ({fast} {args.steps} steps = "
-                                    f"{slow} {slow_steps} steps)")]  # fmt: skip
-    print(f"\nseconds per step (median of {args.time_rounds} interleaved rounds of "
-          f"{args.time_steps}): adamw {speed['adamw']:.3f}, muon {speed['muon']:.3f}; "
-          f"muon lr x{mult}")
+    verdicts = [
+        verdict(equal_steps, f"equal steps ({args.steps})"),
+        verdict(equal_time, f"equal wall time ({fast} {args.steps} steps = {slow} {slow_steps} steps)"),
+    ]
+    print(
+        f"\nseconds per step (median of {args.time_rounds} interleaved rounds of "
+        f"{args.time_steps}): adamw {speed['adamw']:.3f}, muon {speed['muon']:.3f}; "
+        f"muon lr x{mult}"
+    )
     print("| comparison | AdamW bpb | Muon bpb | Muon - AdamW per seed | seed spread | winner |")
     print("|---|---|---|---|---|---|")
     for v in verdicts:
         diffs = ", ".join(f"{d:+.4f}" for d in v["paired_diffs"])
-        print(f"| {v['comparison']} | {v['adamw_mean']:.4f} | {v['muon_mean']:.4f} | {diffs} | "
-              f"{v['seed_spread']:.4f} | {v['winner'] or 'none (within the seed spread)'} |")
+        print(
+            f"| {v['comparison']} | {v['adamw_mean']:.4f} | {v['muon_mean']:.4f} | {diffs} | "
+            f"{v['seed_spread']:.4f} | {v['winner'] or 'none (within the seed spread)'} |"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": equal_steps + equal_time, "verdicts": verdicts,
-                       "s_per_step": speed}, f, indent=2)  # fmt: skip
+            json.dump({"rows": equal_steps + equal_time, "verdicts": verdicts, "s_per_step": speed}, f, indent=2)
 
 
 if __name__ == "__main__":

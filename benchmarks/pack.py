@@ -69,13 +69,21 @@ def synthetic(n: int, seed: int = 0) -> dict[str, dict[str, QTensor]]:
     s4 = np.abs(g).max(1) / 7
     st = np.abs(w).mean()
     return {
-        "int8 per-row": {"w": QTensor("int8", w.shape, "float32", np.round(w / s8[:, None]).astype(np.int8),
-                                      s8.astype(np.float16))},
-        "int4 group-64": {"w": QTensor("int4", w.shape, "float32", np.round(g / s4[:, None]).astype(np.int8),
-                                       s4.astype(np.float16))},
-        "ternary": {"w": QTensor("ternary", w.shape, "float32",
-                                 np.clip(np.round(w / st), -1, 1).astype(np.int8).reshape(1, -1),
-                                 np.array([st], np.float32))},
+        "int8 per-row": {
+            "w": QTensor("int8", w.shape, "float32", np.round(w / s8[:, None]).astype(np.int8), s8.astype(np.float16))
+        },
+        "int4 group-64": {
+            "w": QTensor("int4", w.shape, "float32", np.round(g / s4[:, None]).astype(np.int8), s4.astype(np.float16))
+        },
+        "ternary": {
+            "w": QTensor(
+                "ternary",
+                w.shape,
+                "float32",
+                np.clip(np.round(w / st), -1, 1).astype(np.int8).reshape(1, -1),
+                np.array([st], np.float32),
+            )
+        },
     }
 
 
@@ -83,8 +91,10 @@ def quantized(label: str, weights: dict) -> dict[str, dict[str, QTensor]]:
     """2-D float weights through quant's int8 / int4 / ternary: one case each."""
     from recurnorm import quant
 
-    return {f"{label} {fmt}": {k: quant.get(fmt).quantize(v, name=k) for k, v in weights.items()}
-            for fmt in ("int8", "int4", "ternary")}
+    return {
+        f"{label} {fmt}": {k: quant.get(fmt).quantize(v, name=k) for k, v in weights.items()}
+        for fmt in ("int8", "int4", "ternary")
+    }
 
 
 def golf_shaped(seed: int = 0) -> dict[str, dict[str, QTensor]]:
@@ -92,8 +102,15 @@ def golf_shaped(seed: int = 0) -> dict[str, dict[str, QTensor]]:
     import torch
 
     rng = np.random.default_rng(seed)
-    shapes = {"embed": (1024, 512), "q": (512, 512), "k": (512, 512), "v": (512, 512),
-              "o": (512, 512), "up": (1024, 512), "down": (512, 1024)}
+    shapes = {
+        "embed": (1024, 512),
+        "q": (512, 512),
+        "k": (512, 512),
+        "v": (512, 512),
+        "o": (512, 512),
+        "up": (1024, 512),
+        "down": (512, 1024),
+    }
     weights = {}
     for name, (r, c) in shapes.items():
         w = rng.standard_t(5, size=(r, c)) * np.exp(rng.normal(0, 0.3, size=(r, 1)))
@@ -118,11 +135,11 @@ def trained(ckpt: str | None, steps: int, label: str = "trained") -> dict[str, d
 
         print(f"trained case: training the tiny preset for {steps} steps", flush=True)
         torch.manual_seed(0)
-        res = train(ModelConfig(**PRESETS["tiny"].model), load_corpus("default"), steps=steps,
-                    progress=False, log_every=10_000)
+        res = train(
+            ModelConfig(**PRESETS["tiny"].model), load_corpus("default"), steps=steps, progress=False, log_every=10_000
+        )
         state = {k: v.detach() for k, v in res.model.state_dict().items()}
-    return quantized(label, {k: v.float() for k, v in state.items()
-                             if v.is_floating_point() and v.dim() == 2})
+    return quantized(label, {k: v.float() for k, v in state.items() if v.is_floating_point() and v.dim() == 2})
 
 
 REAL_CACHE = os.path.expanduser("~/.cache/recurnorm-bench")
@@ -136,8 +153,14 @@ def real(path: str) -> dict[str, dict[str, QTensor]]:
     label = os.path.splitext(os.path.basename(path))[0]
     print(f"real case: {path}", flush=True)
     state = load_file(path)
-    return quantized(label, {k: v.float() for k, v in state.items()
-                             if v.is_floating_point() and v.dim() == 2 and v.numel() >= REAL_MIN_NUMEL})
+    return quantized(
+        label,
+        {
+            k: v.float()
+            for k, v in state.items()
+            if v.is_floating_point() and v.dim() == 2 and v.numel() >= REAL_MIN_NUMEL
+        },
+    )
 
 
 def anchor_bytes(qts: dict[str, QTensor]) -> dict[str, int]:
@@ -174,10 +197,18 @@ def run_case(name: str, qts: dict[str, QTensor], repeats: int = 3, effort: str =
     t_unpack, art, _ = _best_time(lambda: read_artifact(data), repeats)
     rn = sum(t["streams"]["codes"]["length"] for t in art.manifest["tensors"])
     codecs = sorted({_label(t["streams"]["codes"]) for t in art.manifest["tensors"]})
-    return {"case": name, "weights": numel, "bound": bound, "recurnorm": rn, **anchor_bytes(qts),
-            "artifact": len(data), "pack_MBps": nbytes / t_pack / 1e6,
-            "pack_cpu_MBps": nbytes / max(c_pack, 1e-9) / 1e6,
-            "unpack_MBps": nbytes / t_unpack / 1e6, "codecs": ",".join(codecs)}
+    return {
+        "case": name,
+        "weights": numel,
+        "bound": bound,
+        "recurnorm": rn,
+        **anchor_bytes(qts),
+        "artifact": len(data),
+        "pack_MBps": nbytes / t_pack / 1e6,
+        "pack_cpu_MBps": nbytes / max(c_pack, 1e-9) / 1e6,
+        "unpack_MBps": nbytes / t_unpack / 1e6,
+        "codecs": ",".join(codecs),
+    }
 
 
 def _label(s: dict) -> str:
@@ -191,11 +222,19 @@ def _label(s: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ckpt", action="append", default=[],
-                    help="checkpoint (dir, .safetensors, .pt) instead of training one; repeatable")
-    ap.add_argument("--real", action="append", default=None,
-                    help="a pretrained .safetensors (benchmarks/real_ckpt.py makes them); repeatable; "
-                         f'default: every {REAL_CACHE}/*.safetensors; --real "": none')
+    ap.add_argument(
+        "--ckpt",
+        action="append",
+        default=[],
+        help="checkpoint (dir, .safetensors, .pt) instead of training one; repeatable",
+    )
+    ap.add_argument(
+        "--real",
+        action="append",
+        default=None,
+        help="a pretrained .safetensors (benchmarks/real_ckpt.py makes them); repeatable; "
+        f'default: every {REAL_CACHE}/*.safetensors; --real "": none',
+    )
     ap.add_argument("--only", default="", help="only the cases whose name contains this")
     ap.add_argument("--steps", type=int, default=600, help="training steps for the tiny model")
     ap.add_argument("--n", type=int, default=4_000_000, help="synthetic weights per case")
@@ -212,15 +251,19 @@ def main() -> None:
     cases = synthetic(n)
     if not args.quick:
         cases.update(golf_shaped())
-    ckpts = args.ckpt or ([] if args.quick else
-                          [os.path.dirname(f) for f in sorted(glob.glob("runs/*/model.safetensors"))] or [None])
+    ckpts = args.ckpt or (
+        [] if args.quick else [os.path.dirname(f) for f in sorted(glob.glob("runs/*/model.safetensors"))] or [None]
+    )
     if args.only and not any(args.only in c for c in ("trained int8", "trained int4", "trained ternary")):
         ckpts = args.ckpt  # a filter that names no trained case: train nothing
     for ckpt in ckpts:
         label = "trained" if len(ckpts) < 2 else os.path.basename(os.path.normpath(ckpt))
         cases.update(trained(ckpt, args.steps, label))
-    reals = args.real if args.real is not None else (
-        [] if args.quick else sorted(glob.glob(os.path.join(REAL_CACHE, "*.safetensors"))))
+    reals = (
+        args.real
+        if args.real is not None
+        else ([] if args.quick else sorted(glob.glob(os.path.join(REAL_CACHE, "*.safetensors"))))
+    )
     for path in filter(None, reals):  # --real "": none
         cases.update(real(path))
     cases = {k: v for k, v in cases.items() if args.only in k}
@@ -228,17 +271,25 @@ def main() -> None:
     print(f"recurnorm rANS: {coder}; effort {args.effort}")
     cols = ["recurnorm", *ANCHORS]
     width = max([20, *map(len, cases)])
-    print(f"{'case':<{width}} {'weights':>9} {'order0 B':>10} " + " ".join(f"{c:>10}" for c in cols)
-          + f" {'pack MB/s':>9} {'pack CPU':>9} {'unpk MB/s':>9}  codecs")
+    print(
+        f"{'case':<{width}} {'weights':>9} {'order0 B':>10} "
+        + " ".join(f"{c:>10}" for c in cols)
+        + f" {'pack MB/s':>9} {'pack CPU':>9} {'unpk MB/s':>9}  codecs"
+    )
     for name, qts in cases.items():
         r = run_case(name, qts, repeats, args.effort)
         ratios = " ".join(f"{r[c] / r['bound']:>10.4f}" for c in cols)
         best_anchor = min(r[c] for c in ANCHORS)
         flag = "" if r["recurnorm"] < best_anchor else "  (anchor wins)"
-        print(f"{name:<{width}} {r['weights']:>9,} {r['bound']:>10,.0f} {ratios} {r['pack_MBps']:>9.1f} "
-              f"{r['pack_cpu_MBps']:>9.1f} {r['unpack_MBps']:>9.1f}  {r['codecs']}{flag}", flush=True)
-    print("ratios = codes bytes / order-0 bound (tables and class ids included for recurnorm); "
-          f"MB/s = codes bytes per second, one thread, best of {repeats} (pack CPU: by process time)")
+        print(
+            f"{name:<{width}} {r['weights']:>9,} {r['bound']:>10,.0f} {ratios} {r['pack_MBps']:>9.1f} "
+            f"{r['pack_cpu_MBps']:>9.1f} {r['unpack_MBps']:>9.1f}  {r['codecs']}{flag}",
+            flush=True,
+        )
+    print(
+        "ratios = codes bytes / order-0 bound (tables and class ids included for recurnorm); "
+        f"MB/s = codes bytes per second, one thread, best of {repeats} (pack CPU: by process time)"
+    )
 
 
 if __name__ == "__main__":

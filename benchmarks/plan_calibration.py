@@ -59,8 +59,9 @@ def main() -> None:
     for d in (int(x) for x in args.d.split(",")):
         for scheme in args.schemes.split(","):
             config = ModelConfig(d_model=d, n_heads=2, depth=3, seq_len=64, scheme=scheme)
-            trained = train(config, corpus, steps=args.steps, batch_size=16, lr=3e-3, warmup=20,
-                            seed=0, progress=False).model.eval()
+            trained = train(
+                config, corpus, steps=args.steps, batch_size=16, lr=3e-3, warmup=20, seed=0, progress=False
+            ).model.eval()
             torch.manual_seed(0)
             fresh = RecurrentLM(ModelConfig.from_dict(config.to_dict()))
             row = []
@@ -72,8 +73,7 @@ def main() -> None:
                 if f == "int8":  # the controls are fp32 under every format
                     fills.append(fill(t_rows, "fp32", 4))
             print(f"d={d} {scheme:<10} " + "  ".join(row) + f"  fp32 fill {fills[-1]:.4f}", flush=True)
-    print("TRAINED_CODE_RATIO = {" + ", ".join(
-        f'"{f}": {statistics.median(v):.4f}' for f, v in ratios.items()) + "}")
+    print("TRAINED_CODE_RATIO = {" + ", ".join(f'"{f}": {statistics.median(v):.4f}' for f, v in ratios.items()) + "}")
     print(f"PASSTHROUGH_FILL fp32 = {statistics.median(fills):.4f}")
 
 

@@ -84,8 +84,7 @@ def main() -> None:
     n_params = sum(w.numel() for w in W.values())
     print(f"model ready in {time.time() - t0:.0f}s; {len(projs)} projections, {n_params} weights")
     bpb_float = evaluate(model, corpus, W)
-    H = collect_hessians(model, calibration_batches(corpus.train_tokens, model.config.seq_len,
-                                                    args.calib_tokens))
+    H = collect_hessians(model, calibration_batches(corpus.train_tokens, model.config.seq_len, args.calib_tokens))
 
     def rel(new: dict[str, torch.Tensor]) -> float:
         num = sum(float((new[n] - W[n]).square().sum()) for n in W)
@@ -115,12 +114,16 @@ def main() -> None:
         return "-" if x is None else format(x, spec)
 
     print(f"\nfloat model val bpb {bpb_float:.4f}  (projection weights only are quantized)")
-    print(f"{'format':<18}{'bits/w':>8}{'rel err RTN':>13}{'bpb RTN':>9}{'gap':>8}"
-          f"{'rel err GPTQ':>14}{'bpb GPTQ':>10}{'gap':>8}")
+    print(
+        f"{'format':<18}{'bits/w':>8}{'rel err RTN':>13}{'bpb RTN':>9}{'gap':>8}"
+        f"{'rel err GPTQ':>14}{'bpb GPTQ':>10}{'gap':>8}"
+    )
     for label, bpw, e_r, b_r, e_g, b_g in rows:
-        print(f"{label:<18}{bpw:>8.3f}{e_r:>13.4f}{b_r:>9.4f}{b_r - bpb_float:>+8.4f}"
-              f"{f(e_g, '.4f'):>14}{f(b_g, '.4f'):>10}"
-              f"{'-' if b_g is None else format(b_g - bpb_float, '+.4f'):>8}")
+        print(
+            f"{label:<18}{bpw:>8.3f}{e_r:>13.4f}{b_r:>9.4f}{b_r - bpb_float:>+8.4f}"
+            f"{f(e_g, '.4f'):>14}{f(b_g, '.4f'):>10}"
+            f"{'-' if b_g is None else format(b_g - bpb_float, '+.4f'):>8}"
+        )
 
 
 if __name__ == "__main__":

@@ -57,11 +57,20 @@ def golf_state(seed: int = 0) -> dict[str, torch.Tensor]:
     state = {"tok_emb.weight": w(1024, d), "skip_weights": torch.ones(4, d)}
     for i in range(9):
         p = f"blocks.{i}."
-        state.update({p + "attn.c_q.weight": w(d, d), p + "attn.c_k.weight": w(kv, d),
-                      p + "attn.c_v.weight": w(kv, d), p + "attn.proj.weight": w(d, d),
-                      p + "mlp.fc.weight": w(mlp, d), p + "mlp.proj.weight": w(d, mlp),
-                      p + "attn_scale": torch.ones(d), p + "mlp_scale": torch.ones(d),
-                      p + "resid_mix": torch.ones(2, d), p + "attn.q_gain": torch.full((8,), 1.5)})
+        state.update(
+            {
+                p + "attn.c_q.weight": w(d, d),
+                p + "attn.c_k.weight": w(kv, d),
+                p + "attn.c_v.weight": w(kv, d),
+                p + "attn.proj.weight": w(d, d),
+                p + "mlp.fc.weight": w(mlp, d),
+                p + "mlp.proj.weight": w(d, mlp),
+                p + "attn_scale": torch.ones(d),
+                p + "mlp_scale": torch.ones(d),
+                p + "resid_mix": torch.ones(2, d),
+                p + "attn.q_gain": torch.full((8,), 1.5),
+            }
+        )
     return state
 
 
@@ -87,11 +96,12 @@ def baseline_bytes(qts) -> int:
 
 def brotli_bytes(qts) -> int:
     """brotli-11 over all codes (as bytes) then all scales and passthrough words byte-shuffled."""
-    codes = b"".join(np.ascontiguousarray(qt.codes).astype(np.int8).tobytes()
-                     for qt in qts.values() if qt.scales is not None)
+    codes = b"".join(
+        np.ascontiguousarray(qt.codes).astype(np.int8).tobytes() for qt in qts.values() if qt.scales is not None
+    )
     words = []
     for qt in qts.values():
-        for a in ([qt.scales] if qt.scales is not None else [qt.codes]):
+        for a in [qt.scales] if qt.scales is not None else [qt.codes]:
             a = np.ascontiguousarray(a)
             words.append(a.view(np.uint8).reshape(-1, a.itemsize)[:, ::-1].T.tobytes())
     return len(brotli.compress(codes + b"".join(words), quality=11))
@@ -128,12 +138,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller golf case, one repeat, no checkpoints")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    ckpts = args.ckpt or ([] if args.quick else
-                          [os.path.dirname(f) for f in sorted(glob.glob("runs/*/model.safetensors"))])
+    ckpts = args.ckpt or (
+        [] if args.quick else [os.path.dirname(f) for f in sorted(glob.glob("runs/*/model.safetensors"))]
+    )
     compact, readable = (len(loader_source(compact=c).encode()) for c in (True, False))
     print(f"loader: compact {compact:,} bytes (target <= 4,000), readable {readable:,} (target <= 16,000)")
-    head = (f"{'case':<24} {'artifact':>11} {'+loader':>11} {'baseline':>11} {'brotli-11':>11} "
-            f"{'vs base':>8} {'vs brotli':>9} {'loader s':>8} {'unpack s':>8} {'profile':>7}")
+    head = (
+        f"{'case':<24} {'artifact':>11} {'+loader':>11} {'baseline':>11} {'brotli-11':>11} "
+        f"{'vs base':>8} {'vs brotli':>9} {'loader s':>8} {'unpack s':>8} {'profile':>7}"
+    )
     print(head)
     print("-" * len(head))
     worst = 0.0
@@ -146,12 +159,17 @@ def main() -> None:
         t_loader = best_time(lambda d=data: rnpk_load.load(d), reps)
         t_lib = best_time(lambda d=data: unpack(d), reps)
         worst = max(worst, len(data) / len(zstd))
-        print(f"{name:<24} {len(data):>11,} {counted:>11,} {base:>11,} {brot:>11,} "
-              f"{counted - base:>+8,} {counted - brot:>+9,} {t_loader:>8.2f} {t_lib:>8.2f} "
-              f"{len(data) / len(zstd):>7.4f}", flush=True)
-    print("+loader = artifact + compact loader (the counted bytes); vs = counted minus the anchor "
-          "(negative: recurnorm smaller); loader s = rnpk_load.load, numpy, one thread; unpack s = "
-          f"recurnorm.unpack (compiled kernel); profile = portable / zstd allowed (worst {worst:.4f})")
+        print(
+            f"{name:<24} {len(data):>11,} {counted:>11,} {base:>11,} {brot:>11,} "
+            f"{counted - base:>+8,} {counted - brot:>+9,} {t_loader:>8.2f} {t_lib:>8.2f} "
+            f"{len(data) / len(zstd):>7.4f}",
+            flush=True,
+        )
+    print(
+        "+loader = artifact + compact loader (the counted bytes); vs = counted minus the anchor "
+        "(negative: recurnorm smaller); loader s = rnpk_load.load, numpy, one thread; unpack s = "
+        f"recurnorm.unpack (compiled kernel); profile = portable / zstd allowed (worst {worst:.4f})"
+    )
     sys.stdout.flush()
 
 

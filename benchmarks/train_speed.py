@@ -116,8 +116,7 @@ def main() -> None:
         args.seq_len, args.batch = base.seq_len, pre.micro_batch or pre.batch_size
         args.d_model, args.depth, args.n_heads = base.d_model, base.depth, base.n_heads
     else:
-        base = ModelConfig(d_model=args.d_model, depth=args.depth, n_heads=args.n_heads,
-                           seq_len=args.seq_len)
+        base = ModelConfig(d_model=args.d_model, depth=args.depth, n_heads=args.n_heads, seq_len=args.seq_len)
     dev = torch.device(args.device)
     bf16 = dev.type == "cuda"
     torch.manual_seed(0)
@@ -125,7 +124,7 @@ def main() -> None:
     anchors = [] if args.no_plain else ["plain", "plain_shared"]
     names = anchors + [s for s in args.schemes.split(",") if s]
     models = {} if args.no_plain else {"plain": PlainGPT(base), "plain_shared": PlainGPT(base, shared=True)}
-    for s in names[len(anchors):]:
+    for s in names[len(anchors) :]:
         models[s] = RecurrentLM(ModelConfig(**{**base.to_dict(), "scheme": s}))
     for m in models.values():
         m.to(dev)
@@ -145,18 +144,22 @@ def main() -> None:
                 steps[n]()
             rates[n].append(args.steps * tok_per_step / (time.perf_counter() - t0))
 
-    print(f"d={args.d_model} depth={args.depth} heads={args.n_heads} seq={args.seq_len} "
-          f"batch={args.batch} threads={torch.get_num_threads()} "
-          f"steps={args.steps}x{args.rounds} rounds device={dev}")
-    print(f"measured matmul peak: {peak / 1e9:,.1f} GFLOP/s "
-          f"({'bf16' if bf16 else 'fp32'}, {torch.get_num_threads()} thread(s) on CPU)")
-    print(f"{'model':<16} {'params':>10} {'tokens/s':>10} {'ratio':>6} {'vs plain_shared':>16} "
-          f"{'GFLOP/s':>9} {'MFU':>6}")
+    print(
+        f"d={args.d_model} depth={args.depth} heads={args.n_heads} seq={args.seq_len} "
+        f"batch={args.batch} threads={torch.get_num_threads()} "
+        f"steps={args.steps}x{args.rounds} rounds device={dev}"
+    )
+    print(
+        f"measured matmul peak: {peak / 1e9:,.1f} GFLOP/s "
+        f"({'bf16' if bf16 else 'fp32'}, {torch.get_num_threads()} thread(s) on CPU)"
+    )
+    print(
+        f"{'model':<16} {'params':>10} {'tokens/s':>10} {'ratio':>6} {'vs plain_shared':>16} {'GFLOP/s':>9} {'MFU':>6}"
+    )
     for n in names:
         if anchors:
             ratio, ratio_shared = (
-                statistics.median(r / a for r, a in zip(rates[n], rates[anchor], strict=True))
-                for anchor in anchors
+                statistics.median(r / a for r, a in zip(rates[n], rates[anchor], strict=True)) for anchor in anchors
             )
         else:
             ratio = ratio_shared = float("nan")
@@ -164,8 +167,10 @@ def main() -> None:
         flag = "" if not anchors or ratio >= 0.85 else "  < 0.85"
         rate = statistics.median(rates[n])
         achieved = flops[n] / tok_per_step * rate
-        print(f"{n:<16} {n_params:>10} {rate:>10.0f} {ratio:>6.2f} {ratio_shared:>16.2f} "
-              f"{achieved / 1e9:>9.1f} {achieved / peak:>6.1%}{flag}")
+        print(
+            f"{n:<16} {n_params:>10} {rate:>10.0f} {ratio:>6.2f} {ratio_shared:>16.2f} "
+            f"{achieved / 1e9:>9.1f} {achieved / peak:>6.1%}{flag}"
+        )
 
 
 if __name__ == "__main__":

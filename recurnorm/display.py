@@ -12,8 +12,32 @@ from __future__ import annotations
 import unicodedata
 
 # Categories shown as-is: letters, marks, numbers, punctuation, symbols and the plain space.
-_SAFE_CATEGORIES = frozenset({"Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No",
-                              "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So"})
+_SAFE_CATEGORIES = frozenset(
+    {
+        "Lu",
+        "Ll",
+        "Lt",
+        "Lm",
+        "Lo",
+        "Mn",
+        "Mc",
+        "Me",
+        "Nd",
+        "Nl",
+        "No",
+        "Pc",
+        "Pd",
+        "Ps",
+        "Pe",
+        "Pi",
+        "Pf",
+        "Po",
+        "Sm",
+        "Sc",
+        "Sk",
+        "So",
+    }
+)
 
 
 def printable(text: object) -> str:
@@ -26,6 +50,9 @@ def printable(text: object) -> str:
         if ch == " " or unicodedata.category(ch) in _SAFE_CATEGORIES:
             out.append(ch)
         else:
-            out.append(ch.encode("unicode_escape", "backslashreplace").decode("ascii")
-                       if ord(ch) < 0xD800 or ord(ch) > 0xDFFF else f"\\u{ord(ch):04x}")
+            out.append(
+                ch.encode("unicode_escape", "backslashreplace").decode("ascii")
+                if ord(ch) < 0xD800 or ord(ch) > 0xDFFF
+                else f"\\u{ord(ch):04x}"
+            )
     return "".join(out)

@@ -27,8 +27,7 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return False
 
 
-def check_writable(path: str | os.PathLike, force: bool = False,
-                   inputs: Iterable[str | os.PathLike] = ()) -> Path:
+def check_writable(path: str | os.PathLike, force: bool = False, inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """Refuse to overwrite an existing output (a file or a run's folder) unless force is set,
     or to write over one of `inputs` (the files the command reads) even with force."""
     path = Path(path)
@@ -62,7 +61,7 @@ def clean_stale_temps(path: str | os.PathLike) -> list[Path]:
     for name in names:
         if not (name.startswith(prefix) and name.endswith(".tmp")):
             continue
-        pid = name[len(prefix):-len(".tmp")].split(".", 1)[0]
+        pid = name[len(prefix) : -len(".tmp")].split(".", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
             try:
                 os.unlink(path.parent / name)

@@ -52,8 +52,13 @@ class Registry(Generic[T]):
         self._table.pop(name, None)
 
 
-def resolve_options(owner: str, defaults: dict[str, Any], options: dict[str, Any],
-                    error: type[Exception], nullable: frozenset[str] = frozenset()) -> dict[str, Any]:
+def resolve_options(
+    owner: str,
+    defaults: dict[str, Any],
+    options: dict[str, Any],
+    error: type[Exception],
+    nullable: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
     """Defaults merged with options, after refusing unknown keys and ill-typed values.
 
     A value must have its default's type (an int stands for a float; a list or tuple for a

@@ -24,8 +24,10 @@ def example_steps_yaml(text: str | None = None) -> str:
 def as_workflow(steps_yaml: str) -> str:
     """The steps inside a minimal workflow (one job on ubuntu-latest)."""
     body = "".join(f"      {line}\n" if line.strip() else "\n" for line in steps_yaml.splitlines())
-    return ("name: docs-ci-example\non: pull_request\npermissions: {}\njobs:\n  gate:\n"
-            "    runs-on: ubuntu-latest\n    steps:\n" + body)
+    return (
+        "name: docs-ci-example\non: pull_request\npermissions: {}\njobs:\n  gate:\n"
+        "    runs-on: ubuntu-latest\n    steps:\n" + body
+    )
 
 
 if __name__ == "__main__":

@@ -31,9 +31,16 @@ def trained_tiny(default_corpus):
 
     config = ModelConfig(d_model=64, n_heads=2, depth=3, seq_len=64, scheme="norm")
     result = train(
-        config, default_corpus, steps=200, batch_size=16, lr=3e-3, warmup=20,
-        seed=0, log_every=50, progress=False,
-    )  # fmt: skip
+        config,
+        default_corpus,
+        steps=200,
+        batch_size=16,
+        lr=3e-3,
+        warmup=20,
+        seed=0,
+        log_every=50,
+        progress=False,
+    )
     model = result.model.eval()
     return model, default_corpus
 

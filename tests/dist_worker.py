@@ -33,7 +33,8 @@ def hook(event: str, hook_args: tuple) -> None:
         mode = hook_args[1] if len(hook_args) > 1 else "r"
         flags = hook_args[2] if len(hook_args) > 2 else 0
         writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-            isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+            isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
+        )
         if writing and _under_watch(hook_args[0]):
             writes.append(f"open {os.fsdecode(hook_args[0])}")
     elif event in WRITE_EVENTS and hook_args and _under_watch(hook_args[0]):

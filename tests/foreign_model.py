@@ -35,10 +35,14 @@ class TinyGPT(nn.Module):
     def __init__(self, vocab_size: int, n_embd: int, n_layer: int, n_head: int, block_size: int):
         super().__init__()
         self.block_size = block_size  # the loss gate's evaluation window
-        self.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(vocab_size, n_embd), "wpe": nn.Embedding(block_size, n_embd),
-            "h": nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer)), "ln_f": nn.LayerNorm(n_embd),
-        })
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(vocab_size, n_embd),
+                "wpe": nn.Embedding(block_size, n_embd),
+                "h": nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer)),
+                "ln_f": nn.LayerNorm(n_embd),
+            }
+        )
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.lm_head.weight = self.transformer["wte"].weight
 

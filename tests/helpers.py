@@ -57,12 +57,25 @@ def sample_qtensors(seed: int = 0) -> dict[str, QTensor]:
     g = rng.normal(size=(48, 64))
     gs = np.abs(g).max(1) / 7
     return {
-        "int8 per-row": QTensor("int8", (64, 96), "float32", np.round(w / s[:, None]).astype(np.int8),
-                                s.astype(np.float16), None, {}),
-        "int4.group": QTensor("int4", (3072,), "bfloat16", np.clip(np.round(g / gs[:, None]), -7, 7).astype(np.int8),
-                              gs.astype(np.float32), rng.normal(size=48).astype(np.float32), {"group": 64}),
-        "ternary ∆": QTensor("ternary", (50, 41), "float16",
-                             rng.choice([-1, 0, 1], size=(1, 2050)).astype(np.int8), np.array([0.1], np.float32)),
+        "int8 per-row": QTensor(
+            "int8", (64, 96), "float32", np.round(w / s[:, None]).astype(np.int8), s.astype(np.float16), None, {}
+        ),
+        "int4.group": QTensor(
+            "int4",
+            (3072,),
+            "bfloat16",
+            np.clip(np.round(g / gs[:, None]), -7, 7).astype(np.int8),
+            gs.astype(np.float32),
+            rng.normal(size=48).astype(np.float32),
+            {"group": 64},
+        ),
+        "ternary ∆": QTensor(
+            "ternary",
+            (50, 41),
+            "float16",
+            rng.choice([-1, 0, 1], size=(1, 2050)).astype(np.int8),
+            np.array([0.1], np.float32),
+        ),
         "buf.int64": QTensor("raw", (7,), "int64", np.array([[0, -5, 2**40, 3, 3, 3, 1]], np.int64)),
         "mask": QTensor("raw", (2, 3), "bool", np.array([[1, 0, 1, 1, 1, 0]], np.bool_)),
         "fp16": QTensor("fp16", (5,), "float16", rng.normal(size=(1, 5)).astype(np.float16).view(np.uint16)),
@@ -77,11 +90,24 @@ def fuzz_base_artifact() -> bytes:
     rng = np.random.default_rng(0)
     w = rng.normal(size=(64, 128))
     s = np.abs(w).max(1) / 7
-    return pack_qtensors({
-        "w": QTensor("int4", (64, 128), "float32", np.round(w / s[:, None]).astype(np.int8), s.astype(np.float16)),
-        "t": QTensor("ternary", (40, 100), "float32", rng.integers(-1, 2, size=(1, 4000)).astype(np.int8),
-                     np.array([0.5], np.float32)),
-        "b": QTensor("raw", (9,), "int64", np.arange(9, dtype=np.int64).reshape(1, 9)),
-        "e": QTensor("ternary", (256, 128), "float32", embedding_like().reshape(1, -1),  # a grid context
-                     np.array([0.5], np.float32)),
-    }, {"config": {"d": 1}})
+    return pack_qtensors(
+        {
+            "w": QTensor("int4", (64, 128), "float32", np.round(w / s[:, None]).astype(np.int8), s.astype(np.float16)),
+            "t": QTensor(
+                "ternary",
+                (40, 100),
+                "float32",
+                rng.integers(-1, 2, size=(1, 4000)).astype(np.int8),
+                np.array([0.5], np.float32),
+            ),
+            "b": QTensor("raw", (9,), "int64", np.arange(9, dtype=np.int64).reshape(1, 9)),
+            "e": QTensor(
+                "ternary",
+                (256, 128),
+                "float32",
+                embedding_like().reshape(1, -1),  # a grid context
+                np.array([0.5], np.float32),
+            ),
+        },
+        {"config": {"d": 1}},
+    )

@@ -34,14 +34,29 @@ def base_qtensors() -> dict[str, QTensor]:
     w = rng.normal(size=(64, 128))
     s = np.abs(w).max(1) / 7
     return {
-        "int4": QTensor("int4", (64, 128), "float32", np.round(w / s[:, None]).astype(np.int8),
-                        s.astype(np.float16)),
-        "ternary": QTensor("ternary", (40, 100), "float32", rng.integers(-1, 2, size=(1, 4000)).astype(np.int8),
-                           np.array([0.5], np.float32)),
-        "nf4": QTensor("nf4", (8, 64), "bfloat16", rng.integers(0, 16, size=(8, 64)).astype(np.uint8),
-                       rng.random(8).astype(np.float32), params={"group": 64}),
-        "int8": QTensor("int8", (16, 32), "float32", rng.integers(-127, 128, size=(16, 32)).astype(np.int8),
-                        rng.random(16).astype(np.float16)),
+        "int4": QTensor("int4", (64, 128), "float32", np.round(w / s[:, None]).astype(np.int8), s.astype(np.float16)),
+        "ternary": QTensor(
+            "ternary",
+            (40, 100),
+            "float32",
+            rng.integers(-1, 2, size=(1, 4000)).astype(np.int8),
+            np.array([0.5], np.float32),
+        ),
+        "nf4": QTensor(
+            "nf4",
+            (8, 64),
+            "bfloat16",
+            rng.integers(0, 16, size=(8, 64)).astype(np.uint8),
+            rng.random(8).astype(np.float32),
+            params={"group": 64},
+        ),
+        "int8": QTensor(
+            "int8",
+            (16, 32),
+            "float32",
+            rng.integers(-127, 128, size=(16, 32)).astype(np.int8),
+            rng.random(16).astype(np.float16),
+        ),
         "fp16": QTensor("fp16", (4, 5), "float16", rng.normal(size=(1, 20)).astype(np.float16).view(np.uint16)),
         "bf16": QTensor("bf16", (3,), "bfloat16", np.array([[0x3F80, 0x4000, 0xBF80]], np.uint16)),
         "raw": QTensor("raw", (9,), "int64", np.arange(9, dtype=np.int64).reshape(1, 9)),
@@ -68,8 +83,7 @@ def _rans_body(prec: int, lanes: int, table: list[int]) -> bytes:
     """A compact rans stream body whose states never renormalize: a one-symbol table codes
     any number of units in no words (the decode-bomb shape)."""
     tblob = rans.varint_encode(np.array(table))
-    return (rans.varint_encode(np.array([4 * len(tblob), 0])) + tblob
-            + struct.pack(f"<{lanes}I", *([1 << 16] * lanes)))
+    return rans.varint_encode(np.array([4 * len(tblob), 0])) + tblob + struct.pack(f"<{lanes}I", *([1 << 16] * lanes))
 
 
 def _bomb(shape: list[int], dtype: str, lanes: int = 4096, fmt_name: str = "int8", valid: bool = False) -> bytes:
@@ -77,15 +91,40 @@ def _bomb(shape: list[int], dtype: str, lanes: int = 4096, fmt_name: str = "int8
     (valid: with the true checksums, so that it decodes)."""
     body = _rans_body(1, lanes, [2])
     numel = int(np.prod(shape))
-    m = {"format": "rnpk", "version": fmt.VERSION, "metadata": {}, "tensors": [{
-        "name": "bomb", "shape": shape, "dtype": dtype, "format": fmt_name, "params": {},
-        "streams": {
-            "codes": {"codec": "rans", "params": {"offset": 0, "nsym": 1, "prec": 1, "lanes": lanes},
-                      "offset": 0, "length": len(body), "dtype": "int8", "shape": [1, numel],
-                      "sha256": "0" * 64},
-            "scales": {"codec": "raw", "params": {}, "offset": len(body), "length": 2, "dtype": "float16",
-                       "shape": [1], "sha256": "0" * 64},
-        }}]}
+    m = {
+        "format": "rnpk",
+        "version": fmt.VERSION,
+        "metadata": {},
+        "tensors": [
+            {
+                "name": "bomb",
+                "shape": shape,
+                "dtype": dtype,
+                "format": fmt_name,
+                "params": {},
+                "streams": {
+                    "codes": {
+                        "codec": "rans",
+                        "params": {"offset": 0, "nsym": 1, "prec": 1, "lanes": lanes},
+                        "offset": 0,
+                        "length": len(body),
+                        "dtype": "int8",
+                        "shape": [1, numel],
+                        "sha256": "0" * 64,
+                    },
+                    "scales": {
+                        "codec": "raw",
+                        "params": {},
+                        "offset": len(body),
+                        "length": 2,
+                        "dtype": "float16",
+                        "shape": [1],
+                        "sha256": "0" * 64,
+                    },
+                },
+            }
+        ],
+    }
     if fmt_name == "raw":
         del m["tensors"][0]["streams"]["scales"]
     if valid:  # the true hashes: all codes 0, one scale of 1.0 (a big but honest artifact)
@@ -109,8 +148,7 @@ def _sign_fast(text: bytes, payload: bytes = b"") -> bytes:
     from recurnorm.budget import compress
 
     z = compress.deflate(text, 1)
-    return fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, compress.DEFLATE, len(z),
-                           hashlib.sha256(z).digest()) + z + payload
+    return fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, compress.DEFLATE, len(z), hashlib.sha256(z).digest()) + z + payload
 
 
 def _manifest_bomb(count: int) -> bytes:
@@ -143,39 +181,64 @@ def _one(name: str, **change) -> bytes:
 
 def _edit(fn: Callable[[dict], object]) -> Callable[[], bytes]:
     """A case: the base manifest changed in place by fn, re-signed."""
+
     def make() -> bytes:
         m, payload = fmt.split_container(BASE)
         m = copy.deepcopy(m)
         fn(m)
         return resign(m, payload)
+
     return make
 
 
 def _set(path: tuple, value) -> Callable[[dict], None]:
     """Replace manifest[path...] (first item a tensor name, then keys)."""
+
     def fn(m: dict) -> None:
         obj = _entry(m, path[0])
         for key in path[1:-1]:
             obj = obj[key]
         obj[path[-1]] = value
+
     return fn
 
 
 # (field path, what it normally is): each is replaced by every value of WRONG_TYPES.
 TYPED_FIELDS = [
-    ("int4", "name"), ("int4", "shape"), ("int4", "dtype"), ("int4", "format"), ("int4", "params"),
-    ("int4", "streams"), ("tied", "alias_of"),
-    ("int4", "streams", "codes", "codec"), ("int4", "streams", "codes", "params"),
-    ("int4", "streams", "codes", "offset"), ("int4", "streams", "codes", "length"),
-    ("int4", "streams", "codes", "dtype"), ("int4", "streams", "codes", "shape"),
-    ("int4", "streams", "codes", "sha256"), ("int4", "streams", "scales", "dtype"),
-    ("int4", "streams", "codes", "params", "context"), ("int4", "streams", "codes", "params", "nsym"),
-    ("int4", "streams", "codes", "params", "offset"), ("int4", "streams", "codes", "params", "prec"),
-    ("int4", "streams", "codes", "params", "lanes"), ("int4", "streams", "codes", "params", "k"),
-    ("int4", "streams", "codes", "params", "tuple"), ("int4", "params", "group"),
+    ("int4", "name"),
+    ("int4", "shape"),
+    ("int4", "dtype"),
+    ("int4", "format"),
+    ("int4", "params"),
+    ("int4", "streams"),
+    ("tied", "alias_of"),
+    ("int4", "streams", "codes", "codec"),
+    ("int4", "streams", "codes", "params"),
+    ("int4", "streams", "codes", "offset"),
+    ("int4", "streams", "codes", "length"),
+    ("int4", "streams", "codes", "dtype"),
+    ("int4", "streams", "codes", "shape"),
+    ("int4", "streams", "codes", "sha256"),
+    ("int4", "streams", "scales", "dtype"),
+    ("int4", "streams", "codes", "params", "context"),
+    ("int4", "streams", "codes", "params", "nsym"),
+    ("int4", "streams", "codes", "params", "offset"),
+    ("int4", "streams", "codes", "params", "prec"),
+    ("int4", "streams", "codes", "params", "lanes"),
+    ("int4", "streams", "codes", "params", "k"),
+    ("int4", "streams", "codes", "params", "tuple"),
+    ("int4", "params", "group"),
 ]
-WRONG_TYPES = {"list": ["x"], "dict": {"a": 1}, "string": "x", "float": 1.5, "negative": -1,
-               "null": None, "bool": True, "huge": 2**70}
+WRONG_TYPES = {
+    "list": ["x"],
+    "dict": {"a": 1},
+    "string": "x",
+    "float": 1.5,
+    "negative": -1,
+    "null": None,
+    "bool": True,
+    "huge": 2**70,
+}
 
 
 def _zstd_codes(m: dict, name: str, layout: str) -> None:
@@ -193,12 +256,14 @@ def _class_context(variant: str, shape: list[int], codes_shape: list[int]) -> Ca
         if variant == "grid":
             s["params"]["kc"] = 2
         t["streams"]["scales"]["shape"] = codes_shape[:1]
+
     return fn
 
 
 def _aliases(count: int) -> Callable[[dict], None]:
     def fn(m: dict) -> None:
         m["tensors"] += [{"name": f"a{i:07d}", "alias_of": "int8"} for i in range(count)]
+
     return fn
 
 
@@ -213,15 +278,17 @@ CASES: dict[str, Callable[[], bytes]] = {
     "bomb/rans-one-symbol-4096-lanes-float64": lambda: _bomb([1 << 14, (1 << 14) - 1], "float64"),
     "bomb/rans-one-symbol-float32-2^28": lambda: _bomb([1 << 14, 1 << 14], "float32"),
     "bomb/rans-one-symbol-raw-int64": lambda: _bomb([1 << 28], "int64", fmt_name="raw"),
-    "bomb/int8-declares-float64-2^28": _edit(lambda m: (_set(("int8", "dtype"), "float64")(m),
-                                                        _set(("int8", "shape"), [1 << 14, (1 << 14) - 1])(m))),
+    "bomb/int8-declares-float64-2^28": _edit(
+        lambda m: (_set(("int8", "dtype"), "float64")(m), _set(("int8", "shape"), [1 << 14, (1 << 14) - 1])(m))
+    ),
     "bomb/2^20-aliases": lambda: _many_aliases(1 << 20),
     "bomb/2^16-aliases": lambda: _many_aliases(1 << 16),
     "bomb/two-aliases-of-one": _edit(_aliases(9)),
     "bomb/manifest-64MiB-of-empty-objects": lambda: _manifest_bomb(22 << 20),
     "bomb/excess-padding": _edit(_set(("raw", "streams", "codes", "shape"), [1 << 14, 1 << 14])),
-    "bomb/zero-width-rows": _edit(lambda m: (_set(("raw", "shape"), [0])(m),
-                                             _set(("raw", "streams", "codes", "shape"), [1 << 39, 0])(m))),
+    "bomb/zero-width-rows": _edit(
+        lambda m: (_set(("raw", "shape"), [0])(m), _set(("raw", "streams", "codes", "shape"), [1 << 39, 0])(m))
+    ),
     # aliases
     "alias/self": _edit(lambda m: m["tensors"].append({"name": "me", "alias_of": "me"})),
     "alias/forward": _edit(_move_alias_first),
@@ -251,8 +318,9 @@ CASES: dict[str, Callable[[], bytes]] = {
     "scales/integers": lambda: _one("int8", scales=np.ones(16, np.int16)),
     "scales/on-fp16": lambda: _one("fp16", scales=np.ones(1, np.float16)),
     "zeros/on-nf4": lambda: _one("nf4", zeros=np.ones(8, np.float32)),
-    "zeros/nan": lambda: _one("int8", params={"asymmetric": True}, codes=np.zeros((16, 32), np.uint8),
-                              zeros=np.full(16, np.nan, np.float16)),
+    "zeros/nan": lambda: _one(
+        "int8", params={"asymmetric": True}, codes=np.zeros((16, 32), np.uint8), zeros=np.full(16, np.nan, np.float16)
+    ),
     "scales/wrong-length": _edit(_set(("int4", "streams", "scales", "shape"), [63])),
     "format/unknown": _edit(_set(("int4", "format"), "int99")),
     "format/unknown-option": _edit(_set(("int4", "params"), {"bits": 4})),
@@ -261,14 +329,18 @@ CASES: dict[str, Callable[[], bytes]] = {
     "dtype/float8": _edit(_set(("int4", "dtype"), "float8_e4m3fn")),
     "dtype/stream-complex": _edit(_set(("int4", "streams", "codes", "dtype"), "complex128")),
     # codec parameters
-    "zstd/layout-list": _edit(lambda m: (_zstd_codes(m, "raw", "plain"),
-                                         _set(("raw", "streams", "codes", "params", "layout"), ["nib4"])(m))),
-    "zstd/packed-layout-float-dtype": _edit(lambda m: (_zstd_codes(m, "fp16", "nib4"),
-                                                       _set(("fp16", "streams", "codes", "dtype"), "float16")(m))),
-    "zstd/packed-layout-float-scales": _edit(lambda m: _entry(m, "int4")["streams"]["scales"].update(
-        codec="zstd", params={"layout": "nib4", "offset": 0})),
-    "zstd/offset-float": _edit(lambda m: (_zstd_codes(m, "raw", "nib4"),
-                                          _set(("raw", "streams", "codes", "params", "offset"), 0.5)(m))),
+    "zstd/layout-list": _edit(
+        lambda m: (_zstd_codes(m, "raw", "plain"), _set(("raw", "streams", "codes", "params", "layout"), ["nib4"])(m))
+    ),
+    "zstd/packed-layout-float-dtype": _edit(
+        lambda m: (_zstd_codes(m, "fp16", "nib4"), _set(("fp16", "streams", "codes", "dtype"), "float16")(m))
+    ),
+    "zstd/packed-layout-float-scales": _edit(
+        lambda m: _entry(m, "int4")["streams"]["scales"].update(codec="zstd", params={"layout": "nib4", "offset": 0})
+    ),
+    "zstd/offset-float": _edit(
+        lambda m: (_zstd_codes(m, "raw", "nib4"), _set(("raw", "streams", "codes", "params", "offset"), 0.5)(m))
+    ),
     "rans/context-list": _edit(_set(("int4", "streams", "codes", "params", "context"), ["row"])),
     "rans/context-dict": _edit(_set(("int4", "streams", "codes", "params", "context"), {"row": 1})),
     "rans/grid-without-kc": _edit(_set(("int4", "streams", "codes", "params", "context"), "grid")),
@@ -308,13 +380,81 @@ def write(out_dir: str | Path) -> list[Path]:
 
 # ------------------------------------------------------------------ random mutations
 
-_NAMES = ["rans", "zstd", "deflate", "lzma", "raw", "none", "scale", "row", "col", "grid", "plain", "shuffle", "trit5",
-          "bits2", "nib4", "pack6", "byte", "bool", "uint8", "int8", "uint16", "int16", "int32",
-          "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16", "complex64",
-          "int2", "int4", "int8_pg", "nf4", "ternary", "fp16", "fp32", "bf16", "codes", "scales",
-          "zeros", "int4", "nf4", "tied", ""]
-_INTS = [0, 1, 2, 3, 7, 8, 15, 16, 64, 127, 128, 255, 256, 4096, 4097, 65536, 2**16 + 1, 2**28,
-         2**31, 2**32, 2**39, 2**40, 2**63, 2**64, 2**70]
+_NAMES = [
+    "rans",
+    "zstd",
+    "deflate",
+    "lzma",
+    "raw",
+    "none",
+    "scale",
+    "row",
+    "col",
+    "grid",
+    "plain",
+    "shuffle",
+    "trit5",
+    "bits2",
+    "nib4",
+    "pack6",
+    "byte",
+    "bool",
+    "uint8",
+    "int8",
+    "uint16",
+    "int16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "bfloat16",
+    "complex64",
+    "int2",
+    "int4",
+    "int8_pg",
+    "nf4",
+    "ternary",
+    "fp16",
+    "fp32",
+    "bf16",
+    "codes",
+    "scales",
+    "zeros",
+    "int4",
+    "nf4",
+    "tied",
+    "",
+]
+_INTS = [
+    0,
+    1,
+    2,
+    3,
+    7,
+    8,
+    15,
+    16,
+    64,
+    127,
+    128,
+    255,
+    256,
+    4096,
+    4097,
+    65536,
+    2**16 + 1,
+    2**28,
+    2**31,
+    2**32,
+    2**39,
+    2**40,
+    2**63,
+    2**64,
+    2**70,
+]
 
 
 def _random_value(rng, depth: int = 0):
@@ -332,9 +472,13 @@ def _random_value(rng, depth: int = 0):
     if kind == 5:
         return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
     if kind == 6:
-        return {rng.choice(_NAMES + ["k", "kc", "lanes", "prec", "tuple", "nsym", "offset", "layout",
-                                     "context", "group", "asymmetric"]): _random_value(rng, depth + 1)
-                for _ in range(rng.randrange(4))}
+        return {
+            rng.choice(
+                _NAMES
+                + ["k", "kc", "lanes", "prec", "tuple", "nsym", "offset", "layout", "context", "group", "asymmetric"]
+            ): _random_value(rng, depth + 1)
+            for _ in range(rng.randrange(4))
+        }
     return rng.choice([[], {}, [0], [1, 1], [0, 5], [1 << 20, 1 << 20], [2, 0, 3]])
 
 
@@ -367,14 +511,24 @@ def mutate_manifest(m: dict, rng) -> dict:
         if op == 0:
             parent[key] = _random_value(rng)
         elif op == 1 and isinstance(value, int) and not isinstance(value, bool):
-            parent[key] = rng.choice([value + 1, value - 1, value * 2, value // 2, -value, value * 1000,
-                                      value + (1 << rng.choice([8, 16, 31, 32, 63]))])
+            parent[key] = rng.choice(
+                [
+                    value + 1,
+                    value - 1,
+                    value * 2,
+                    value // 2,
+                    -value,
+                    value * 1000,
+                    value + (1 << rng.choice([8, 16, 31, 32, 63])),
+                ]
+            )
         elif op == 2:
             if isinstance(parent, dict) or len(parent) > 1:
                 del parent[key]
         elif op == 3 and isinstance(value, dict):
-            value[rng.choice(list(value) + ["alias_of", "context", "kc", "tuple", "scales", "zeros",
-                                            "k", "lanes"])] = _random_value(rng)
+            value[rng.choice(list(value) + ["alias_of", "context", "kc", "tuple", "scales", "zeros", "k", "lanes"])] = (
+                _random_value(rng)
+            )
         elif op == 4 and isinstance(value, list):
             if value and rng.random() < 0.5:
                 value.append(copy.deepcopy(rng.choice(value)))

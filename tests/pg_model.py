@@ -40,8 +40,9 @@ class Block(nn.Module):
     def __init__(self, dim: int, n_head: int):
         super().__init__()
         self.attn = Attention(dim, n_head)
-        self.mlp = nn.ModuleDict({"fc": nn.Linear(dim, 2 * dim, bias=False),
-                                  "proj": nn.Linear(2 * dim, dim, bias=False)})  # fmt: skip
+        self.mlp = nn.ModuleDict(
+            {"fc": nn.Linear(dim, 2 * dim, bias=False), "proj": nn.Linear(2 * dim, dim, bias=False)}
+        )
         self.attn_scale = nn.Parameter(torch.ones(dim))
         self.mlp_scale = nn.Parameter(torch.ones(dim))
         self.resid_mix = nn.Parameter(torch.stack([torch.ones(dim), torch.zeros(dim)]))

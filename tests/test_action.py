@@ -50,9 +50,13 @@ def run_action(workdir: Path, **given: str) -> tuple[int, str, dict]:
     files = {k: workdir / f"{k.lower()}.txt" for k in ("GITHUB_STEP_SUMMARY", "GITHUB_OUTPUT")}
     runner_temp = workdir / "runner_temp"
     runner_temp.mkdir(exist_ok=True)
-    base = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                GITHUB_ACTION_PATH=str(REPO), RUNNER_TEMP=str(runner_temp),
-                **{k: str(v) for k, v in files.items()})
+    base = dict(
+        os.environ,
+        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        GITHUB_ACTION_PATH=str(REPO),
+        RUNNER_TEMP=str(runner_temp),
+        **{k: str(v) for k, v in files.items()},
+    )
     rc, out = 0, ""
     for step in action["runs"]["steps"]:
         assert step["shell"] == "bash"
@@ -60,8 +64,14 @@ def run_action(workdir: Path, **given: str) -> tuple[int, str, dict]:
         script = workdir / "step.sh"
         script.write_text(_substitute(step["run"], inputs))
         # GitHub's `shell: bash` is `bash --noprofile --norc -eo pipefail {0}`.
-        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=workdir,
-                              env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         rc, out = proc.returncode, proc.stdout + proc.stderr
         if rc != 0:
             break
@@ -76,8 +86,11 @@ def artifact(tmp_path_factory) -> Path:
 
     d = tmp_path_factory.mktemp("action")
     g = torch.Generator().manual_seed(0)
-    sd = {"tok.weight": torch.randn(256, 32, generator=g) * 0.02,
-          "blocks.0.attn.weight": torch.randn(96, 32, generator=g) * 0.05, "norm.weight": torch.ones(32)}
+    sd = {
+        "tok.weight": torch.randn(256, 32, generator=g) * 0.02,
+        "blocks.0.attn.weight": torch.randn(96, 32, generator=g) * 0.05,
+        "norm.weight": torch.ones(32),
+    }
     torch.save(sd, d / "model.pt")
     art = d / "model.rnpk"
     r = CliRunner().invoke(main, ["pack", str(d / "model.pt"), "-o", str(art)], catch_exceptions=False)
@@ -151,8 +164,10 @@ def test_the_ci_doc_example_passes_only_inputs_the_action_has():
 
 
 def _workflow_texts() -> dict[str, str]:
-    texts = {p.relative_to(REPO).as_posix(): p.read_text(encoding="utf-8")
-             for p in sorted((REPO / ".github" / "workflows").glob("*.y*ml"))}
+    texts = {
+        p.relative_to(REPO).as_posix(): p.read_text(encoding="utf-8")
+        for p in sorted((REPO / ".github" / "workflows").glob("*.y*ml"))
+    }
     texts["docs/CI.md"] = (REPO / "docs" / "CI.md").read_text(encoding="utf-8")
     texts["action.yml"] = (REPO / "action.yml").read_text(encoding="utf-8")
     return texts
@@ -198,8 +213,12 @@ def test_torch_comes_from_the_cpu_index_in_every_workflow():
 
 
 def test_make_passes_torch_index_to_pip():
-    r = subprocess.run(["make", "-n", "-B", "-f", str(REPO / "Makefile"), "install",
-                        "TORCH_INDEX=https://example.invalid/cpu"], cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(
+        ["make", "-n", "-B", "-f", str(REPO / "Makefile"), "install", "TORCH_INDEX=https://example.invalid/cpu"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     torch_line = [ln for ln in r.stdout.splitlines() if "torch==" in ln]
     assert torch_line and "--index-url https://example.invalid/cpu" in torch_line[0], r.stdout

@@ -48,8 +48,16 @@ def test_deterministic_across_processes():
         "from recurnorm.budget import pack_qtensors;"
         "print(hashlib.sha256(pack_qtensors(sample_qtensors(3))).hexdigest())"
     )
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout for seed in (1, 2)}
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": str(seed), "PATH": ""},
+        ).stdout
+        for seed in (1, 2)
+    }
     assert len(outs) == 1
 
 
@@ -65,22 +73,25 @@ def _codes(m):
     return next(t for t in m["tensors"] if t["name"] == "int8 per-row")["streams"]["codes"]
 
 
-@pytest.mark.parametrize("edit", [
-    lambda m: _codes(m).update(shape=[1 << 39, 1 << 39]),
-    lambda m: _codes(m).update(shape=[1 << 20, 1 << 9]),
-    lambda m: _codes(m).update(offset=-1),
-    lambda m: _codes(m).update(length=1 << 40),
-    lambda m: _codes(m).update(codec="pickle"),
-    lambda m: _codes(m).update(dtype="object"),
-    lambda m: _codes(m).update(codec="rans", params={"offset": 0, "nsym": 1 << 30, "context": "none", "k": 1}),
-    lambda m: _codes(m).update(codec="rans", params={"offset": 0, "nsym": 3, "context": "none", "k": 0}),
-    lambda m: _codes(m).update(codec="rans", params={"offset": 0, "nsym": 3, "context": "col", "k": 3}),
-    lambda m: _codes(m).update(sha256="0" * 64),
-    lambda m: m["tensors"].append({"name": "x", "alias_of": "nope"}),
-    lambda m: m["tensors"].append(m["tensors"][0]),
-    lambda m: m.update(tensors={"a": 1}),
-    lambda m: m.update(metadata=[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]),
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: _codes(m).update(shape=[1 << 39, 1 << 39]),
+        lambda m: _codes(m).update(shape=[1 << 20, 1 << 9]),
+        lambda m: _codes(m).update(offset=-1),
+        lambda m: _codes(m).update(length=1 << 40),
+        lambda m: _codes(m).update(codec="pickle"),
+        lambda m: _codes(m).update(dtype="object"),
+        lambda m: _codes(m).update(codec="rans", params={"offset": 0, "nsym": 1 << 30, "context": "none", "k": 1}),
+        lambda m: _codes(m).update(codec="rans", params={"offset": 0, "nsym": 3, "context": "none", "k": 0}),
+        lambda m: _codes(m).update(codec="rans", params={"offset": 0, "nsym": 3, "context": "col", "k": 3}),
+        lambda m: _codes(m).update(sha256="0" * 64),
+        lambda m: m["tensors"].append({"name": "x", "alias_of": "nope"}),
+        lambda m: m["tensors"].append(m["tensors"][0]),
+        lambda m: m.update(tensors={"a": 1}),
+        lambda m: m.update(metadata=[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]),
+    ],
+)
 def test_forged_manifests_are_rejected(edit):
     data = _resign(pack_qtensors(sample_qtensors()), edit)
     with pytest.raises(ArtifactError):
@@ -89,8 +100,14 @@ def test_forged_manifests_are_rejected(edit):
 
 def test_header_errors():
     data = pack_qtensors(sample_qtensors())
-    for bad in (b"XXXX" + data[4:], data[:4] + struct.pack("<H", 9) + data[6:], data[:-1],
-                data + b"\0", data[:20], data[:-5] + bytes([data[-5] ^ 1]) + data[-4:]):
+    for bad in (
+        b"XXXX" + data[4:],
+        data[:4] + struct.pack("<H", 9) + data[6:],
+        data[:-1],
+        data + b"\0",
+        data[:20],
+        data[:-5] + bytes([data[-5] ^ 1]) + data[-4:],
+    ):
         with pytest.raises(ArtifactError):
             read_artifact(bad)
 
@@ -122,11 +139,16 @@ def test_manifest_is_stored_compressed_and_every_form_reads():
         b = read_artifact(other)
         assert a.manifest == b.manifest
         assert all(np.array_equal(a.qtensors[k].codes, b.qtensors[k].codes) for k in a.qtensors)
-    for bad_flags, body, why in ((4, plain, "unsupported artifact flags"),
-                                 (compress.ZSTD, b"\x28\xb5\x2f\xfd" + bytes(20), "manifest: zstd"),
-                                 (compress.DEFLATE, bytes(20), "manifest: deflate"),
-                                 (compress.LZMA, compress.compress(compress.LZMA, plain)[:-5], "manifest: lzma")):
-        forged = fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, bad_flags, len(body),
-                                 hashlib.sha256(body).digest()) + body + payload
+    for bad_flags, body, why in (
+        (4, plain, "unsupported artifact flags"),
+        (compress.ZSTD, b"\x28\xb5\x2f\xfd" + bytes(20), "manifest: zstd"),
+        (compress.DEFLATE, bytes(20), "manifest: deflate"),
+        (compress.LZMA, compress.compress(compress.LZMA, plain)[:-5], "manifest: lzma"),
+    ):
+        forged = (
+            fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, bad_flags, len(body), hashlib.sha256(body).digest())
+            + body
+            + payload
+        )
         with pytest.raises(ArtifactError, match=why):
             read_artifact(forged)

@@ -123,8 +123,15 @@ def test_hostile_ilv_streams_raise_artifact_error():
             out = codecs.Rans().decode(blob, params, ctx)
             if not np.array_equal(out, codes):  # a flip in a table may still decode: the sha catches it
                 raise ArtifactError("differs")
-    for key, value in (("lanes", 3), ("lanes", 8192), ("prec", 17), ("prec", 0), ("tuple", 9),
-                       ("lanes", params["lanes"] // 2), ("lanes", params["lanes"] * 2)):
+    for key, value in (
+        ("lanes", 3),
+        ("lanes", 8192),
+        ("prec", 17),
+        ("prec", 0),
+        ("tuple", 9),
+        ("lanes", params["lanes"] // 2),
+        ("lanes", params["lanes"] * 2),
+    ):
         with pytest.raises(ArtifactError):
             codecs.Rans().decode(data, {**params, key: value}, ctx)
 
@@ -138,8 +145,7 @@ def test_version_1_side_data_still_decodes():
     sym = codes.astype(np.int64).ravel() + 3
     tables = rans.normalize_table(np.bincount(sym, minlength=7), 12)
     tblob = compress.compress(compress.ZSTD, rans.varint_encode(tables.ravel()), magicless=True)
-    body = (rans.varint_encode(np.array([2 * len(tblob) + 1, 0])) + tblob
-            + rans.ilv_encode(sym, None, tables, 12, 1))
+    body = rans.varint_encode(np.array([2 * len(tblob) + 1, 0])) + tblob + rans.ilv_encode(sym, None, tables, 12, 1)
     params = {"offset": -3, "nsym": 7, "prec": 12, "lanes": 1}
     old = _ctx(codes, codes.shape)
     old.version = 1

@@ -45,8 +45,14 @@ def _reference_decode(data, ctx, freq, prec, lanes, n):
 
 @kernel
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**31), n=st.integers(0, 3000), nsym=st.integers(1, 300),
-       k=st.integers(1, 5), prec=st.integers(1, 16), lanes_log=st.integers(0, 7))
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(0, 3000),
+    nsym=st.integers(1, 300),
+    k=st.integers(1, 5),
+    prec=st.integers(1, 16),
+    lanes_log=st.integers(0, 7),
+)
 def test_kernel_bytes_equal_numpy_reference(seed, n, nsym, k, prec, lanes_log):
     sym, ctx, freq = _stream(seed, n, nsym, k, prec)
     lanes = 1 << lanes_log
@@ -99,16 +105,23 @@ def test_kernel_reads_hostile_tables_as_the_reference():
     sym, ctx, freq = _stream(1, 500, 20, 2, 8)
     data = rans.ilv_encode(sym, ctx, freq, 8, 2)
     for bad in (freq * 3, freq + (1 << 40), np.zeros_like(freq)):
-        assert (_compiled_decode(data, ctx, bad, 8, 2, 500) is None
-                and _reference_decode(data, ctx, bad, 8, 2, 500) is None)
+        assert (
+            _compiled_decode(data, ctx, bad, 8, 2, 500) is None and _reference_decode(data, ctx, bad, 8, 2, 500) is None
+        )
     with pytest.raises(ValueError, match="zero frequency"):
         rans.ilv_encode(sym, ctx, np.zeros_like(freq), 8, 2)
 
 
 @kernel
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**31), rows=st.integers(0, 70), cols=st.integers(1, 90),
-       nsym=st.sampled_from([1, 3, 15, 255, 4096]), axis=st.integers(0, 1), stride=st.integers(1, 4))
+@given(
+    seed=st.integers(0, 2**31),
+    rows=st.integers(0, 70),
+    cols=st.integers(1, 90),
+    nsym=st.sampled_from([1, 3, 15, 255, 4096]),
+    axis=st.integers(0, 1),
+    stride=st.integers(1, 4),
+)
 def test_kernel_histograms_equal_numpy_reference(seed, rows, cols, nsym, axis, stride):
     from recurnorm.budget import cluster
 
@@ -120,14 +133,19 @@ def test_kernel_histograms_equal_numpy_reference(seed, rows, cols, nsym, axis, s
     assert np.array_equal(got, cluster.axis_histograms(part, axis, nsym))
     if rows * cols:  # a symbol past the alphabet is refused, not counted out of bounds
         with pytest.raises(ValueError, match="out of range"):
-            rans._ransc.histograms(np.full(rows * cols, nsym, np.uint16), rows, cols, nsym, axis, stride,
-                                   np.zeros_like(got))
+            rans._ransc.histograms(
+                np.full(rows * cols, nsym, np.uint16), rows, cols, nsym, axis, stride, np.zeros_like(got)
+            )
 
 
 @kernel
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31), n=st.integers(0, 3000), nsym=st.sampled_from([1, 3, 16, 243, 4096]),
-       k=st.sampled_from([1, 2, 7, 256]))
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(0, 3000),
+    nsym=st.sampled_from([1, 3, 16, 243, 4096]),
+    k=st.sampled_from([1, 2, 7, 256]),
+)
 def test_kernel_context_counts_equal_numpy_reference(seed, n, nsym, k):
     rng = np.random.default_rng(seed)
     sym, ctx = rng.integers(0, nsym, n), rng.integers(0, k, n).astype(np.uint8)
@@ -144,8 +162,9 @@ def test_kernel_context_counts_equal_numpy_reference(seed, n, nsym, k):
             rans._ransc.counts(np.full(n, nsym, np.uint16), None, nsym, 1, np.zeros(nsym, np.int64))
         if k < 256:
             with pytest.raises(ValueError, match="out of range"):
-                rans._ransc.counts(sym.astype(np.uint16), np.full(n, k, np.uint8), nsym, k,
-                                   np.zeros(k * nsym, np.int64))
+                rans._ransc.counts(
+                    sym.astype(np.uint16), np.full(n, k, np.uint8), nsym, k, np.zeros(k * nsym, np.int64)
+                )
 
 
 def test_reference_encoder_takes_narrow_ids_and_units():
@@ -166,8 +185,13 @@ def test_fallback_writes_the_same_artifact(monkeypatch):
     for name, (rows, cols, span) in {"a": (48, 96, 7), "b": (256, 160, 7), "c": (200, 192, 127)}.items():
         w = rng.normal(size=(rows, cols)) * rng.uniform(0.3, 2.0, size=(1, cols))
         s = np.abs(w).max(1) / span
-        qts[name] = QTensor("int4" if span == 7 else "int8", w.shape, "float32",
-                            np.round(w / s[:, None]).astype(np.int8), s.astype(np.float16))
+        qts[name] = QTensor(
+            "int4" if span == 7 else "int8",
+            w.shape,
+            "float32",
+            np.round(w / s[:, None]).astype(np.int8),
+            s.astype(np.float16),
+        )
     from helpers import embedding_like
 
     qts["e"] = QTensor("ternary", (256, 128), "float32", embedding_like().reshape(1, -1), np.ones(1, np.float32))

@@ -40,8 +40,7 @@ def test_zstd_packed_layouts(layout_span):
         raw = codecs.layout_bytes(arr, "int16", layout, offset)
         import zstandard
 
-        out = codecs.Zstd().decode(zstandard.ZstdCompressor().compress(raw),
-                                   {"layout": layout, "offset": offset}, ctx)
+        out = codecs.Zstd().decode(zstandard.ZstdCompressor().compress(raw), {"layout": layout, "offset": offset}, ctx)
         assert np.array_equal(out, arr), layout
 
 
@@ -130,8 +129,9 @@ def test_quick_gates_skip_lz_codecs_that_cannot_win(shape, qmax, monkeypatch):
     arr, scales = _gauss(*shape, qmax, np.random.default_rng(6))
     calls = []
     real = compress.compress
-    monkeypatch.setattr(compress, "compress",
-                        lambda kind, raw, *a: calls.append((kind, len(raw))) or real(kind, raw, *a))
+    monkeypatch.setattr(
+        compress, "compress", lambda kind, raw, *a: calls.append((kind, len(raw))) or real(kind, raw, *a)
+    )
     name, size, ok = _best(arr, scales=scales)
     raw = codecs.layout_bytes(arr, "int8", *codecs.layouts_for(arr, "int8")[-1])
     # (rans side data may still try lzma; on 16K codes deflate beats rans' table cost)
@@ -149,7 +149,6 @@ def test_lzma_still_races_on_float_words(monkeypatch):
     w = (f32.view(np.uint32) >> 16).astype(np.uint16).reshape(64, 256)  # bf16 words, as a bf16 tensor stores them
     calls = []
     real = compress.compress
-    monkeypatch.setattr(compress, "compress",
-                        lambda kind, raw, *a: calls.append(kind) or real(kind, raw, *a))
+    monkeypatch.setattr(compress, "compress", lambda kind, raw, *a: calls.append(kind) or real(kind, raw, *a))
     name, size, ok = _best(w)
     assert ok and compress.LZMA in calls and name == "lzma"

@@ -28,9 +28,7 @@ def test_default_split_deterministic_and_disjoint(default_corpus):
     train_keys = [k for k in keys if k not in val_keys]
     assert len(val_keys) == 8 and not set(val_keys) & set(train_keys)
     assert bytes(c.val_tokens.astype(np.uint8)).decode() == "\n\n".join(topics[k] for k in val_keys)
-    assert bytes(c.train_tokens.astype(np.uint8)).decode() == "\n\n".join(
-        topics[k] for k in train_keys
-    )
+    assert bytes(c.train_tokens.astype(np.uint8)).decode() == "\n\n".join(topics[k] for k in train_keys)
 
 
 def test_split_rule():

@@ -25,8 +25,24 @@ from recurnorm.train.loop import read_log, read_resume_state, train
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 SHAPE = ["--d-model", "32", "--heads", "2", "--depth", "2", "--seq-len", "32"]
-RUN = [*SHAPE, "--steps", "10", "--batch-size", "8", "--lr", "3e-3", "--log-every", "1",
-       "--eval-every", "0", "--save-every", "5", "--no-progress", "--seed", "2"]  # fmt: skip
+RUN = [
+    *SHAPE,
+    "--steps",
+    "10",
+    "--batch-size",
+    "8",
+    "--lr",
+    "3e-3",
+    "--log-every",
+    "1",
+    "--eval-every",
+    "0",
+    "--save-every",
+    "5",
+    "--no-progress",
+    "--seed",
+    "2",
+]
 # The library call the CLI options above amount to (tiny preset: warm-up 50, min_lr_frac 0.1).
 LIB = dict(steps=10, batch_size=8, lr=3e-3, log_every=1, save_every=5, seed=2, progress=False)
 CONFIG = ModelConfig(d_model=32, n_heads=2, depth=2, seq_len=32, vocab_size=256)
@@ -39,11 +55,23 @@ def _losses(out_dir) -> list[tuple[int, float]]:
 def _torchrun(tmp_path, nproc: int, out: Path, args: list[str], env: dict | None = None):
     audit = tmp_path / "audit"
     audit.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", str(WORKER), str(audit), str(out), "--", *args,
-           "--out", str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(WORKER),
+        str(audit),
+        str(out),
+        "--",
+        *args,
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    )
     return proc, audit
 
 
@@ -83,9 +111,7 @@ def test_two_ranks_match_one_process_and_only_rank0_writes(tmp_path, one_process
 
 
 @pytest.mark.slow  # torchrun with 2 ranks, then a resume
-def test_crash_on_one_rank_is_named_and_the_run_resumes_on_one_rank(
-    tmp_path, one_process, monkeypatch
-):
+def test_crash_on_one_rank_is_named_and_the_run_resumes_on_one_rank(tmp_path, one_process, monkeypatch):
     out = tmp_path / "cut"
     monkeypatch.setenv(CRASH_ENV, "1:8")  # rank 1 fails before step 8; the state of step 5 stays
     result = CliRunner().invoke(main, ["train", "--nproc", "2", *RUN, "--out", str(out)])
@@ -136,14 +162,20 @@ def test_launcher_raises_the_failing_ranks_error_with_its_exit_code(tmp_path, mo
 
     def fake_run(cmd, env, check):
         seen["cmd"] = cmd
-        record = {"rank": 1, "world_size": 2, "error": "ConfigError",
-                  "message": "batch_size 7 is not divisible by the 2 ranks", "exit_code": 2}
+        record = {
+            "rank": 1,
+            "world_size": 2,
+            "error": "ConfigError",
+            "message": "batch_size 7 is not divisible by the 2 ranks",
+            "exit_code": 2,
+        }
         (Path(env[ERROR_DIR_ENV]) / "rank1.json").write_text(json.dumps(record))
         return subprocess.CompletedProcess(cmd, 1)
 
     monkeypatch.setattr(launch_mod.subprocess, "run", fake_run)
-    result = CliRunner().invoke(main, ["train", "--nproc", "2", "--batch-size", "7", "--out",
-                                       str(tmp_path / "r"), "--no-progress"])  # fmt: skip
+    result = CliRunner().invoke(
+        main, ["train", "--nproc", "2", "--batch-size", "7", "--out", str(tmp_path / "r"), "--no-progress"]
+    )
     assert result.exit_code == 2
     assert "error: rank 1 of 2: batch_size 7 is not divisible" in result.output
     cmd = seen["cmd"]

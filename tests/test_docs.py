@@ -54,7 +54,8 @@ def test_exit_code_tables_are_the_generated_one(doc):
     text = (REPO / doc).read_text(encoding="utf-8")
     assert _between(text, "exit-codes") == exitcodes.markdown_table(), (
         f"{doc}: paste the output of "
-        "python -c 'from recurnorm.cli.exitcodes import markdown_table; print(markdown_table(), end=\"\")'")
+        "python -c 'from recurnorm.cli.exitcodes import markdown_table; print(markdown_table(), end=\"\")'"
+    )
 
 
 # -- the README's CLI reference ----------------------------------------------------
@@ -136,8 +137,7 @@ def test_ci_doc_describes_every_verify_option():
     verify = _commands()["verify"]
     synopsis = text.split("```\nrecurnorm verify ", 1)[1].split("```", 1)[0]
     table = text.split("| option | meaning |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
-    in_table = {OPTION.findall(row.split("|")[1])[0] for row in table.splitlines()
-                if OPTION.findall(row.split("|")[1])}
+    in_table = {OPTION.findall(row.split("|")[1])[0] for row in table.splitlines() if OPTION.findall(row.split("|")[1])}
     expected = _options(verify) - {"--help"}
     assert set(OPTION.findall(synopsis)) == expected
     assert in_table == expected

@@ -90,10 +90,13 @@ def test_every_weight_matrix_gets_the_requested_format(tiny_ckpt, tmp_path):
 
 
 def test_hugging_face_names():
-    sd = {"model.embed_tokens.weight": torch.randn(300, 64), "lm_head.weight": torch.randn(300, 64),
-          "model.layers.0.input_layernorm.weight": torch.ones(64),
-          "model.layers.0.mlp.up_proj.weight": torch.randn(128, 64),
-          "model.layers.0.mlp.up_proj.bias": torch.zeros(128)}  # fmt: skip
+    sd = {
+        "model.embed_tokens.weight": torch.randn(300, 64),
+        "lm_head.weight": torch.randn(300, 64),
+        "model.layers.0.input_layernorm.weight": torch.ones(64),
+        "model.layers.0.mlp.up_proj.weight": torch.randn(128, 64),
+        "model.layers.0.mlp.up_proj.bias": torch.zeros(128),
+    }
     plan = ExportPolicy(quantizer="int4").plan(sd)
     assert plan["model.embed_tokens.weight"][:1] == ("int8",) and plan["lm_head.weight"][2] == "embedding"
     assert plan["model.layers.0.input_layernorm.weight"][0] == "fp32"
@@ -122,8 +125,9 @@ def test_rules_first_match_wins_and_wildcards_spare_controls(pg_ckpt):
 
 def test_keep_float_and_policy_file(pg_ckpt, tmp_path):
     toml = tmp_path / "p.toml"
-    toml.write_text('format = "int5"\nembedding = "int6"\nkeep_float = ["lm_head.weight"]\n'
-                    'rules = ["blocks.*.mlp.*=int4"]\n')
+    toml.write_text(
+        'format = "int5"\nembedding = "int6"\nkeep_float = ["lm_head.weight"]\nrules = ["blocks.*.mlp.*=int4"]\n'
+    )
     out = tmp_path / "p.rnpk"
     r = cli("pack", pg_ckpt, "--policy", toml, "--keep-float", "blocks.0.attn.c_q.weight", "-o", out)
     assert r.exit_code == 0, r.output
@@ -133,13 +137,16 @@ def test_keep_float_and_policy_file(pg_ckpt, tmp_path):
     assert fmts["blocks.2.mlp.proj.weight"] == "int4"
 
 
-@pytest.mark.parametrize("args,named,listed", [
-    (["-q", "int9"], "int9", "int8"),
-    (["-q", "int4:bogus=1"], "bogus", "clip_search"),
-    (["-q", "int6:clip=median:3"], "clip", "sigma:K"),
-    (["-q", "blocks.*=int17"], "int17", "ternary"),
-    (["-q", "int4:group=-3"], "group", "positive"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args,named,listed",
+    [
+        (["-q", "int9"], "int9", "int8"),
+        (["-q", "int4:bogus=1"], "bogus", "clip_search"),
+        (["-q", "int6:clip=median:3"], "clip", "sigma:K"),
+        (["-q", "blocks.*=int17"], "int17", "ternary"),
+        (["-q", "int4:group=-3"], "group", "positive"),
+    ],
+)
 def test_unknown_format_or_option_is_a_usage_error(pg_ckpt, tmp_path, args, named, listed):
     r = CliRunner().invoke(main, ["pack", str(pg_ckpt), *args, "-o", str(tmp_path / "x.rnpk")])
     assert r.exit_code == 2, r.output
@@ -158,8 +165,10 @@ def test_bad_policy_file_is_a_usage_error(pg_ckpt, tmp_path):
 
 def test_inspect_reports_the_rule_per_tensor(pg_ckpt, tmp_path):
     out = tmp_path / "r.rnpk"
-    assert cli("pack", pg_ckpt, "-q", "blocks.*.mlp.*=int5,int6", "--keep-float", "lm_head.weight",
-               "-o", out).exit_code == 0
+    assert (
+        cli("pack", pg_ckpt, "-q", "blocks.*.mlp.*=int5,int6", "--keep-float", "lm_head.weight", "-o", out).exit_code
+        == 0
+    )
     r = cli("inspect", out)
     assert r.exit_code == 0
     lines = {ln.split()[0]: ln for ln in r.output.splitlines() if ln.strip()}
@@ -193,7 +202,7 @@ def test_train_does_not_import_budget():
     for path in train_dir.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom):
-                mod = (node.module or "")
+                mod = node.module or ""
                 assert "budget" not in mod and "export" not in mod, f"{path.name} imports {mod}"
 
 
@@ -203,8 +212,7 @@ def test_train_does_not_import_budget():
 def test_gptq_from_the_cli(tiny_ckpt, pg_ckpt, tmp_path):
     rtn, gq = tmp_path / "rtn.rnpk", tmp_path / "gq.rnpk"
     assert cli("pack", tiny_ckpt, "-q", "int4", "-o", rtn).exit_code == 0
-    r = cli("pack", tiny_ckpt, "-q", "int4", "--gptq", "--calib-data", "default", "--calib-tokens",
-            2048, "-o", gq)
+    r = cli("pack", tiny_ckpt, "-q", "int4", "--gptq", "--calib-data", "default", "--calib-tokens", 2048, "-o", gq)
     assert r.exit_code == 0, r.output
     a, b = read_artifact(rtn.read_bytes()), read_artifact(gq.read_bytes())
     assert b.metadata["gptq"]["calib_tokens"] == 2048
@@ -213,14 +221,28 @@ def test_gptq_from_the_cli(tiny_ckpt, pg_ckpt, tmp_path):
     assert a.qtensors["embed.weight"].equal(b.qtensors["embed.weight"])  # not a projection
     # a foreign checkpoint through --model-factory
     out = tmp_path / "pg.rnpk"
-    r = cli("pack", pg_ckpt, "-q", "int5", "--gptq", "--calib-data", "default", "--calib-tokens", 1024,
-            "--model-factory", PG_FACTORY, "-o", out)
+    r = cli(
+        "pack",
+        pg_ckpt,
+        "-q",
+        "int5",
+        "--gptq",
+        "--calib-data",
+        "default",
+        "--calib-tokens",
+        1024,
+        "--model-factory",
+        PG_FACTORY,
+        "-o",
+        out,
+    )
     assert r.exit_code == 0, r.output
     assert formats_of(out.read_bytes())["blocks.1.mlp.fc.weight"] == "int5"
     r = CliRunner().invoke(main, ["pack", str(pg_ckpt), "--gptq", "-o", str(tmp_path / "n.rnpk")])
     assert r.exit_code == 2 and "--calib-data" in r.output
-    r = CliRunner().invoke(main, ["pack", str(pg_ckpt), "--gptq", "--calib-data", "default",
-                                  "-o", str(tmp_path / "n.rnpk")])
+    r = CliRunner().invoke(
+        main, ["pack", str(pg_ckpt), "--gptq", "--calib-data", "default", "-o", str(tmp_path / "n.rnpk")]
+    )
     assert r.exit_code == 2 and "--model-factory" in r.output
 
 
@@ -244,7 +266,7 @@ def test_fit_never_lands_over_the_budget(pg_ckpt, tmp_path):
         out = tmp_path / f"fit{i}.rnpk"
         r = cli("pack", pg_ckpt, "--fit", n, "--code", code, "-o", out, "--json")
         assert r.exit_code == 0, r.output
-        report = json.loads(r.output[r.output.index("{"):])
+        report = json.loads(r.output[r.output.index("{") :])
         size = len(out.read_bytes())
         assert size + n_code <= n and report["fit"]["measured_bytes"] == size
         assert "weight-space proxy" in report["fit"]["method"]  # no --calib-data: says so
@@ -267,8 +289,20 @@ def test_fit_never_lands_over_the_budget(pg_ckpt, tmp_path):
 def test_fit_that_allows_int8_everywhere_gives_int8(pg_ckpt, tmp_path):
     s8 = uniform_size(pg_ckpt, "int8")
     out = tmp_path / "f.rnpk"
-    r = cli("pack", pg_ckpt, "--fit", s8, "--calib-data", "default", "--calib-tokens", 512,
-            "--model-factory", PG_FACTORY, "-o", out)
+    r = cli(
+        "pack",
+        pg_ckpt,
+        "--fit",
+        s8,
+        "--calib-data",
+        "default",
+        "--calib-tokens",
+        512,
+        "--model-factory",
+        PG_FACTORY,
+        "-o",
+        out,
+    )
     assert r.exit_code == 0, r.output
     assert "direct Δloss" in r.output and "predicted" in r.output and "measured" in r.output
     fmts = formats_of(out.read_bytes())
@@ -279,8 +313,9 @@ def test_fit_with_direct_sensitivity_prefers_the_cheap_tensors(tiny_ckpt):
     from recurnorm.export import ship
 
     s4, s8 = uniform_size(tiny_ckpt, "*=int4"), uniform_size(tiny_ckpt, "int8")
-    packed = ship.ship(tiny_ckpt, build_policy("int8"), fit_bytes=(s4 + s8) // 2,
-                       calib_data="default", calib_tokens=1024)
+    packed = ship.ship(
+        tiny_ckpt, build_policy("int8"), fit_bytes=(s4 + s8) // 2, calib_data="default", calib_tokens=1024
+    )
     fit = packed.fit
     assert fit.measured_bytes <= (s4 + s8) // 2 and len(set(fit.allocation.values())) > 1
     assert fit.method.startswith("direct")
@@ -290,8 +325,9 @@ def test_fit_with_direct_sensitivity_prefers_the_cheap_tensors(tiny_ckpt):
 
 def test_over_cap_refusal_names_what_would_fit(pg_ckpt, tmp_path):
     s6 = uniform_size(pg_ckpt, "int6")
-    r = CliRunner().invoke(main, ["pack", str(pg_ckpt), "-q", "int8", "--max-bytes", str(s6 + 100),
-                                  "-o", str(tmp_path / "x.rnpk")])
+    r = CliRunner().invoke(
+        main, ["pack", str(pg_ckpt), "-q", "int8", "--max-bytes", str(s6 + 100), "-o", str(tmp_path / "x.rnpk")]
+    )
     assert r.exit_code == 3
     assert "-q int6 fits" in r.output and f"--fit {s6 + 100}" in r.output
 
@@ -325,13 +361,28 @@ def test_plan_cli_and_fit(tmp_path):
     code = tmp_path / "c.py"
     code.write_text("x = 1\n" * 100)
     budget = 3 * small
-    r = cli("plan", "--scheme", "norm", "--depth", 3, "--n-heads", 2, "-q", "int6", "--fit", budget,
-            "--code", code, "--json")
+    r = cli(
+        "plan",
+        "--scheme",
+        "norm",
+        "--depth",
+        3,
+        "--n-heads",
+        2,
+        "-q",
+        "int6",
+        "--fit",
+        budget,
+        "--code",
+        code,
+        "--json",
+    )
     fitted = json.loads(r.output)
     d = fitted["config"]["d_model"]
     assert fitted["total_bytes"] <= budget and fitted["code_bytes"] == 600 and d > 64 and d % 4 == 0
-    bigger = cli("plan", "--scheme", "norm", "--d", d + 4, "--depth", 3, "--n-heads", 2, "-q", "int6",
-                 "--code", code, "--json")
+    bigger = cli(
+        "plan", "--scheme", "norm", "--d", d + 4, "--depth", 3, "--n-heads", 2, "-q", "int6", "--code", code, "--json"
+    )
     assert json.loads(bigger.output)["total_bytes"] > budget  # the largest width that fits
     r = CliRunner().invoke(main, ["plan", "-q", "int4:nope=1"])
     assert r.exit_code == 2 and "nope" in r.output
@@ -372,9 +423,10 @@ def test_recurnorm_pack_applies_the_qat_policy_like_the_cli(trained_tiny):
 
     model = copy.deepcopy(trained_tiny[0])
     apply_qat(model, {"format": "int4", "options": {"group": 32}}, weights=True)
-    for art in (read_artifact(recurnorm.pack(model, quant="int8")),
-                read_artifact(recurnorm.pack(state_dict_for_export(model), quant="int8",
-                                             config=model.config.to_dict()))):  # fmt: skip
+    for art in (
+        read_artifact(recurnorm.pack(model, quant="int8")),
+        read_artifact(recurnorm.pack(state_dict_for_export(model), quant="int8", config=model.config.to_dict())),
+    ):
         for name in projection_weight_names(model.config):
             assert art.qtensors[name].format == "int4" and art.qtensors[name].params["group"] == 32
         assert art.metadata["config"]["qat"]["exported"] is True

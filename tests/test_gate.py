@@ -21,8 +21,14 @@ from recurnorm.train.corpus import Corpus
 def setup(trained_tiny, tmp_path_factory):
     model, corpus = trained_tiny
     ckpt = save_checkpoint(model, tmp_path_factory.mktemp("ref") / "ckpt")
-    small = Corpus(corpus.train_tokens, corpus.val_tokens[:4096], corpus.val_bytes[:4096],
-                   corpus.vocab_size, corpus.tokenizer, corpus.source)
+    small = Corpus(
+        corpus.train_tokens,
+        corpus.val_tokens[:4096],
+        corpus.val_bytes[:4096],
+        corpus.vocab_size,
+        corpus.tokenizer,
+        corpus.source,
+    )
     return model, ckpt, small
 
 
@@ -46,8 +52,7 @@ def test_ternary_regresses_with_exit_5(setup):
         loss_gate(pack_model(model, "ternary"), ckpt, corpus, max_loss_delta=0.01)
     assert for_error(info.value) == LOSS_REGRESSION == 5
     assert info.value.report.passed is False and info.value.report.delta > 0.01
-    report = loss_gate(pack_model(model, "ternary"), model, corpus, max_loss_delta=0.01,
-                       raise_on_fail=False)
+    report = loss_gate(pack_model(model, "ternary"), model, corpus, max_loss_delta=0.01, raise_on_fail=False)
     assert not report.passed
 
 

@@ -19,10 +19,16 @@ from recurnorm.quant.gptq import (
 )
 
 CASES = [
-    ("int4", {}), ("int4", {"asymmetric": True}), ("int4", {"clip_search": True}),
-    ("int6", {}), ("int8", {}), ("int3", {"group": 100}),
-    ("ternary", {}), ("ternary", {"group": 64}), ("ternary", {"lsq_rescale": True}),
-]  # fmt: skip
+    ("int4", {}),
+    ("int4", {"asymmetric": True}),
+    ("int4", {"clip_search": True}),
+    ("int6", {}),
+    ("int8", {}),
+    ("int3", {"group": 100}),
+    ("ternary", {}),
+    ("ternary", {"group": 64}),
+    ("ternary", {"lsq_rescale": True}),
+]
 
 
 def correlated(n_in: int = 192, n_tok: int = 2048, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,8 +141,7 @@ def test_gptq_beats_rtn_on_a_trained_model(tiny_hessians, fmt, opts):
 
 def test_gptq_export_covers_the_state_dict(trained_tiny):
     model, corpus = trained_tiny
-    policy = ExportPolicy(quantizer="int4", keep_float_max_numel=0,
-                          control_names=frozenset(model.control_names()))
+    policy = ExportPolicy(quantizer="int4", keep_float_max_numel=0, control_names=frozenset(model.control_names()))
     out = gptq_export(model, policy, corpus.train_tokens, n_tokens=4096)
     sd = model.state_dict()
     assert out.keys() == sd.keys()

@@ -27,7 +27,8 @@ def _state() -> dict:
     g = torch.Generator().manual_seed(0)
     emb = torch.randn(96, 40, generator=g)
     state = {
-        "embed.weight": emb, "head.weight": emb,  # tied: one stored tensor, an alias
+        "embed.weight": emb,
+        "head.weight": emb,  # tied: one stored tensor, an alias
         "w32": torch.randn(48, 64, generator=g) * torch.linspace(0.2, 3, 64),
         "w16": torch.randn(33, 21, generator=g).half(),
         "wbf": torch.randn(40, 30, generator=g).bfloat16(),
@@ -44,9 +45,22 @@ def _artifacts() -> dict[str, bytes]:
     """Every quantizer the packer writes, and every portable codec, layout and context."""
     state = _state()
     out = {}
-    for q, opts in (("int8", {}), ("int4", {}), ("int6", {"asymmetric": True}), ("int5", {}),
-                    ("int3", {}), ("int2", {"asymmetric": True}), ("int7", {}), ("ternary", {}), ("ternary", {"group": 64}),
-                    ("nf4", {}), ("int8_pg", {}), ("fp16", {}), ("bf16", {}), ("fp32", {})):
+    for q, opts in (
+        ("int8", {}),
+        ("int4", {}),
+        ("int6", {"asymmetric": True}),
+        ("int5", {}),
+        ("int3", {}),
+        ("int2", {"asymmetric": True}),
+        ("int7", {}),
+        ("ternary", {}),
+        ("ternary", {"group": 64}),
+        ("nf4", {}),
+        ("int8_pg", {}),
+        ("fp16", {}),
+        ("bf16", {}),
+        ("fp32", {}),
+    ):
         policy = ExportPolicy(quantizer=q, options=opts, keep_float_max_numel=0)
         qts = export_qtensors(state, q, policy)
         out[f"{q}{opts}"] = pack_qtensors(qts, {"quant": q})
@@ -55,22 +69,36 @@ def _artifacts() -> dict[str, bytes]:
     # rans contexts: grid (embedding-like), row/col (structured), scale (varied row scales)
     rng = np.random.default_rng(3)
     emb = embedding_like()
-    cols = np.clip(np.round(rng.normal(size=(200, 300)) * np.where(rng.random(300) < 0.3, 0.3, 3)),
-                   -7, 7).astype(np.int8)
-    rows = np.clip(np.round(rng.normal(size=(300, 200)) * np.where(rng.random((300, 1)) < 0.3, 0.3, 3)),
-                   -7, 7).astype(np.int8)
+    cols = np.clip(np.round(rng.normal(size=(200, 300)) * np.where(rng.random(300) < 0.3, 0.3, 3)), -7, 7).astype(
+        np.int8
+    )
+    rows = np.clip(np.round(rng.normal(size=(300, 200)) * np.where(rng.random((300, 1)) < 0.3, 0.3, 3)), -7, 7).astype(
+        np.int8
+    )
     scale = np.exp(rng.normal(0, 1.5, 256)).astype(np.float16)
     by_scale = np.clip(np.round(rng.normal(size=(256, 64)) * scale[:, None].astype(float)), -60, 60)
-    out["contexts"] = pack_qtensors({
-        "grid": QTensor("ternary", emb.shape, "float32", emb.reshape(1, -1), np.ones(1, np.float32)),
-        "joint": QTensor("ternary", (2048, 256), "float32", joint_like().reshape(1, -1),  # > 64 contexts
-                         np.ones(1, np.float32)),
-        "col": QTensor("int4", cols.shape, "float32", cols, np.ones(200, np.float16)),
-        "row": QTensor("int4", rows.shape, "float32", rows, np.ones(300, np.float16)),
-        "scale": QTensor("int8", (256, 64), "float32", by_scale.astype(np.int8), scale),
-        "big": QTensor("ternary", (1000, 1050), "bfloat16", rng.integers(-1, 2, (1, 1_050_000)).astype(np.int8),
-                       np.ones(1, np.float32)),
-    })
+    out["contexts"] = pack_qtensors(
+        {
+            "grid": QTensor("ternary", emb.shape, "float32", emb.reshape(1, -1), np.ones(1, np.float32)),
+            "joint": QTensor(
+                "ternary",
+                (2048, 256),
+                "float32",
+                joint_like().reshape(1, -1),  # > 64 contexts
+                np.ones(1, np.float32),
+            ),
+            "col": QTensor("int4", cols.shape, "float32", cols, np.ones(200, np.float16)),
+            "row": QTensor("int4", rows.shape, "float32", rows, np.ones(300, np.float16)),
+            "scale": QTensor("int8", (256, 64), "float32", by_scale.astype(np.int8), scale),
+            "big": QTensor(
+                "ternary",
+                (1000, 1050),
+                "bfloat16",
+                rng.integers(-1, 2, (1, 1_050_000)).astype(np.int8),
+                np.ones(1, np.float32),
+            ),
+        }
+    )
     return out
 
 
@@ -97,8 +125,9 @@ def test_the_matrix_covers_every_portable_codec_layout_and_context(artifacts):
                     seen.add(("rans", "wide"))
         assert manifest["version"] == fmt.VERSION == 2
     want = {("rans", c) for c in ("none", "scale", "row", "col", "grid", "tuple", "wide")}
-    want |= {(c, lay) for c in ("deflate", "lzma")
-             for lay in ("plain", "shuffle", "trit5", "bits2", "nib4", "pack6", "byte")}
+    want |= {
+        (c, lay) for c in ("deflate", "lzma") for lay in ("plain", "shuffle", "trit5", "bits2", "nib4", "pack6", "byte")
+    }
     assert want <= seen, want - seen
     assert ("raw", "") in seen and not any(c == "zstd" for c, _ in seen)
 
@@ -111,7 +140,7 @@ def test_loader_alone_equals_unpack_bit_for_bit(artifacts, tmp_path, compact):
         import glob, os, torch
         sys.path.insert(0, {str(tmp_path)!r})
         import rnpk_load
-        for path in sorted(glob.glob(os.path.join({str(artifacts['folder'])!r}, "*.rnpk"))):
+        for path in sorted(glob.glob(os.path.join({str(artifacts["folder"])!r}, "*.rnpk"))):
             sd = rnpk_load.load(path)
             assert sd["head.weight"] is sd["embed.weight"] if "head.weight" in sd else True  # tied: one tensor
             torch.save(sd, path + ".pt")
@@ -154,8 +183,12 @@ def test_damaged_artifacts_raise_and_never_return_weights(artifacts):
 
     data = artifacts["bytes"]["contexts"]
     mlen = fmt.HEADER.unpack_from(data, 0)[3]
-    for at, why in ((len(data) - 10, "payload hash mismatch"), (fmt.HEADER_SIZE + 3, "manifest hash mismatch"),
-                    (0, "not a format-2"), (20, "manifest hash mismatch")):
+    for at, why in (
+        (len(data) - 10, "payload hash mismatch"),
+        (fmt.HEADER_SIZE + 3, "manifest hash mismatch"),
+        (0, "not a format-2"),
+        (20, "manifest hash mismatch"),
+    ):
         with pytest.raises(ValueError, match=why):
             rnpk_load.load(_damage(data, at))
     with pytest.raises(ValueError):
@@ -173,8 +206,7 @@ def test_damaged_artifacts_raise_and_never_return_weights(artifacts):
 def test_loader_refuses_zstd_and_decoded_sizes_over_its_limit():
     from recurnorm.budget import rnpk_load
 
-    qts = {"w": QTensor("fp16", (64, 64), "float32",
-                        (np.arange(4096) % 7).astype(np.uint16).reshape(1, -1) + 15360)}
+    qts = {"w": QTensor("fp16", (64, 64), "float32", (np.arange(4096) % 7).astype(np.uint16).reshape(1, -1) + 15360)}
     with pytest.raises(ValueError, match="zstd is not portable"):
         rnpk_load.load(pack_qtensors(qts, codecs=("zstd",)))
     data = pack_qtensors(qts)
@@ -202,13 +234,13 @@ def test_cli_loader_writes_both_forms_and_pack_verify_inspect_count_it(tmp_path)
     n = len(compact.read_bytes())
     import json
 
-    cap = json.loads(r.output[r.output.index("{"):])
+    cap = json.loads(r.output[r.output.index("{") :])
     assert cap["loader_bytes"] == n and cap["total_bytes"] == art.stat().st_size + n
-    r = runner.invoke(main, ["verify", str(art), "--loader", str(compact), "--max-bytes",
-                             str(art.stat().st_size + n - 1)])
+    r = runner.invoke(
+        main, ["verify", str(art), "--loader", str(compact), "--max-bytes", str(art.stat().st_size + n - 1)]
+    )
     assert r.exit_code == 3
-    r = runner.invoke(main, ["verify", str(art), "--loader", str(compact), "--max-bytes",
-                             str(art.stat().st_size + n)])
+    r = runner.invoke(main, ["verify", str(art), "--loader", str(compact), "--max-bytes", str(art.stat().st_size + n)])
     assert r.exit_code == 0
     r = runner.invoke(main, ["inspect", str(art)])
     assert r.exit_code == 0 and f"(loader {len(loader_source(compact=True).encode()):,})" in r.output
@@ -217,8 +249,7 @@ def test_cli_loader_writes_both_forms_and_pack_verify_inspect_count_it(tmp_path)
 def test_verify_with_a_loader_refuses_what_the_loader_cannot_read():
     from recurnorm.budget import Budget, verify_bytes
 
-    qts = {"w": QTensor("fp16", (64, 64), "float32",
-                        (np.arange(4096) % 7).astype(np.uint16).reshape(1, -1) + 15360)}
+    qts = {"w": QTensor("fp16", (64, 64), "float32", (np.arange(4096) % 7).astype(np.uint16).reshape(1, -1) + 15360)}
     zstd = pack_qtensors(qts, codecs=("zstd",))
     assert verify_bytes(zstd).ok  # the library reads it
     rep = verify_bytes(zstd, Budget(loader=4000))

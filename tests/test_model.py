@@ -24,7 +24,6 @@ from recurnorm.model.layers import Linear, RMSNorm
 TINY = dict(vocab_size=256, d_model=32, n_heads=2, depth=3, seq_len=16)
 
 
-
 def tiny(**kw) -> RecurrentLM:
     torch.manual_seed(0)
     return RecurrentLM(ModelConfig(**{**TINY, **kw}))
@@ -62,8 +61,15 @@ def test_config_unknown_field_is_named():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("d_model", "128"), ("depth", 0), ("norm", "post"), ("tie_embeddings", 1), ("mlp_ratio", None),
-     ("qat", "ternary"), ("scheme_options", [])],
+    [
+        ("d_model", "128"),
+        ("depth", 0),
+        ("norm", "post"),
+        ("tie_embeddings", 1),
+        ("mlp_ratio", None),
+        ("qat", "ternary"),
+        ("scheme_options", []),
+    ],
 )
 def test_config_bad_value_names_field(field, value):
     with pytest.raises(ConfigError, match=field):
@@ -133,10 +139,16 @@ def test_longer_than_seq_len_still_runs():
 
 def test_state_dict_names_shared():
     assert set(tiny().state_dict()) == {
-        "embed.weight", "final_norm.weight",
-        "blocks.0.attn.q.weight", "blocks.0.attn.k.weight", "blocks.0.attn.v.weight",
-        "blocks.0.attn.o.weight", "blocks.0.mlp.up.weight", "blocks.0.mlp.down.weight",
-        "blocks.0.norm_attn.weight", "blocks.0.norm_mlp.weight",
+        "embed.weight",
+        "final_norm.weight",
+        "blocks.0.attn.q.weight",
+        "blocks.0.attn.k.weight",
+        "blocks.0.attn.v.weight",
+        "blocks.0.attn.o.weight",
+        "blocks.0.mlp.up.weight",
+        "blocks.0.mlp.down.weight",
+        "blocks.0.norm_attn.weight",
+        "blocks.0.norm_mlp.weight",
     }
 
 
@@ -171,8 +183,13 @@ def test_projections_named_by_state_dict_prefix():
         assert isinstance(lin.input_norm, RMSNorm)
         assert torch.equal(lin.input_norm.weight, torch.ones_like(lin.input_norm.weight))
     assert [n for n, _ in projs][:6] == [
-        "blocks.0.attn.q", "blocks.0.attn.k", "blocks.0.attn.v", "blocks.0.attn.o",
-        "blocks.0.mlp.up", "blocks.0.mlp.down"]
+        "blocks.0.attn.q",
+        "blocks.0.attn.k",
+        "blocks.0.attn.v",
+        "blocks.0.attn.o",
+        "blocks.0.mlp.up",
+        "blocks.0.mlp.down",
+    ]
     assert all(lin.input_norm is None for _, lin in tiny().projections())
 
 

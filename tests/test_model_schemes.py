@@ -15,7 +15,6 @@ D, H, S, V, HID = 32, 2, 3, 256, 128  # HID = mlp_ratio · D
 TINY = dict(vocab_size=V, d_model=D, n_heads=H, depth=S, seq_len=16)
 
 
-
 def tiny(scheme: str = "shared", seed: int = 0, **kw) -> RecurrentLM:
     torch.manual_seed(seed)
     return RecurrentLM(ModelConfig(**{**TINY, "scheme": scheme, **kw}))
@@ -39,8 +38,17 @@ def shared_body(model: RecurrentLM) -> dict[str, torch.Tensor]:
 
 def test_registry():
     assert set(schemes.available()) == {
-        "unique", "shared", "norm", "norm_gate", "norm_gate_rank1", "layerrope", "lora",
-        "rezero", "layerscale", "scalar_gate"}
+        "unique",
+        "shared",
+        "norm",
+        "norm_gate",
+        "norm_gate_rank1",
+        "layerrope",
+        "lora",
+        "rezero",
+        "layerscale",
+        "scalar_gate",
+    }
     assert schemes.scheme_class("norm").name == "norm"
     assert isinstance(schemes.get("norm", ModelConfig(scheme="norm")), schemes.Norm)
     with pytest.raises(ConfigError, match="unknown scheme 'bogus'; available: layerrope"):
@@ -187,9 +195,14 @@ def test_rezero_at_init_is_embedding_path_only():
 
 @pytest.mark.parametrize(
     "scheme,options",
-    [("scalar_gate", {}), ("layerscale", {"init": 1.0}), ("norm_gate", {}), ("norm_gate_rank1", {}),
-     # β = 0 and a tiny rotation make every LayerRoPE gain ≈ γ = 1
-     ("layerrope", {"beta": 0.0, "alpha_rot": -60.0, "beta_rot": 0.0})],
+    [
+        ("scalar_gate", {}),
+        ("layerscale", {"init": 1.0}),
+        ("norm_gate", {}),
+        ("norm_gate_rank1", {}),
+        # β = 0 and a tiny rotation make every LayerRoPE gain ≈ γ = 1
+        ("layerrope", {"beta": 0.0, "alpha_rot": -60.0, "beta_rot": 0.0}),
+    ],
 )
 def test_neutral_init_equals_shared(scheme, options):
     ref = tiny("shared")  # unit gains, so schemes owning the gains start equal
@@ -237,8 +250,9 @@ def reference_gain(gamma, alpha, beta, alpha_rot, beta_rot, base, ell):
 @pytest.mark.parametrize("options", [{}, {"beta": 0.0, "beta_rot": 0.0, "base": 1e4}, {"alpha": 0.3}])
 def test_layerrope_gain_matches_reference(options):
     d = 8
-    m = RecurrentLM(ModelConfig(vocab_size=V, d_model=d, n_heads=2, depth=5, scheme="layerrope",
-                                scheme_options=options))
+    m = RecurrentLM(
+        ModelConfig(vocab_size=V, d_model=d, n_heads=2, depth=5, scheme="layerrope", scheme_options=options)
+    )
     spec = m.spec
     torch.manual_seed(3)
     with torch.no_grad():

@@ -203,8 +203,10 @@ def test_unsupported_checkpoint_dtypes_name_the_tensor(tmp_path):
     assert r.exit_code == 1 and "'c'" in _one_error_line(r) and "complex64" in r.stderr
 
 
-@pytest.mark.parametrize("config,field", [("[1, 2]", "JSON object"), ('"text"', "JSON object"),
-                                          ('{"qat": [1]}', "qat"), ("{nope", "not valid JSON")])
+@pytest.mark.parametrize(
+    "config,field",
+    [("[1, 2]", "JSON object"), ('"text"', "JSON object"), ('{"qat": [1]}', "qat"), ("{nope", "not valid JSON")],
+)
 def test_a_malformed_config_names_the_field(ckpt, config, field):
     (ckpt / "config.json").write_text(config)
     r = _run("pack", ckpt)
@@ -259,10 +261,19 @@ def test_unpack_writes_safetensors_that_load_back(tmp_path):
 
     from recurnorm.budget import safetensors_out
 
-    tensors = {"f32": torch.randn(3, 4), "bf16": torch.randn(5).to(torch.bfloat16), "f16": torch.randn(2).half(),
-               "f64": torch.randn(2, dtype=torch.float64), "i64": torch.arange(-3, 3), "u8": torch.arange(4, dtype=torch.uint8),
-               "bool": torch.tensor([True, False, True]), "empty": torch.zeros(0, 4), "u64": torch.tensor([2**63], dtype=torch.uint64),
-               "scalar": torch.tensor(1.5), "strided": torch.randn(4, 6)[:, ::2]}
+    tensors = {
+        "f32": torch.randn(3, 4),
+        "bf16": torch.randn(5).to(torch.bfloat16),
+        "f16": torch.randn(2).half(),
+        "f64": torch.randn(2, dtype=torch.float64),
+        "i64": torch.arange(-3, 3),
+        "u8": torch.arange(4, dtype=torch.uint8),
+        "bool": torch.tensor([True, False, True]),
+        "empty": torch.zeros(0, 4),
+        "u64": torch.tensor([2**63], dtype=torch.uint64),
+        "scalar": torch.tensor(1.5),
+        "strided": torch.randn(4, 6)[:, ::2],
+    }
     tensors["tied"] = tensors["f32"]
     with open(tmp_path / "w.safetensors", "wb") as f:
         safetensors_out.write(f, tensors)

@@ -22,8 +22,7 @@ TINY = dict(d_model=32, n_heads=2, depth=3, seq_len=64)
 @pytest.fixture(scope="module")
 def small_corpus(default_corpus) -> Corpus:
     c = default_corpus
-    return Corpus(c.train_tokens, c.val_tokens[:4096], c.val_bytes[:4096], c.vocab_size,
-                  c.tokenizer, c.source)
+    return Corpus(c.train_tokens, c.val_tokens[:4096], c.val_bytes[:4096], c.vocab_size, c.tokenizer, c.source)
 
 
 def fresh(scheme: str, **options) -> RecurrentLM:

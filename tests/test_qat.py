@@ -44,10 +44,19 @@ def qat_ternary(trained_tiny):
     model, corpus = trained_tiny
     ft = copy.deepcopy(model)
     result = qat.train_qat(
-        ft, corpus, {"format": "ternary"}, steps=60, batch_size=16, lr=3e-3, warmup=5,
-        log_every=20, eval_every=30, progress=False, eval_fn=lambda m: _bpb(m, corpus),
+        ft,
+        corpus,
+        {"format": "ternary"},
+        steps=60,
+        batch_size=16,
+        lr=3e-3,
+        warmup=5,
+        log_every=20,
+        eval_every=30,
+        progress=False,
+        eval_fn=lambda m: _bpb(m, corpus),
         float_eval=False,
-    )  # fmt: skip
+    )
     return model, result.model.eval(), result
 
 
@@ -156,8 +165,11 @@ def test_guard_fires_when_fake_quant_is_bypassed(trained_tiny, monkeypatch):
 def test_guard_never_called(trained_tiny, monkeypatch):
     model = copy.deepcopy(trained_tiny[0])
     qat.apply_qat(model, {"format": "int4"})
-    monkeypatch.setattr(type(model.blocks[0].attn.q), "forward",
-                        lambda self, x, gate=None, delta=None: torch.nn.functional.linear(x, self.weight))
+    monkeypatch.setattr(
+        type(model.blocks[0].attn.q),
+        "forward",
+        lambda self, x, gate=None, delta=None: torch.nn.functional.linear(x, self.weight),
+    )
     with pytest.raises(qat.QATGuardError, match="never called"):
         qat.check_qat(model)
 
@@ -235,10 +247,25 @@ def test_cli_finetune(trained_tiny, tmp_path):
 
     save_checkpoint(trained_tiny[0], tmp_path / "ckpt")
     out = tmp_path / "ft"
-    res = CliRunner().invoke(main, [
-        "finetune", str(tmp_path / "ckpt"), "--quant", "ternary", "--steps", "4", "--out", str(out),
-        "--export", str(tmp_path / "ft.rnpk"), "--json", "--no-progress", "--eval-every", "0",
-    ])  # fmt: skip
+    res = CliRunner().invoke(
+        main,
+        [
+            "finetune",
+            str(tmp_path / "ckpt"),
+            "--quant",
+            "ternary",
+            "--steps",
+            "4",
+            "--out",
+            str(out),
+            "--export",
+            str(tmp_path / "ft.rnpk"),
+            "--json",
+            "--no-progress",
+            "--eval-every",
+            "0",
+        ],
+    )
     assert res.exit_code == 0, res.output
     config = json.loads((out / "config.json").read_text())
     assert config["qat"]["format"] == "ternary" and config["extra_norm"] is True
@@ -254,10 +281,28 @@ def test_cli_train_qat(tmp_path):
     from recurnorm.cli.main import main
 
     out = tmp_path / "tq"
-    res = CliRunner().invoke(main, [
-        "train", "--qat", "ternary", "--steps", "3", "--d-model", "32", "--heads", "2",
-        "--depth", "2", "--seq-len", "32", "--out", str(out), "--json", "--no-progress",
-    ])  # fmt: skip
+    res = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--qat",
+            "ternary",
+            "--steps",
+            "3",
+            "--d-model",
+            "32",
+            "--heads",
+            "2",
+            "--depth",
+            "2",
+            "--seq-len",
+            "32",
+            "--out",
+            str(out),
+            "--json",
+            "--no-progress",
+        ],
+    )
     assert res.exit_code == 0, res.output
     config = json.loads((out / "config.json").read_text())
     assert config["qat"]["format"] == "ternary" and config["extra_norm"] is True
@@ -267,10 +312,17 @@ def test_roundtrip_qat_rows(default_corpus):
     from recurnorm.evaluate.roundtrip import roundtrip
 
     result = roundtrip(
-        ["shared"], ["ternary"], data=default_corpus, qat=["ternary"], qat_steps=4, steps=4,
-        write=False, progress=False, model_overrides=dict(d_model=32, n_heads=2, depth=2, seq_len=32),
+        ["shared"],
+        ["ternary"],
+        data=default_corpus,
+        qat=["ternary"],
+        qat_steps=4,
+        steps=4,
+        write=False,
+        progress=False,
+        model_overrides=dict(d_model=32, n_heads=2, depth=2, seq_len=32),
         train_overrides=dict(batch_size=4, warmup=1),
-    )  # fmt: skip
+    )
     rows = {r.quant: r for r in result.rows}
     assert set(rows) == {"ternary", "qat-ternary"}
     # Only int8 embeddings (the roundtrip policy's, not trained against) separate pre and post.

@@ -12,11 +12,21 @@ from recurnorm.quant.intn import PG_CLIP_PERCENTILE
 
 FLOAT_FORMATS = [n for n in q.available() if n != "raw"]
 GRID_CASES = [
-    ("int8", {}), ("int8_pg", {}), ("int7", {}), ("int6", {}), ("int5", {}), ("int4", {}),
-    ("int3", {}), ("int2", {}), ("int4", {"asymmetric": True}), ("int4", {"clip_search": True}),
-    ("int6", {"group": 32, "asymmetric": True, "clip_search": True}), ("nf4", {}),
-    ("ternary", {}), ("ternary", {"group": 64, "lsq_rescale": True}),
-]  # fmt: skip
+    ("int8", {}),
+    ("int8_pg", {}),
+    ("int7", {}),
+    ("int6", {}),
+    ("int5", {}),
+    ("int4", {}),
+    ("int3", {}),
+    ("int2", {}),
+    ("int4", {"asymmetric": True}),
+    ("int4", {"clip_search": True}),
+    ("int6", {"group": 32, "asymmetric": True, "clip_search": True}),
+    ("nf4", {}),
+    ("ternary", {}),
+    ("ternary", {"group": 64, "lsq_rescale": True}),
+]
 
 
 def gaussian(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -88,7 +98,7 @@ def test_codes_in_range_fixed_point_and_deterministic(fmt, opts):
     elif fmt == "ternary":
         lo, hi = -1, 1
     elif opts.get("asymmetric"):
-        lo, hi = 0, 2 ** quant.bits - 1
+        lo, hi = 0, 2**quant.bits - 1
     else:
         bits = 8 if fmt == "int8_pg" else quant.bits
         lo, hi = -(2 ** (bits - 1) - 1), 2 ** (bits - 1) - 1
@@ -134,11 +144,13 @@ def _baseline(t: torch.Tensor):
 
 def test_int8_pg_reproduces_the_baseline_including_the_floor():
     # Row 0: small weights (clip < 1) -> the 1/127 floor; row 1: clip > 1; row 2: zeros.
-    w = torch.tensor([
-        [0.01, -0.02, 0.5, -0.3, 0.123, 0.0, 0.07, -0.45],
-        [1.5, -2.5, 0.2, 3.0, -0.01, 0.7, -1.1, 2.2],
-        [0.0] * 8,
-    ])  # fmt: skip
+    w = torch.tensor(
+        [
+            [0.01, -0.02, 0.5, -0.3, 0.123, 0.0, 0.07, -0.45],
+            [1.5, -2.5, 0.2, 3.0, -0.01, 0.7, -1.1, 2.2],
+            [0.0] * 8,
+        ]
+    )
     codes, s16, deq = _baseline(w)
     qt = q.get("int8_pg").quantize(w)
     assert np.array_equal(qt.codes, codes.numpy())
@@ -185,11 +197,16 @@ def test_passthrough_formats():
         assert q.dequantize(qt).dtype == torch.float32
 
 
-@pytest.mark.parametrize("t", [
-    torch.arange(-5, 7, dtype=torch.int64).reshape(3, 4), torch.tensor([1, -2, 3], dtype=torch.int32),
-    torch.tensor([[True, False], [False, True]]), torch.tensor(7, dtype=torch.int64),
-    torch.zeros(0, 3, dtype=torch.int16),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "t",
+    [
+        torch.arange(-5, 7, dtype=torch.int64).reshape(3, 4),
+        torch.tensor([1, -2, 3], dtype=torch.int32),
+        torch.tensor([[True, False], [False, True]]),
+        torch.tensor(7, dtype=torch.int64),
+        torch.zeros(0, 3, dtype=torch.int16),
+    ],
+)
 def test_raw_is_exact(t):
     qt = q.get("raw").quantize(t)
     assert qt.codes.ndim == 2 and qt.codes.shape[0] == 1 and qt.dtype == str(t.dtype).removeprefix("torch.")
@@ -238,7 +255,7 @@ def test_shapes_roundtrip(fmt, shape):
     if qt.scales is not None:
         assert qt.scales.shape == (G,)
     # trailing padding is zeros
-    assert (qt.codes.reshape(-1)[w.numel():] == 0).all()
+    assert (qt.codes.reshape(-1)[w.numel() :] == 0).all()
     d = q.dequantize(qt)
     assert d.shape == w.shape and d.dtype == torch.float32 and torch.isfinite(d).all()
     if w.numel():

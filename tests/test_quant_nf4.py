@@ -56,11 +56,15 @@ def test_error_figure_and_blocks():
     assert 0.08 < rel(q.dequantize(qt), w) <= 0.10
 
 
-@pytest.mark.parametrize("shape,group", [
-    ((256, 16), 64), ((64, 8), 256),
-    pytest.param((512, 4), 4096, marks=pytest.mark.slow),  # bnb's CPU path takes ~20 s on 4096-blocks
-    ((100, 30), 128),
-])
+@pytest.mark.parametrize(
+    "shape,group",
+    [
+        ((256, 16), 64),
+        ((64, 8), 256),
+        pytest.param((512, 4), 4096, marks=pytest.mark.slow),  # bnb's CPU path takes ~20 s on 4096-blocks
+        ((100, 30), 128),
+    ],
+)
 def test_blocksize_larger_than_rows_never_reaches_the_user(shape, group):
     """bnb 0.50.2's CPU dequantize_4bit misbehaves when blocksize > row length (rel. error
     0.25-0.33): we hand bnb [G, blocksize] views, so the user sees the normal ~0.10 error."""

@@ -33,8 +33,13 @@ def test_default_plan():
     plan = ExportPolicy().plan(state())
     fmt = {k: v[0] for k, v in plan.items()}
     assert fmt["blocks.0.attn.q.weight"] == "int8" and fmt["blocks.0.mlp.up.weight"] == "int8"
-    for c in ("blocks.0.attn.q.input_norm.weight", "blocks.0.norm_attn.weight",
-              "final_norm.weight", "spec.gains", "spec.layerrope.alpha"):
+    for c in (
+        "blocks.0.attn.q.input_norm.weight",
+        "blocks.0.norm_attn.weight",
+        "final_norm.weight",
+        "spec.gains",
+        "spec.layerrope.alpha",
+    ):
         assert fmt[c] == "fp32" and plan[c][2] == "control"
     # every weight matrix gets the requested format, however small (no silent fp16)
     assert fmt["small.proj.weight"] == "int8" and plan["small.proj.weight"][2] == "weight"
@@ -44,7 +49,10 @@ def test_default_plan():
 
 def test_embedding_option_controls_flag_and_overrides():
     pol = ExportPolicy(
-        quantizer="int4", options={"group": 32}, embedding_format="fp16", quantize_controls=True,
+        quantizer="int4",
+        options={"group": 32},
+        embedding_format="fp16",
+        quantize_controls=True,
         overrides={"blocks.*.mlp.*": ("int6", {"clip_search": True})},
     )
     plan = pol.plan(state())
@@ -91,8 +99,10 @@ def test_export_and_dequantize_all_restore_dtypes():
 # -- fake quantization -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt,opts", [("int4", {}), ("int8", {}), ("ternary", {}), ("nf4", {}),
-                                      ("int6", {"asymmetric": True, "clip_search": True})])
+@pytest.mark.parametrize(
+    "fmt,opts",
+    [("int4", {}), ("int8", {}), ("ternary", {}), ("nf4", {}), ("int6", {"asymmetric": True, "clip_search": True})],
+)
 def test_fake_quant_forward_is_export_and_grad_is_identity(fmt, opts):
     quant = q.get(fmt, **opts)
     w = torch.randn(32, 64, generator=torch.Generator().manual_seed(1)).requires_grad_()

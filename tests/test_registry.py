@@ -37,10 +37,13 @@ def test_options_one_way():
     assert resolve_options("x", defaults, {"ratio": 1}, ValueError)["ratio"] == 1  # int for a float
     assert resolve_options("x", defaults, {"group": None}, ValueError, frozenset({"group"}))["group"] is None
     assert resolve_options("x", defaults, {"free": "anything"}, ValueError)["free"] == "anything"
-    for bad, match in [({"nope": 1}, "unknown option 'nope' for x; known options: flag, free"),
-                       ({"group": None}, "option 'group' of x must be a int"),
-                       ({"group": True}, "must be a int"), ({"flag": 1}, "must be a bool"),
-                       ({"sites": "o"}, "must be a list")]:
+    for bad, match in [
+        ({"nope": 1}, "unknown option 'nope' for x; known options: flag, free"),
+        ({"group": None}, "option 'group' of x must be a int"),
+        ({"group": True}, "must be a int"),
+        ({"flag": 1}, "must be a bool"),
+        ({"sites": "o"}, "must be a list"),
+    ]:
         with pytest.raises(ValueError, match=match):
             resolve_options("x", defaults, bad, ValueError)
     # the same rule reaches schemes and quantizers

@@ -33,12 +33,20 @@ def make_rows(seeds=(0, 1, 2), quants=("int8", "int4")) -> list[Row]:
             for s, b in base.items():
                 jitter = 0.01 * seed
                 extra = 0.03 if (s == "norm_gate" and q == "int4") else 0.0
-                rows.append(Row(scheme=s, quant=q, seed=seed, bpb_pre=b + jitter,
-                                bpb_post=b + jitter + hit + extra, artifact_bytes=50_000 + spec[s],
-                                step_specific_bytes=spec[s], d_model=64,
-                                params={"shared": 100, "step_specific": spec[s], "embedding": 10,
-                                        "total": 110 + spec[s]},
-                                probes={"fragility": {"delta": 0.001 * (s != "shared")}}))
+                rows.append(
+                    Row(
+                        scheme=s,
+                        quant=q,
+                        seed=seed,
+                        bpb_pre=b + jitter,
+                        bpb_post=b + jitter + hit + extra,
+                        artifact_bytes=50_000 + spec[s],
+                        step_specific_bytes=spec[s],
+                        d_model=64,
+                        params={"shared": 100, "step_specific": spec[s], "embedding": 10, "total": 110 + spec[s]},
+                        probes={"fragility": {"delta": 0.001 * (s != "shared")}},
+                    )
+                )
     return rows
 
 

@@ -23,8 +23,7 @@ FAST = dict(batch_size=8, lr=3e-3, warmup=5)
 def small_corpus(default_corpus) -> Corpus:
     """The default corpus with a 4,096-token validation split: evaluation stays cheap."""
     c = default_corpus
-    return Corpus(c.train_tokens, c.val_tokens[:4096], c.val_bytes[:4096], c.vocab_size,
-                  c.tokenizer, c.source)
+    return Corpus(c.train_tokens, c.val_tokens[:4096], c.val_bytes[:4096], c.vocab_size, c.tokenizer, c.source)
 
 
 def test_fp32_export_is_lossless(small_corpus):
@@ -52,11 +51,18 @@ def test_resolve_schemes_puts_anchors_first():
 
 def test_tiny_roundtrip_writes_everything(small_corpus, tmp_path):
     out, ckpts = tmp_path / "rt", tmp_path / "ckpts"
-    result = roundtrip(["norm", "shared"], ["fp32", "int4"], data=small_corpus, steps=20,
-                       out_dir=out, checkpoints_dir=ckpts, progress=False,
-                       model_overrides=TINY, train_overrides=FAST)
-    assert {p.name for p in out.iterdir()} >= {"results.json", "results.csv", "results.md",
-                                               "roundtrip.png"}
+    result = roundtrip(
+        ["norm", "shared"],
+        ["fp32", "int4"],
+        data=small_corpus,
+        steps=20,
+        out_dir=out,
+        checkpoints_dir=ckpts,
+        progress=False,
+        model_overrides=TINY,
+        train_overrides=FAST,
+    )
+    assert {p.name for p in out.iterdir()} >= {"results.json", "results.csv", "results.md", "roundtrip.png"}
     doc = json.loads((out / "results.json").read_text())
     keys = {(r["scheme"], r["quant"], r["seed"]) for r in doc["rows"]}
     assert keys == {(s, q, 0) for s in ("shared", "norm") for q in ("fp32", "int4")}
@@ -79,8 +85,16 @@ def test_tiny_roundtrip_writes_everything(small_corpus, tmp_path):
 
     with pytest.raises(OutputExistsError):
         roundtrip(["shared"], ["fp32"], data=small_corpus, out_dir=out, progress=False)
-    again = roundtrip(["shared", "norm"], ["fp32"], data=small_corpus, out_dir=out, write=False,
-                      checkpoints_dir=ckpts, progress=False, model_overrides=TINY)
+    again = roundtrip(
+        ["shared", "norm"],
+        ["fp32"],
+        data=small_corpus,
+        out_dir=out,
+        write=False,
+        checkpoints_dir=ckpts,
+        progress=False,
+        model_overrides=TINY,
+    )
     assert all(v.startswith("loaded") for v in again.config["sources"].values())
     for r in again.rows:
         assert r.bpb_pre == rows[(r.scheme, "fp32")].bpb_pre
@@ -88,9 +102,16 @@ def test_tiny_roundtrip_writes_everything(small_corpus, tmp_path):
 
 def test_paired_training_shares_init_and_batches(small_corpus):
     """Same seed: the shared scheme and norm differ only by norm's gains (which start at 1)."""
-    result = roundtrip(["shared", "norm"], ["fp32"], data=small_corpus, steps=1, write=False,
-                       progress=False, model_overrides=TINY,
-                       train_overrides=dict(batch_size=4, lr=1e-9, warmup=0))
+    result = roundtrip(
+        ["shared", "norm"],
+        ["fp32"],
+        data=small_corpus,
+        steps=1,
+        write=False,
+        progress=False,
+        model_overrides=TINY,
+        train_overrides=dict(batch_size=4, lr=1e-9, warmup=0),
+    )
     pre = {r.scheme: r.bpb_pre for r in result.rows}
     assert pre["shared"] == pytest.approx(pre["norm"], abs=1e-5)
 
@@ -98,13 +119,29 @@ def test_paired_training_shares_init_and_batches(small_corpus):
 @pytest.mark.slow  # trains the roundtrip matrix through the CLI
 def test_cli_roundtrip_json(tmp_path):
     text = tmp_path / "corpus.txt"
-    text.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog "
-                                f"number {i * 7 % 13}." * 3 for i in range(60)))
+    text.write_text(
+        "\n\n".join(
+            f"Paragraph {i}: the quick brown fox jumps over the lazy dog number {i * 7 % 13}." * 3 for i in range(60)
+        )
+    )
     out = tmp_path / "out"
     # Only the first call trains (tiny preset, 2 steps); the others reuse its checkpoints.
-    args = ["roundtrip", "--schemes", "shared,norm", "--quants", "int8", "--data", str(text),
-            "--steps", "2", "--out", str(out), "--no-progress",
-            "--checkpoints", str(tmp_path / "ckpts")]
+    args = [
+        "roundtrip",
+        "--schemes",
+        "shared,norm",
+        "--quants",
+        "int8",
+        "--data",
+        str(text),
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--checkpoints",
+        str(tmp_path / "ckpts"),
+    ]
     runner = CliRunner()
     res = runner.invoke(main, [*args, "--json"])
     assert res.exit_code == 0, res.output

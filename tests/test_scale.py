@@ -72,9 +72,7 @@ def test_muon_learns_and_resumes_exactly(default_corpus, tmp_path):
     with pytest.raises(Stop):
         train(CONFIG, default_corpus, out_dir=tmp_path / "cut", on_step=stop, **kw)
     resumed = train(CONFIG, default_corpus, out_dir=tmp_path / "cut", resume=True, **kw)
-    assert [r.get("loss") for r in read_log(tmp_path / "cut")] == [
-        r.get("loss") for r in read_log(tmp_path / "full")
-    ]
+    assert [r.get("loss") for r in read_log(tmp_path / "cut")] == [r.get("loss") for r in read_log(tmp_path / "full")]
     a, b = full.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -85,11 +83,15 @@ def test_roundtrip_jobs_trains_in_parallel_processes_with_the_same_result(defaul
     from recurnorm.train.corpus import Corpus
 
     c = default_corpus
-    small = Corpus(c.train_tokens, c.val_tokens[:2048], c.val_bytes[:2048], c.vocab_size,
-                   c.tokenizer, c.source)  # fmt: skip
-    kw = dict(data=small, steps=6, progress=False, write=False,
-              model_overrides=dict(d_model=32, n_heads=2, depth=2, seq_len=32),
-              train_overrides=dict(batch_size=8, lr=3e-3, warmup=2))  # fmt: skip
+    small = Corpus(c.train_tokens, c.val_tokens[:2048], c.val_bytes[:2048], c.vocab_size, c.tokenizer, c.source)
+    kw = dict(
+        data=small,
+        steps=6,
+        progress=False,
+        write=False,
+        model_overrides=dict(d_model=32, n_heads=2, depth=2, seq_len=32),
+        train_overrides=dict(batch_size=8, lr=3e-3, warmup=2),
+    )
     one = roundtrip(["shared", "norm"], ["int8"], **kw)
     two = roundtrip(["shared", "norm"], ["int8"], jobs=2, **kw)
     key = lambda r: (r.scheme, r.quant, r.seed)  # noqa: E731

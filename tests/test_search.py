@@ -137,8 +137,13 @@ def test_plan_of_many_streams_is_plan_of_each():
     together = search.plan([j for *_, j in jobs])
     for (_, _, job), got in zip(jobs, together, strict=True):
         alone = search.choose(*job)
-        assert (got.variant, got.k, got.t, got.prec, got.lanes) == (alone.variant, alone.k, alone.t,
-                                                                    alone.prec, alone.lanes)
+        assert (got.variant, got.k, got.t, got.prec, got.lanes) == (
+            alone.variant,
+            alone.k,
+            alone.t,
+            alone.prec,
+            alone.lanes,
+        )
         assert (got.ids is None) == (alone.ids is None)
         assert got.ids is None or np.array_equal(got.ids, alone.ids)
         assert got.cost == pytest.approx(alone.cost, rel=1e-9)
@@ -179,7 +184,7 @@ def test_lanes_for_is_the_fewest_the_step_bound_allows_plus_ilp():
     assert np.all(lanes[extra] <= rans.ILP_LANES)
     assert np.all(4 * lanes[extra] <= pp[extra] * budget_per_byte)  # extra lanes are paid for
     # ... and one more doubling would not be: fewer lanes than ILP_LANES only when unaffordable.
-    short = (lanes < rans.ILP_LANES)
+    short = lanes < rans.ILP_LANES
     assert np.all(8 * lanes[short] > pp[short] * budget_per_byte)
     # More units or more payload never means fewer lanes.
     assert np.all(np.diff(lanes, axis=0) >= 0) and np.all(np.diff(lanes, axis=1) >= 0)
@@ -190,8 +195,10 @@ def test_lanes_for_is_the_fewest_the_step_bound_allows_plus_ilp():
 
 def test_kmeans_batches_agree_with_single_problems():
     rng = np.random.default_rng(9)
-    hists = [rng.poisson(rng.exponential(3, size=(n, m)) * (1 + (np.arange(n) % 3 == 0)[:, None]))
-             .astype(np.float32) for n, m in ((20, 5), (300, 40), (600, 255), (9, 3))]
+    hists = [
+        rng.poisson(rng.exponential(3, size=(n, m)) * (1 + (np.arange(n) % 3 == 0)[:, None])).astype(np.float32)
+        for n, m in ((20, 5), (300, 40), (600, 255), (9, 3))
+    ]
     kss = [[2, 4], [2, 4, 8, 16], [2, 16], [2, 4, 8]]
     together = cluster.cluster_many(hists, kss)
     for h, ks, got in zip(hists, kss, together, strict=True):
@@ -212,8 +219,9 @@ def test_grid_context_finds_row_and_column_structure_together():
     # Better than either axis alone, by more than the grid's extra tables and ids.
     stream = search.Stream(sym, nsym, codecs.geometry(ctx))
     alone = search.candidates_many([stream])[0]
-    best_axis = min(search.score([c], stream.units, search.PRECS, False).total().min()
-                    for c in alone if c.variant in ("row", "col"))
+    best_axis = min(
+        search.score([c], stream.units, search.PRECS, False).total().min() for c in alone if c.variant in ("row", "col")
+    )
     assert len(data) < 0.9 * best_axis
 
 
@@ -225,8 +233,14 @@ def test_hostile_grid_params_and_ids_are_refused():
     data, params = codecs.Rans().encode(codes, ctx)
     assert params["context"] == "grid"
     k, kc = params["k"], params["kc"]
-    for bad in ({"kc": kc + 1} if k % (kc + 1) else {"kc": 3}, {"kc": k}, {"kc": 1}, {"kc": True},
-                {"context": "row"}, {"kc": 0}):
+    for bad in (
+        {"kc": kc + 1} if k % (kc + 1) else {"kc": 3},
+        {"kc": k},
+        {"kc": 1},
+        {"kc": True},
+        {"context": "row"},
+        {"kc": 0},
+    ):
         with pytest.raises(ArtifactError):
             codecs.Rans().decode(data, {**params, **bad}, ctx)
     no_kc = {key: v for key, v in params.items() if key != "kc"}
@@ -248,13 +262,13 @@ def test_inspect_names_the_grid_shape():
     from recurnorm.quant.qtensor import QTensor
 
     codes = embedding_like(13)
-    art = read_artifact(pack_qtensors({"e": QTensor("ternary", codes.shape, "float32", codes.reshape(1, -1),
-                                                    np.ones(1, np.float32))}))
+    art = read_artifact(
+        pack_qtensors({"e": QTensor("ternary", codes.shape, "float32", codes.reshape(1, -1), np.ones(1, np.float32))})
+    )
     p = art.manifest["tensors"][0]["streams"]["codes"]["params"]
     label = tensor_stats(art.manifest)[0]["codec"]
     # The label says grid and gives both class counts (its exact spelling is inspect's business).
     assert "grid" in label and sorted(map(int, re.findall(r"\d+", label))) == sorted([p["k"] // p["kc"], p["kc"]])
-
 
 
 def test_wide_grid_finds_joint_row_and_column_classes(monkeypatch):
@@ -276,8 +290,7 @@ def test_wide_grid_finds_joint_row_and_column_classes(monkeypatch):
 def test_no_grid_without_joint_structure(axis):
     """iid codes: no class context; structure on one axis only: that axis, never a grid."""
     rows, cols = 2048, 256
-    kw = {"none": {"structure": False}, "row": {"col_signs": 1, "col_dens": 1},
-          "col": {"row_classes": 1}}[axis]
+    kw = {"none": {"structure": False}, "row": {"col_signs": 1, "col_dens": 1}, "col": {"row_classes": 1}}[axis]
     codes = joint_like(21, rows, cols, **kw)
     choice, _ = _choice(codes.reshape(1, -1), tensor_shape=codes.shape)
     assert choice.variant == axis
@@ -291,8 +304,7 @@ def test_hostile_wide_grid_ids_and_counts_are_refused():
     data, params = codecs.Rans().encode(codes, ctx)
     k, kc = params["k"], params["kc"]
     assert params["context"] == "grid" and k > 64
-    for bad in ({"k": rans.MAX_CONTEXTS * 2, "kc": kc}, {"k": k, "kc": rans.MAX_CONTEXTS * 2},
-                {"k": k * 2}):
+    for bad in ({"k": rans.MAX_CONTEXTS * 2, "kc": kc}, {"k": k, "kc": rans.MAX_CONTEXTS * 2}, {"k": k * 2}):
         with pytest.raises(ArtifactError):
             codecs.Rans().decode(data, {**params, **bad}, ctx)
     tables, ids, words = rans.split_body(data, k, params["nsym"], 2048 + 256)

@@ -40,9 +40,7 @@ def raw_shard(magic=MAGIC, version=1, n=None, tokens=(1, 2, 3), extra=b"", heade
     """Bytes of a shard file built by hand (independent of write_shard)."""
     n = len(tokens) if n is None else n
     header = [magic, version, n] + [0] * (header_ints - 3)
-    return (
-        struct.pack(f"<{header_ints}i", *header) + struct.pack(f"<{len(tokens)}H", *tokens) + extra
-    )
+    return struct.pack(f"<{header_ints}i", *header) + struct.pack(f"<{len(tokens)}H", *tokens) + extra
 
 
 @pytest.fixture(scope="module")
@@ -285,8 +283,6 @@ def test_cli_shard(tmp_path, trained):
 
 def test_cli_shard_missing_tokenizer(tmp_path):
     missing = tmp_path / "missing.model"
-    result = CliRunner().invoke(
-        main, ["shard", "--tokenizer", str(missing), "--out", str(tmp_path / "o")]
-    )
+    result = CliRunner().invoke(main, ["shard", "--tokenizer", str(missing), "--out", str(tmp_path / "o")])
     assert result.exit_code == 1
     assert "missing.model" in result.output

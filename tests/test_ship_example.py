@@ -23,14 +23,13 @@ def test_parameter_golf_example_ships_through_the_loader(tmp_path):
     script = (tmp_path / "run.sh").read_text().replace("python train_gpt.py eval", "true  # eval below")
     script = script.replace("train --out model.safetensors", "train --out model.safetensors --steps 5")
     (tmp_path / "run.sh").write_text(script)
-    run = subprocess.run(["bash", "run.sh"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=600)
+    run = subprocess.run(["bash", "run.sh"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "ok: final_model.rnpk" in run.stdout and "(loader " in run.stdout
     evaluate = IMPORT_BLOCKER + (
         "import runpy; sys.argv = ['train_gpt.py', 'eval', '--artifact', 'final_model.rnpk']; "
-        "sys.path.insert(0, '.'); runpy.run_path('train_gpt.py', run_name='__main__')")
-    run = subprocess.run([sys.executable, "-c", evaluate], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=600)
+        "sys.path.insert(0, '.'); runpy.run_path('train_gpt.py', run_name='__main__')"
+    )
+    run = subprocess.run([sys.executable, "-c", evaluate], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "loaded final_model.rnpk" in run.stdout

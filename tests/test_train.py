@@ -47,8 +47,7 @@ def test_batch_seed_separate_from_init(default_corpus):
     a = train(small_config(), default_corpus, steps=1, seed=0, batch_seed=1, **FAST)
     b = train(small_config(), default_corpus, steps=1, seed=0, batch_seed=2, **FAST)
     assert a.log[0]["loss"] != b.log[0]["loss"]
-    assert torch.equal(build_model(small_config(), 0).embed.weight,
-                       build_model(small_config(), 0).embed.weight)  # fmt: skip
+    assert torch.equal(build_model(small_config(), 0).embed.weight, build_model(small_config(), 0).embed.weight)
 
 
 def test_pair_init_shares_the_shared_block():
@@ -86,8 +85,7 @@ def test_resume_matches_uninterrupted(default_corpus, tmp_path):
 def test_resume_refuses_other_hparams_and_missing_state(default_corpus, tmp_path):
     train(small_config(), default_corpus, steps=5, out_dir=tmp_path / "r", **FAST)
     with pytest.raises(ConfigError, match="lr"):
-        train(small_config(), default_corpus, steps=5, out_dir=tmp_path / "r", resume=True,
-              **{**FAST, "lr": 1e-3})  # fmt: skip
+        train(small_config(), default_corpus, steps=5, out_dir=tmp_path / "r", resume=True, **{**FAST, "lr": 1e-3})
     with pytest.raises(CheckpointError, match="resume"):
         train(small_config(), default_corpus, steps=5, out_dir=tmp_path / "x", resume=True, **FAST)
     with pytest.raises(OutputExistsError, match="--force"):
@@ -129,8 +127,24 @@ def test_presets():
 
 # ------------------------------------------------------------------------ CLI
 
-CLI_ARGS = ["train", "--scheme", "shared", "--steps", "20", "--d-model", "32", "--heads", "2",
-            "--depth", "2", "--seq-len", "32", "--batch-size", "8", "--no-progress"]  # fmt: skip
+CLI_ARGS = [
+    "train",
+    "--scheme",
+    "shared",
+    "--steps",
+    "20",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--depth",
+    "2",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "8",
+    "--no-progress",
+]
 
 
 def test_cli_train_writes_outputs_and_refuses_clobber(tmp_path):
@@ -156,6 +170,7 @@ def test_cli_train_writes_outputs_and_refuses_clobber(tmp_path):
 
 
 def test_cli_bad_scheme_option(tmp_path):
-    result = CliRunner().invoke(main, [*CLI_ARGS, "--scheme", "lora", "--scheme-option", "nokey",
-                                       "--out", str(tmp_path / "o")])  # fmt: skip
+    result = CliRunner().invoke(
+        main, [*CLI_ARGS, "--scheme", "lora", "--scheme-option", "nokey", "--out", str(tmp_path / "o")]
+    )
     assert result.exit_code == 2

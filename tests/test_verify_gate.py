@@ -51,8 +51,9 @@ def env(tmp_path_factory):
     text = _small_text(d / "val.txt")
     corpus = load_corpus(str(text))
     config = ModelConfig(d_model=32, n_heads=2, depth=2, seq_len=32, scheme="norm")
-    model = train(config, corpus, steps=80, batch_size=16, lr=5e-3, warmup=10, seed=0,
-                  log_every=1000, progress=False).model
+    model = train(
+        config, corpus, steps=80, batch_size=16, lr=5e-3, warmup=10, seed=0, log_every=1000, progress=False
+    ).model
     ckpt = save_checkpoint(model.eval(), d / "ckpt")
     arts = {}
     for q in ("int8", "ternary"):
@@ -128,8 +129,9 @@ def test_loss_gate_fails_damaged_passes_good(env, tmp_path):
     r = _run("verify", env["ternary"], *gate)
     assert r.exit_code == 5, r.output
     assert len(r.stderr.strip().splitlines()) == 1 and "regressed" in r.stderr
-    r = _run("verify", env["int8"], env["ternary"], env["corrupt"], *gate, "--junit", junit, "--summary", summary,
-             "--json")
+    r = _run(
+        "verify", env["int8"], env["ternary"], env["corrupt"], *gate, "--junit", junit, "--summary", summary, "--json"
+    )
     assert r.exit_code == 4  # corrupt outranks the loss regression
     doc = json.loads(r.stdout)
     a, t, c = doc["artifacts"]
@@ -151,13 +153,31 @@ def test_usage_errors(env, tmp_path):
     assert _run("verify", env["int8"], "--model-factory", FACTORY).exit_code == 2
     assert _run("verify", env["int8"], "--reference", env["ckpt"], "--max-loss-delta", "-1").exit_code == 2
     assert _run("verify").exit_code == 2
-    r = _run("verify", env["int8"], "--reference", env["ckpt"], "--max-loss-delta", "0.1",
-             "--model-factory", "no_such_module_xyz:build")
+    r = _run(
+        "verify",
+        env["int8"],
+        "--reference",
+        env["ckpt"],
+        "--max-loss-delta",
+        "0.1",
+        "--model-factory",
+        "no_such_module_xyz:build",
+    )
     assert r.exit_code == 2 and "no_such_module_xyz" in r.output
     # A data error is reported for the loss gate (exit 1) while the report is still written.
     rep = tmp_path / "r.json"
-    r = _run("verify", env["int8"], "--reference", env["ckpt"], "--max-loss-delta", "0.1",
-             "--data", tmp_path / "missing.txt", "--report", rep)
+    r = _run(
+        "verify",
+        env["int8"],
+        "--reference",
+        env["ckpt"],
+        "--max-loss-delta",
+        "0.1",
+        "--data",
+        tmp_path / "missing.txt",
+        "--report",
+        rep,
+    )
     assert r.exit_code == 1
     doc = json.loads(rep.read_text())
     assert doc["artifacts"][0]["checks"][-1]["status"] == "error"
@@ -209,14 +229,34 @@ def test_model_factory_foreign_baseline(env, foreign, tmp_path):
     r = _run("verify", arts["int8"], *gate[:-2])
     assert r.exit_code == 4 and "no model config" in r.stderr
     # A factory whose model does not fit the tensors is named as such.
-    r = _run("verify", env["int8"], "--reference", env["ckpt"], "--data", env["text"], "--max-loss-delta", "0.01",
-             "--model-factory", FACTORY)
+    r = _run(
+        "verify",
+        env["int8"],
+        "--reference",
+        env["ckpt"],
+        "--data",
+        env["text"],
+        "--max-loss-delta",
+        "0.01",
+        "--model-factory",
+        FACTORY,
+    )
     assert r.exit_code != 0 and "the model factory failed" in r.stderr and "d_model" in r.stderr
     # Same config, other shapes: the strict load names the misfit.
     wide = arts["int8"].with_name("wide.pt")
     torch.save(foreign_model_state(n_embd=64), wide)
-    r = _run("verify", arts["int8"], "--reference", wide, "--data", env["text"], "--max-loss-delta", "0.01",
-             "--model-factory", FACTORY)
+    r = _run(
+        "verify",
+        arts["int8"],
+        "--reference",
+        wide,
+        "--data",
+        env["text"],
+        "--max-loss-delta",
+        "0.01",
+        "--model-factory",
+        FACTORY,
+    )
     assert r.exit_code == 1 and "do not fit the factory's model" in r.stderr
 
 
@@ -260,8 +300,9 @@ def test_gate_on_sentencepiece_shards(env, tmp_path, sp8192_model):
     corpus = load_corpus(spec, tokenizer=str(sp8192_model))
     assert corpus.vocab_size == 8192 and int(corpus.val_bytes.sum()) > corpus.val_tokens.size  # pieces span bytes
     config = ModelConfig(vocab_size=8192, d_model=32, n_heads=2, depth=2, seq_len=32, scheme="norm")
-    model = train(config, corpus, steps=30, batch_size=8, lr=5e-3, warmup=5, seed=0,
-                  log_every=1000, progress=False).model
+    model = train(
+        config, corpus, steps=30, batch_size=8, lr=5e-3, warmup=5, seed=0, log_every=1000, progress=False
+    ).model
     ckpt = save_checkpoint(model.eval(), tmp_path / "ckpt")
     art = tmp_path / "sp.rnpk"
     assert _run("pack", ckpt, "-q", "int8", "-o", art).exit_code == 0

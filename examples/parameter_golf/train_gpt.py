@@ -64,14 +64,14 @@ def batches(data, steps, batch=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         i = torch.randint(0, len(data) - SEQ - 1, (batch,), generator=g)
-        yield torch.stack([data[j:j + SEQ] for j in i]), torch.stack([data[j + 1:j + SEQ + 1] for j in i])
+        yield torch.stack([data[j : j + SEQ] for j in i]), torch.stack([data[j + 1 : j + SEQ + 1] for j in i])
 
 
 def bits_per_byte(model, data):
     """Mean cross-entropy over consecutive windows, in bits per byte (byte-level tokens)."""
     model.eval()
     n = (len(data) - 1) // SEQ * SEQ
-    x, y = data[:n].view(-1, SEQ), data[1:n + 1].view(-1, SEQ)
+    x, y = data[:n].view(-1, SEQ), data[1 : n + 1].view(-1, SEQ)
     with torch.no_grad():
         loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
     return loss.item() / math.log(2)

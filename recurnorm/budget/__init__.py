@@ -8,8 +8,20 @@ importing those must not pull numpy and torch through budget.api.
 from __future__ import annotations
 
 _LAZY = {
-    **dict.fromkeys(("Artifact", "VerifyReport", "load_checkpoint_state", "pack_qtensors", "read_artifact",
-                     "tensor_stats", "unpack", "verify_artifact", "verify_bytes"), "api"),
+    **dict.fromkeys(
+        (
+            "Artifact",
+            "VerifyReport",
+            "load_checkpoint_state",
+            "pack_qtensors",
+            "read_artifact",
+            "tensor_stats",
+            "unpack",
+            "verify_artifact",
+            "verify_bytes",
+        ),
+        "api",
+    ),
     **dict.fromkeys(("Budget", "DEFAULT_MAX_BYTES"), "cap"),
 }
 

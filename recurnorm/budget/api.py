@@ -105,10 +105,16 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str) -> 
             scales = np.asarray(qt.scales) if kind == "codes" and qt.scales is not None else None
             items.append((arr, StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort)))
             streams[kind] = {"dtype": dtype, "shape": list(arr.shape), "sha256": _sha(arr, dtype)}
-        entries.append({
-            "name": name, "shape": [int(d) for d in qt.shape], "dtype": str(qt.dtype),
-            "format": qt.format, "params": qt.params, "streams": streams,
-        })
+        entries.append(
+            {
+                "name": name,
+                "shape": [int(d) for d in qt.shape],
+                "dtype": str(qt.dtype),
+                "format": qt.format,
+                "params": qt.params,
+                "streams": streams,
+            }
+        )
     # All streams are encoded together: codecs search the whole model in one go.
     encoded = iter(codecs_mod.encode_all(items, codecs))
     chunks: list[bytes] = []
@@ -116,19 +122,17 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str) -> 
     for entry in entries:
         for kind, stream in entry["streams"].items():
             codec, params, data = next(encoded)
-            entry["streams"][kind] = {"codec": codec, "params": params, "offset": offset,
-                                      "length": len(data), **stream}
+            entry["streams"][kind] = {"codec": codec, "params": params, "offset": offset, "length": len(data), **stream}
             chunks.append(data)
             offset += len(data)
-    manifest = {"format": "rnpk", "version": fmt.VERSION, "metadata": metadata,
-                "tensors": entries + aliases}
+    manifest = {"format": "rnpk", "version": fmt.VERSION, "metadata": metadata, "tensors": entries + aliases}
     return fmt.write_container(manifest, b"".join(chunks))
 
 
-def _decode_stream(payload: memoryview, s: dict, kind: str, tensor: dict,
-                   scales: np.ndarray | None, version: int) -> np.ndarray:
-    ctx = StreamContext(kind, s["dtype"], tuple(s["shape"]), tuple(tensor["shape"]), scales,
-                        version=version)
+def _decode_stream(
+    payload: memoryview, s: dict, kind: str, tensor: dict, scales: np.ndarray | None, version: int
+) -> np.ndarray:
+    ctx = StreamContext(kind, s["dtype"], tuple(s["shape"]), tuple(tensor["shape"]), scales, version=version)
     data = bytes(payload[s["offset"] : s["offset"] + s["length"]])
     arr = codecs_mod.get(s["codec"]).decode(data, s["params"], ctx)
     if _sha(arr, s["dtype"]) != s["sha256"]:
@@ -154,11 +158,15 @@ def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact
         dec = {}
         for kind in ("scales", "zeros", "codes"):
             if kind in st:
-                dec[kind] = _decode_stream(payload, st[kind], kind, t, dec.get("scales"),
-                                           manifest["version"])
+                dec[kind] = _decode_stream(payload, st[kind], kind, t, dec.get("scales"), manifest["version"])
         qtensors[t["name"]] = QTensor(
-            format=t["format"], shape=tuple(t["shape"]), dtype=t["dtype"], codes=dec["codes"],
-            scales=dec.get("scales"), zeros=dec.get("zeros"), params=t["params"],
+            format=t["format"],
+            shape=tuple(t["shape"]),
+            dtype=t["dtype"],
+            codes=dec["codes"],
+            scales=dec.get("scales"),
+            zeros=dec.get("zeros"),
+            params=t["params"],
         )
         validate.check_decoded(t["name"], qtensors[t["name"]])
     return Artifact(manifest, manifest.get("metadata", {}), qtensors, aliases)
@@ -177,9 +185,13 @@ def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> 
         numel = math.prod(t["shape"])
         packed = sum(s["length"] for s in t["streams"].values())
         row = {
-            "name": t["name"], "shape": t["shape"], "dtype": t["dtype"], "format": t["format"],
+            "name": t["name"],
+            "shape": t["shape"],
+            "dtype": t["dtype"],
+            "format": t["format"],
             "codec": "/".join(f"{k}:{_codec_label(s)}" for k, s in sorted(t["streams"].items())),
-            "bytes": packed, "numel": numel,
+            "bytes": packed,
+            "numel": numel,
             "bits_per_weight": packed * 8 / numel if numel else 0.0,
         }
         if qtensors is not None and t["name"] in qtensors:
@@ -241,8 +253,9 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
             except (OSError, ValueError) as exc:
                 raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from None
             if not isinstance(config, dict):
-                raise CheckpointError(f"{cfg_path}: expected a JSON object of model settings, "
-                                      f"got {type(config).__name__}")
+                raise CheckpointError(
+                    f"{cfg_path}: expected a JSON object of model settings, got {type(config).__name__}"
+                )
     elif path.suffix in (".pt", ".pth", ".bin"):
         try:
             with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's concern
@@ -255,7 +268,8 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
             # torch's own text runs to several lines and suggests weights_only=False: never.
             raise CheckpointError(
                 f"{path}: holds Python objects besides tensors; recurnorm never unpickles them "
-                "(unpickling runs the file's code): save a plain state dict or .safetensors") from None
+                "(unpickling runs the file's code): save a plain state dict or .safetensors"
+            ) from None
         for key in ("state_dict", "model"):
             if isinstance(obj, dict) and isinstance(obj.get(key), dict):
                 obj = obj[key]
@@ -278,8 +292,10 @@ def _check_dtypes(state: dict, path: Path) -> None:
     for name in sorted(state):
         if state[name].dtype not in known:
             dt = str(state[name].dtype).removeprefix("torch.")
-            raise CheckpointError(f"{path}: tensor {name!r} has dtype {dt}, which recurnorm cannot "
-                                  f"store (supported: {', '.join(sorted(TORCH_DTYPES))})")
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has dtype {dt}, which recurnorm cannot "
+                f"store (supported: {', '.join(sorted(TORCH_DTYPES))})"
+            )
 
 
 # ----------------------------------------------------------------- verify
@@ -299,12 +315,18 @@ class VerifyReport:
 
     def to_dict(self) -> dict:
         """JSON-able form."""
-        return {"path": self.path, "ok": self.ok, "exit_code": self.exit_code, "reason": self.reason,
-                "cap": self.cap, "tensors": self.tensors, "metadata": self.metadata}
+        return {
+            "path": self.path,
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "cap": self.cap,
+            "tensors": self.tensors,
+            "metadata": self.metadata,
+        }
 
 
-def verify_bytes(data: bytes, budget=None, path: str = "<bytes>",
-                 max_decoded_bytes: int | None = None) -> VerifyReport:
+def verify_bytes(data: bytes, budget=None, path: str = "<bytes>", max_decoded_bytes: int | None = None) -> VerifyReport:
     """Decode everything, check every checksum, then the cap; never raises for a bad artifact.
 
     ok means `unpack` succeeds: read_artifact checks what each quantizer needs; with a loader
@@ -322,8 +344,9 @@ def verify_bytes(data: bytes, budget=None, path: str = "<bytes>",
 
         problem = loader_problem(data, art.manifest)
         if problem:
-            return VerifyReport(path, False, ArtifactError.exit_code,
-                                f"not readable by the standalone loader: {problem}")
+            return VerifyReport(
+                path, False, ArtifactError.exit_code, f"not readable by the standalone loader: {problem}"
+            )
     rows = tensor_stats(art.manifest, art.qtensors)
     try:
         cap = budget.check(len(data), rows)
@@ -337,16 +360,21 @@ def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -
     than its decoded bytes allow (no stream is longer than its raw form plus the manifest)."""
     import stat
 
-    limit = ((validate.DEFAULT_MAX_DECODED_BYTES if max_decoded_bytes is None else max_decoded_bytes)
-             + fmt.MAX_MANIFEST_BYTES + fmt.HEADER_SIZE)
+    limit = (
+        (validate.DEFAULT_MAX_DECODED_BYTES if max_decoded_bytes is None else max_decoded_bytes)
+        + fmt.MAX_MANIFEST_BYTES
+        + fmt.HEADER_SIZE
+    )
     path = Path(path)
     try:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode):
             raise ArtifactError(f"{path} is not a regular file")
         if st.st_size > limit:
-            raise ArtifactError(f"{path}: {st.st_size:,} bytes, more than an artifact decoding to at "
-                                f"most {limit - fmt.MAX_MANIFEST_BYTES - fmt.HEADER_SIZE:,} bytes can hold")
+            raise ArtifactError(
+                f"{path}: {st.st_size:,} bytes, more than an artifact decoding to at "
+                f"most {limit - fmt.MAX_MANIFEST_BYTES - fmt.HEADER_SIZE:,} bytes can hold"
+            )
         with open(path, "rb") as f:
             return f.read(st.st_size + 1)  # read(n) allocates n bytes up front: the size, not the limit
     except OSError as exc:

@@ -22,8 +22,9 @@ def decompress(blob: bytes, limit: int, what: str, magicless: bool = False) -> b
     try:
         header = zstandard.get_frame_parameters(blob, format=fmt)
         if header.content_size != zstandard.CONTENTSIZE_UNKNOWN and header.content_size > limit:
-            raise ArtifactError(f"{what}: zstd frame declares {header.content_size:,} bytes, "
-                                f"more than the {limit:,} expected")
+            raise ArtifactError(
+                f"{what}: zstd frame declares {header.content_size:,} bytes, more than the {limit:,} expected"
+            )
         dctx = zstandard.ZstdDecompressor(format=fmt, max_window_size=MAX_WINDOW)
         out = dctx.decompress(blob, max_output_size=max(limit, 1))
     except zstandard.ZstdError as exc:

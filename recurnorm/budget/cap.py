@@ -67,9 +67,14 @@ class Budget:
         code = code_bytes(self.code_files, self.max_bytes) + loader
         total = artifact_bytes + code
         report = {
-            "max_bytes": self.max_bytes, "artifact_bytes": artifact_bytes, "code_bytes": code,
-            "loader_bytes": loader, "total_bytes": total, "headroom_bytes": self.max_bytes - total,
-            "over_cap": total > self.max_bytes, "tensors": tensors or [],
+            "max_bytes": self.max_bytes,
+            "artifact_bytes": artifact_bytes,
+            "code_bytes": code,
+            "loader_bytes": loader,
+            "total_bytes": total,
+            "headroom_bytes": self.max_bytes - total,
+            "over_cap": total > self.max_bytes,
+            "tensors": tensors or [],
         }
         if total > self.max_bytes:
             raise OverCapError(

@@ -139,8 +139,9 @@ def _kmeans(hists: list[np.ndarray], slots: list[int], iters: int) -> list[np.nd
 
     def assign(h: np.ndarray, ln: np.ndarray) -> np.ndarray:  # [.., items, B], [.., C, B] -> [.., S, items]
         cost = np.matmul(ln, np.swapaxes(h, -1, -2)) * fold + local  # [.., C, items]
-        low = np.stack([cost[..., a:b, :].min(axis=-2) for a, b in zip(first[:-1], first[1:], strict=True)],
-                       axis=-2)  # (a min across rows is fast; minimum.reduceat is not)
+        low = np.stack(
+            [cost[..., a:b, :].min(axis=-2) for a, b in zip(first[:-1], first[1:], strict=True)], axis=-2
+        )  # (a min across rows is fast; minimum.reduceat is not)
         return (low % fold).astype(np.int64)
 
     ln = None

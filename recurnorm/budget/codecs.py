@@ -24,8 +24,18 @@ from . import compress, rans, search
 DTYPES: dict[str, np.dtype] = {
     name: np.dtype(name).newbyteorder("<")
     for name in (
-        "bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
-        "float16", "float32", "float64",
+        "bool",
+        "uint8",
+        "int8",
+        "uint16",
+        "int16",
+        "uint32",
+        "int32",
+        "uint64",
+        "int64",
+        "float16",
+        "float32",
+        "float64",
     )
 }
 ZSTD_LEVEL = compress.ZSTD_LEVEL
@@ -319,9 +329,14 @@ class Byte(Packed):
 
 # Every layout, by the name the manifest stores; the packed ones tightest first.
 LAYOUTS: dict[str, Layout] = {
-    "plain": Plain(), "shuffle": Shuffle(), "trit5": Trits(), "bits2": Bits(4, 2),
-    "nib4": Bits(2, 4), "pack6": Bits(4, 6), "byte": Byte(),
-}  # fmt: skip
+    "plain": Plain(),
+    "shuffle": Shuffle(),
+    "trit5": Trits(),
+    "bits2": Bits(4, 2),
+    "nib4": Bits(2, 4),
+    "pack6": Bits(4, 6),
+    "byte": Byte(),
+}
 
 
 def layout_bytes(arr: np.ndarray, dtype: str, layout: str, offset: int = 0) -> bytes:
@@ -364,14 +379,21 @@ class Compressed(Codec):
 
     def candidates(self, arr, ctx, best):
         out = []
-        tries = [(layout, offset, layout_bytes(arr, ctx.dtype, layout, offset))
-                 for layout, offset in self._layouts(arr, ctx)]
+        tries = [
+            (layout, offset, layout_bytes(arr, ctx.dtype, layout, offset)) for layout, offset in self._layouts(arr, ctx)
+        ]
         quick: dict[str, float] = {}
         if ctx.effort != "max":
             big = [i for i, (_, _, raw) in enumerate(tries) if len(raw) > QUICK_MIN]
             # (slices of a big stream, all of a smaller one)
-            quick = {tries[i][0]: (_probe if len(tries[i][2]) > 4 * ZSTD_PROBE else _whole)(tries[i][2], _deflate1)
-                     for i in big} if len(big) > 1 else {}
+            quick = (
+                {
+                    tries[i][0]: (_probe if len(tries[i][2]) > 4 * ZSTD_PROBE else _whole)(tries[i][2], _deflate1)
+                    for i in big
+                }
+                if len(big) > 1
+                else {}
+            )
             if quick:  # several layouts (floats): the slow run on the one deflate-1 favours only
                 keep = min(big, key=lambda i: quick[tries[i][0]])
                 tries = [t for i, t in enumerate(tries) if i == keep or i not in big]
@@ -467,8 +489,12 @@ class Lzma(Compressed, name="lzma"):
         # either leads the race (lzma then lands above it: 1% on 16K int8 codes) or trails the
         # best by under LZMA_NOREP_GAIN. Not float words: there lzma finds 2-9% under deflate
         # (bf16 and fp32 passthrough tensors of a trained model), repetition or not.
-        if (ctx.scales is not None and best < NO_RACE and ((raced and size <= best) or size * LZMA_NOREP_GAIN >= best)
-                and size >= ZSTD_REPEATS * _order0_bytes(raw)):
+        if (
+            ctx.scales is not None
+            and best < NO_RACE
+            and ((raced and size <= best) or size * LZMA_NOREP_GAIN >= best)
+            and size >= ZSTD_REPEATS * _order0_bytes(raw)
+        ):
             return []
         return [(compress.compress(self.compressor, raw), params)]
 
@@ -580,11 +606,10 @@ class Rans(Codec, name="rans"):
             c = search.choose(sym, nsym, geo, ctx.effort)
         # uint8 ids and uint16 units: what the kernel reads (no int64 copies of the stream)
         cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, np.uint8, kc=c.kc)
-        nt = nsym ** c.t
+        nt = nsym**c.t
         tsym = rans.to_tuples(sym, nsym, c.t, np.uint16).astype(np.uint16, copy=False)
         if c.side is not None:  # the search counted this stream exactly and made its side data
-            body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, c.lanes, c.prec,
-                               c.side.blobs())
+            body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, c.lanes, c.prec, c.side.blobs())
         else:
             counts = rans.context_counts(tsym, cvec, c.k, nt)
             tables = rans.normalize_table(counts, c.prec)
@@ -609,18 +634,20 @@ class Rans(Codec, name="rans"):
         offset, nsym = params.get("offset"), params.get("nsym")
         variant, k, kc = params.get("context", "none"), params.get("k", 1), params.get("kc", 1)
         t, lanes, prec = params.get("tuple", 1), params.get("lanes"), params.get("prec")
-        for key, v, lo, hi in (("offset", offset, -(1 << 64), 1 << 64),
-                               ("nsym", nsym, 1, rans.MAX_ALPHABET),
-                               ("k", k, 1, rans.MAX_CONTEXTS),
-                               ("kc", kc, 1, rans.MAX_CONTEXTS),
-                               ("tuple", t, 1, 8),
-                               ("lanes", lanes, 1, rans.MAX_LANES),
-                               ("prec", prec, 1, rans.MAX_PREC)):
+        for key, v, lo, hi in (
+            ("offset", offset, -(1 << 64), 1 << 64),
+            ("nsym", nsym, 1, rans.MAX_ALPHABET),
+            ("k", k, 1, rans.MAX_CONTEXTS),
+            ("kc", kc, 1, rans.MAX_CONTEXTS),
+            ("tuple", t, 1, 8),
+            ("lanes", lanes, 1, rans.MAX_LANES),
+            ("prec", prec, 1, rans.MAX_PREC),
+        ):
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ArtifactError(f"rans param {key}={v!r} out of range")
         if lanes & (lanes - 1):
             raise ArtifactError(f"rans lanes={lanes} is not a power of two")
-        nt = nsym ** t
+        nt = nsym**t
         if nt > rans.MAX_ALPHABET:
             raise ArtifactError("rans tuple alphabet too large")
         if not isinstance(variant, str) or variant not in ("none", "scale", "row", "col", "grid"):
@@ -632,8 +659,9 @@ class Rans(Codec, name="rans"):
         n_ids = {"row": rows, "col": cols, "grid": rows + cols}.get(variant, 0)
         # Class ids are stored per row/column: an empty tensor has none to give, and their
         # count is bounded by the codes' (a zero dimension must not declare 2**39 rows).
-        if variant in ("row", "col", "grid") and (rows * cols > n or len(ctx.tensor_shape) < 2
-                                                  or rows * cols == 0 or n_ids > 2 * n):
+        if variant in ("row", "col", "grid") and (
+            rows * cols > n or len(ctx.tensor_shape) < 2 or rows * cols == 0 or n_ids > 2 * n
+        ):
             raise ArtifactError("rans class context does not fit the tensor shape")
         if variant == "scale" and (len(ctx.shape) != 2 or ctx.scales is None):
             raise ArtifactError("rans scale context needs scales")

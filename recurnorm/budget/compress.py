@@ -38,7 +38,8 @@ LZMA_MIN_BYTES = 64  # below this its end marker and headers never pay
 ZSTD_LEVEL = 19
 
 _ZSTD_MAGICLESS = zstandard.ZstdCompressionParameters.from_level(
-    ZSTD_LEVEL, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=False)
+    ZSTD_LEVEL, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=False
+)
 _local = threading.local()
 
 
@@ -91,8 +92,11 @@ def decompress(kind: int, blob: bytes, limit: int, what: str, magicless: bool = 
     elif kind == ZSTD:
         return bounded_zstd.decompress(blob, limit, what, magicless=magicless)
     elif kind in (DEFLATE, LZMA):
-        d = (zlib.decompressobj(DEFLATE_WBITS) if kind == DEFLATE
-             else lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=LZMA_DECODE_FILTERS))
+        d = (
+            zlib.decompressobj(DEFLATE_WBITS)
+            if kind == DEFLATE
+            else lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=LZMA_DECODE_FILTERS)
+        )
         try:
             out = d.decompress(blob, limit + 1)
         except (zlib.error, lzma.LZMAError) as exc:

@@ -44,8 +44,7 @@ STREAM_KINDS = ("codes", "scales", "zeros")
 
 def dumps(obj: Any) -> bytes:
     """Canonical JSON bytes: sorted keys, no spaces, UTF-8, so packing is deterministic."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
 def write_container(manifest: dict, payload: bytes) -> bytes:
@@ -103,8 +102,9 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
     if magic != MAGIC:
         raise ArtifactError(f"not a recurnorm artifact (magic {bytes(magic)!r}, expected {MAGIC!r})")
     if version not in READ_VERSIONS:
-        raise ArtifactError(f"unsupported artifact version {version} (this reader knows "
-                            f"{', '.join(map(str, READ_VERSIONS))})")
+        raise ArtifactError(
+            f"unsupported artifact version {version} (this reader knows {', '.join(map(str, READ_VERSIONS))})"
+        )
     if flags & ~MANIFEST_COMPRESSOR_MASK or (version == 1 and flags > compress.ZSTD):
         raise ArtifactError(f"unsupported artifact flags {flags:#x}")
     if mlen > MAX_MANIFEST_BYTES or HEADER_SIZE + mlen > len(data):
@@ -126,9 +126,7 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
     payload = data[HEADER_SIZE + mlen :]
     plen = manifest.get("payload_length")
     if not _is_int(plen) or plen != len(payload):
-        raise ArtifactError(
-            f"truncated or padded artifact: payload is {len(payload)} bytes, manifest says {plen}"
-        )
+        raise ArtifactError(f"truncated or padded artifact: payload is {len(payload)} bytes, manifest says {plen}")
     if hashlib.sha256(payload).hexdigest() != manifest.get("payload_sha256"):
         raise ArtifactError("payload checksum mismatch (corrupt artifact)")
     validate_manifest(manifest, max_decoded_bytes)

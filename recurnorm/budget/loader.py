@@ -34,9 +34,13 @@ COMPACT_FILTERS = [{"id": lzma.FILTER_LZMA1, "preset": 9 | lzma.PRESET_EXTREME, 
 def _drop_docstrings(tree: ast.AST) -> None:
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
+        if (
+            isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             node.body = body[1:] or [ast.Pass()]
 
 
@@ -55,26 +59,33 @@ def _rename(tree: ast.Module) -> None:
     this program stores on its own objects, then each top-level function's or class's
     parameters and locals (one scope each, so short names are reused). Public functions
     and their parameters, imports, keyword arguments of calls and strings keep their text."""
-    imported = {a.asname or a.name for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
-                for a in n.names}
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
     public = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in PUBLIC]
     kept = imported | PUBLIC | {"self"} | {a.arg for n in public for a in n.args.args + n.args.kwonlyargs}
     module, fresh = {}, _short_names(kept)
     for node in tree.body:  # module level: functions, classes, constants
-        names = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
-                 [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)])
+        names = (
+            [node.name]
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+            else [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+        )
         module.update((n, next(fresh)) for n in names if n not in kept)
     # Fields this program stores (its own objects') get short names from their own pool,
     # unless a numpy array has that attribute (the same name may then be read off an array).
     attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    stored = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-                     and isinstance(n.ctx, ast.Store)} - set(dir(np.ndarray)))
+    stored = sorted(
+        {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
+        - set(dir(np.ndarray))
+    )
     fields = dict(zip(stored, _short_names(attrs | set(dir(np.ndarray))), strict=False))
     for node in tree.body:
         local, fresh = {}, _short_names(kept | set(module.values()))
         for n in ast.walk(node):
-            name = n.id if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) else (
-                n.arg if isinstance(n, ast.arg) else n.name if isinstance(n, ast.ExceptHandler) else None)
+            name = (
+                n.id
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+                else (n.arg if isinstance(n, ast.arg) else n.name if isinstance(n, ast.ExceptHandler) else None)
+            )
             if name and name not in kept and name not in module and name not in local:
                 local[name] = next(fresh)
         mapping = {**module, **local}
@@ -124,13 +135,18 @@ def _tight(code: str) -> str:
 
 
 def _join(tokens) -> str:
-    if any(t.type == tokenize.STRING and "f" in t.string[:t.string.find(t.string[-1])].lower() or
-           t.type == getattr(tokenize, "FSTRING_START", -1) for t in tokens):
+    if any(
+        t.type == tokenize.STRING
+        and "f" in t.string[: t.string.find(t.string[-1])].lower()
+        or t.type == getattr(tokenize, "FSTRING_START", -1)
+        for t in tokens
+    ):
         return tokens[0].line.strip()
     text = tokens[0].string
     for prev, tok in zip(tokens, tokens[1:], strict=False):
         word = (prev.string[-1:].isalnum() or prev.string[-1:] == "_") and (
-            tok.string[:1].isalnum() or tok.string[:1] in "_'\"")
+            tok.string[:1].isalnum() or tok.string[:1] in "_'\""
+        )
         text += (" " if word else "") + tok.string
     return text
 
@@ -154,13 +170,13 @@ def loader_problem(data: bytes, manifest: dict) -> str | None:
         return f"format version {version} (the loader reads 2: repack it)"
     if flags & format.MANIFEST_COMPRESSOR_MASK not in compress.PORTABLE:
         return "the manifest is zstd-compressed"
-    payload = memoryview(data)[format.HEADER_SIZE + mlen:]
+    payload = memoryview(data)[format.HEADER_SIZE + mlen :]
     for t in manifest["tensors"]:
         for kind, s in t.get("streams", {}).items():
             where = f"tensor {t['name']!r} {kind}"
             if s["codec"] not in LOADER_CODECS:
                 return f"{where} uses the {s['codec']} codec"
-            body = payload[s["offset"]:s["offset"] + s["length"]]
+            body = payload[s["offset"] : s["offset"] + s["length"]]
             if s["codec"] == "rans" and not set(rans.side_compressors(body)) <= set(compress.PORTABLE):
                 return f"{where} has zstd-compressed rans side data"
     return None

@@ -28,7 +28,6 @@ except ImportError:  # pragma: no cover - depends on the build machine
     _ransc = None
 
 
-
 def has_kernel() -> bool:
     """Whether the compiled kernel is built (else the numpy reference codes: same bytes, slower)."""
     return _ransc is not None
@@ -50,9 +49,14 @@ def _note_fallback(units: int) -> None:
     global _FALLBACK_NOTE_UNITS
     if units >= _FALLBACK_NOTE_UNITS:
         _FALLBACK_NOTE_UNITS = 1 << 62
-        warnings.warn("recurnorm: the compiled rANS kernel is not built, so the numpy reference "
-                      "codes (the same bytes, at 0.1-1 MB/s); install a C compiler and Python's headers "
-                      "(python3-dev), then reinstall recurnorm", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            "recurnorm: the compiled rANS kernel is not built, so the numpy reference "
+            "codes (the same bytes, at 0.1-1 MB/s); install a C compiler and Python's headers "
+            "(python3-dev), then reinstall recurnorm",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
 
 MAX_ALPHABET = 1 << 12  # larger alphabets go to zstd/raw
 MAX_CONTEXTS = 256  # context ids are one byte a position (uint8) in every coder and the loader
@@ -94,7 +98,8 @@ def varint_encode(values: np.ndarray) -> bytes:
     for j in range(int(nbytes.max())):  # byte j of every value that has one
         has = nbytes > j
         out[pos[has] + j] = ((v[has] >> np.uint64(7 * j)) & np.uint64(0x7F)).astype(np.uint8) | (
-            (nbytes[has] - 1 > j).astype(np.uint8) << 7)
+            (nbytes[has] - 1 > j).astype(np.uint8) << 7
+        )
     return out.tobytes()
 
 
@@ -239,8 +244,17 @@ def scale_buckets(scales: np.ndarray, k: int) -> np.ndarray:
 
 
 def context_vector(
-    variant: str, k: int, n: int, rows: int, cols: int, L: int,
-    scales: np.ndarray | None, ids: np.ndarray | None, step: int = 1, dtype=np.int64, kc: int = 1,
+    variant: str,
+    k: int,
+    n: int,
+    rows: int,
+    cols: int,
+    L: int,
+    scales: np.ndarray | None,
+    ids: np.ndarray | None,
+    step: int = 1,
+    dtype=np.int64,
+    kc: int = 1,
     order: np.ndarray | None = None,
 ) -> np.ndarray:
     """Context id of code positions 0, step, 2*step, ... < n (= G*L).
@@ -311,9 +325,9 @@ def from_tuples(tsym: np.ndarray, nsym: int, t: int, n: int) -> np.ndarray:
     """Inverse of to_tuples for n symbols."""
     if t == 1:
         return tsym  # already the decoder's narrow type: no int64 copy of the stream
-    nt = nsym ** t
+    nt = nsym**t
     # Digit table per tuple value: one gather instead of t divisions per tuple.
-    lut = (np.arange(nt, dtype=np.int64)[:, None] // (nsym ** np.arange(t, dtype=np.int64)) % nsym)
+    lut = np.arange(nt, dtype=np.int64)[:, None] // (nsym ** np.arange(t, dtype=np.int64)) % nsym
     return lut.astype(np.uint8 if nsym <= 256 else np.int64)[tsym].ravel()[:n]
 
 
@@ -344,16 +358,27 @@ def _read_varint(body: bytes, pos: int) -> tuple[int, int]:
     raise ArtifactError("rans stream header is not a valid varint")
 
 
-def encode(sym: np.ndarray, ctx: np.ndarray, k: int, nsym: int, ids: np.ndarray | None,
-           tables: np.ndarray, lanes: int, prec: int, side=None) -> bytes:
+def encode(
+    sym: np.ndarray,
+    ctx: np.ndarray,
+    k: int,
+    nsym: int,
+    ids: np.ndarray | None,
+    tables: np.ndarray,
+    lanes: int,
+    prec: int,
+    side=None,
+) -> bytes:
     """Encode symbols in [0, nsym) with the stored table [k, nsym] (rows summing to 2**prec)
     of each context id: the stream header, side data, then ilv_encode's bytes.
 
     side: the ((table blob, id), (ids blob, id)) pack_side made already (search.SideData).
     """
     if side is None:
-        side = (pack_side(varint_encode(tables.ravel())),
-                pack_side(ids.astype(np.uint8).tobytes()) if ids is not None else (b"", 0))
+        side = (
+            pack_side(varint_encode(tables.ravel())),
+            pack_side(ids.astype(np.uint8).tobytes()) if ids is not None else (b"", 0),
+        )
     (tblob, tz), (iblob, iz) = side
     head = varint_encode(np.array([4 * len(tblob) + tz, 4 * len(iblob) + iz])) + tblob + iblob
     return head + ilv_encode(sym, ctx if k > 1 else None, tables, prec, lanes)
@@ -379,8 +404,9 @@ def side_compressors(body: bytes) -> tuple[int, int]:
     return tz, iz
 
 
-def split_body(body: bytes, k: int, nsym: int, n_ids: int,
-               version: int = 2) -> tuple[np.ndarray, np.ndarray | None, bytes]:
+def split_body(
+    body: bytes, k: int, nsym: int, n_ids: int, version: int = 2
+) -> tuple[np.ndarray, np.ndarray | None, bytes]:
     """Parse a rans stream body into (tables [k, nsym], ids or None, the coder's bytes)."""
     (tlen, tz), (ilen, iz), pos = _side_header(body, version)
     if pos + tlen + ilen > len(body) or (len(body) - pos - tlen - ilen) % 2:
@@ -436,8 +462,7 @@ def _slot_tables(freq: np.ndarray, prec: int):
     return sym.astype(dt), flat[owner].astype(np.uint32), bias.astype(np.uint32)
 
 
-def ilv_encode(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, prec: int,
-               lanes: int) -> bytes:
+def ilv_encode(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, prec: int, lanes: int) -> bytes:
     """Interleaved rANS: symbol i goes to lane i % lanes; final states then u16 words.
 
     The compiled kernel when it is built, else the numpy reference: the same bytes.
@@ -448,14 +473,19 @@ def ilv_encode(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, prec: 
     k, nsym = freq.shape
     c = np.ascontiguousarray(ctx, dtype=np.uint8) if k > 1 and ctx is not None else None
     try:
-        return _ransc.encode(np.ascontiguousarray(sym, dtype=np.uint16), c,
-                             np.ascontiguousarray(freq, dtype=np.uint32).ravel(), nsym, prec, lanes)
+        return _ransc.encode(
+            np.ascontiguousarray(sym, dtype=np.uint16),
+            c,
+            np.ascontiguousarray(freq, dtype=np.uint32).ravel(),
+            nsym,
+            prec,
+            lanes,
+        )
     except ValueError as exc:  # our own tables: a bug, not bad input
         raise ValueError(f"rans encode: {exc}") from None
 
 
-def ilv_decode(data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int, lanes: int,
-               n: int) -> np.ndarray:
+def ilv_decode(data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int, lanes: int, n: int) -> np.ndarray:
     """Inverse of ilv_encode for n symbols; ArtifactError on any inconsistency."""
     steps = -(-n // lanes)
     if steps > MAX_STEPS or len(data) < 4 * lanes or len(data) % 2:
@@ -476,8 +506,7 @@ def ilv_decode(data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int,
     return out.astype(np.uint8) if nsym <= 256 else out
 
 
-def ilv_encode_numpy(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, prec: int,
-                     lanes: int) -> bytes:
+def ilv_encode_numpy(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, prec: int, lanes: int) -> bytes:
     """The numpy reference of ilv_encode: lanes vectorized, one Python step per `lanes` units."""
     n = len(sym)
     k, nsym = freq.shape
@@ -516,8 +545,9 @@ def ilv_encode_numpy(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, 
     return x.astype("<u4").tobytes() + words
 
 
-def ilv_decode_numpy(data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int, lanes: int,
-                     n: int) -> np.ndarray:
+def ilv_decode_numpy(
+    data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int, lanes: int, n: int
+) -> np.ndarray:
     """The numpy reference of ilv_decode (sizes already checked by ilv_decode)."""
     steps = -(-n // lanes)
     k = freq.shape[0]

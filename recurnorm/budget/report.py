@@ -35,8 +35,10 @@ def totals_lines(rows: list[dict], cap: dict | None = None) -> str:
     numel = sum(r["numel"] for r in stored)
     bound = sum(r.get("order0_bytes") or 0 for r in stored)
     codes = sum(r.get("codes_bytes") or 0 for r in stored)
-    out = [f"tensors {len(stored)} (+{len(rows) - len(stored)} aliases), weights {numel:,}, "
-           f"stream bytes {nbytes:,} ({nbytes * 8 / max(numel, 1):.3f} bits/weight)"]
+    out = [
+        f"tensors {len(stored)} (+{len(rows) - len(stored)} aliases), weights {numel:,}, "
+        f"stream bytes {nbytes:,} ({nbytes * 8 / max(numel, 1):.3f} bits/weight)"
+    ]
     if bound:
         out.append(f"codes {codes:,} bytes vs order-0 bound {bound:,.0f} ({(codes / bound - 1) * 100:+.2f}%)")
     if cap is not None:

@@ -20,8 +20,27 @@ import zlib
 import numpy as np
 
 # bitsandbytes' NF4 table, each the shortest decimal that rounds to the float32 it uses
-NF4 = np.array([-1, -0.6961928, -0.52507305, -0.3949175, -0.28444138, -0.18477343, -0.091050036, 0,
-                0.0795803, 0.1609302, 0.2461123, 0.33791524, 0.44070983, 0.562617, 0.72295684, 1], np.float32)
+NF4 = np.array(
+    [
+        -1,
+        -0.6961928,
+        -0.52507305,
+        -0.3949175,
+        -0.28444138,
+        -0.18477343,
+        -0.091050036,
+        0,
+        0.0795803,
+        0.1609302,
+        0.2461123,
+        0.33791524,
+        0.44070983,
+        0.562617,
+        0.72295684,
+        1,
+    ],
+    np.float32,
+)
 BF16 = np.dtype("<u2", metadata={"bf16": 1})  # numpy has no bfloat16: its bits, marked
 PACKED = {"trit5": (5, 1), "bits2": (4, 1), "nib4": (2, 1), "pack6": (4, 3), "byte": (1, 1)}  # symbols, bytes
 
@@ -36,8 +55,11 @@ def inflate(kind, blob, limit):
     out = bytes(blob)
     if kind:
         need(kind > 1, "zstd is not portable")
-        d = zlib.decompressobj(-15) if kind == 2 else lzma.LZMADecompressor(
-            lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2, "dict_size": 1 << 22}])
+        d = (
+            zlib.decompressobj(-15)
+            if kind == 2
+            else lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2, "dict_size": 1 << 22}])
+        )
         out = d.decompress(out, limit + 1)
         need(d.eof and not d.unused_data, "bad deflate/lzma data")
     need(len(out) <= limit, "too long")
@@ -98,15 +120,15 @@ class Stream:
 
     def __init__(self, body, p, n, tshape, L, scales, done):
         self.t, self.nsym, self.prec, self.lanes = p.get("tuple", 1), p["nsym"], p["prec"], p["lanes"]
-        k, nt = p.get("k", 1), self.nsym ** self.t
+        k, nt = p.get("k", 1), self.nsym**self.t
         b = np.frombuffer(body, np.uint8)
         head = np.flatnonzero(b[:10] < 128)[1] + 1  # two varints: 4 * length + compressor id
         (tl, tz), (il, iz) = [(v >> 2, v & 3) for v in varints(b[:head], 2)]
-        self.f = varints(inflate(tz, b[head:head + tl], 5 * k * nt), k * nt).reshape(k, nt)
-        ids = np.frombuffer(inflate(iz, b[head + tl:head + tl + il], 1 << 24), np.uint8).astype(int)
+        self.f = varints(inflate(tz, b[head : head + tl], 5 * k * nt), k * nt).reshape(k, nt)
+        ids = np.frombuffer(inflate(iz, b[head + tl : head + tl + il], 1 << 24), np.uint8).astype(int)
         self.ctx = contexts(p, k, ids, n, self.t, tshape, L, scales)
-        coder = b[head + tl + il:]
-        self.x, self.words = coder[:4 * self.lanes].view("<u4"), coder[4 * self.lanes:].view("<u2")
+        coder = b[head + tl + il :]
+        self.x, self.words = coder[: 4 * self.lanes].view("<u4"), coder[4 * self.lanes :].view("<u2")
         self.steps = -(-len(self.ctx) // self.lanes)
         need(len(self.x) == self.lanes and self.steps <= 65536 and self.prec <= 16, "bad rans data")
         self.n, self.done = n, done
@@ -127,7 +149,7 @@ def decode_rans(streams):
         freq += [[1 << s.prec], s.f.ravel()]
         sym += [[0], np.tile(np.arange(nt), k)]
         rk = np.full(s.lanes * s.steps, rows << 17)  # units laid out [step, lane]
-        rk[:len(s.ctx)] = s.ctx + rows + 1 << 17
+        rk[: len(s.ctx)] = s.ctx + rows + 1 << 17
         rowkey.append(rk)
         s.at, rows, units = units, rows + k + 1, units + len(rk)
 
@@ -139,7 +161,7 @@ def decode_rans(streams):
     lane0 = np.cumsum([0] + W)  # each stream's first lane
     sid = np.repeat(np.arange(len(W)), W)
     stride, shift = np.repeat(W, W), np.repeat([s.prec for s in streams], W)
-    base = np.arange(lane0[-1]) - lane0[sid] + cat([[s.at] * s.lanes for s in streams])[:lane0[-1]]
+    base = np.arange(lane0[-1]) - lane0[sid] + cat([[s.at] * s.lanes for s in streams])[: lane0[-1]]
     x, words = cat([s.x for s in streams]), cat([s.words for s in streams] + [[0]])
     wend = np.cumsum([len(s.words) for s in streams])
     wptr = wend - [len(s.words) for s in streams]
@@ -157,16 +179,16 @@ def decode_rans(streams):
         out[u] = g
         xa[:] = freq[g] * (xa >> shift[:a]) + key - keys[g]
         low = xa < 65536  # these lanes read their stream's next word, in lane order
-        np.cumsum(low, out=cs[1:a + 1])
+        np.cumsum(low, out=cs[1 : a + 1])
         i = np.flatnonzero(low)
         xa[i] = xa[i] << 16 | words.take((wptr - cs[lane0[:-1]])[:ns][sid[i]] + cs[i], mode="clip")
-        wptr[:ns] += cs[lane0[1:ns + 1]] - cs[lane0[:ns]]
+        wptr[:ns] += cs[lane0[1 : ns + 1]] - cs[lane0[:ns]]
     need((x == 1 << 16).all() and (wptr == wend).all(), "bad rans data")
     for s in streams:
-        v = sym[out[s.at:s.at + len(s.ctx)]]
+        v = sym[out[s.at : s.at + len(s.ctx)]]
         if s.t > 1:  # units are tuples of t symbols, first in the low digit
             v = (v[:, None] // s.nsym ** np.arange(s.t) % s.nsym).ravel()
-        s.done(v[:s.n])
+        s.done(v[: s.n])
 
 
 def decode(src, max_bytes=1 << 30):
@@ -175,10 +197,10 @@ def decode(src, max_bytes=1 << 30):
     try:
         magic, ver, flags, mlen, sha = struct.unpack_from("<4sHHQ32s", data)
         need(magic == b"RNPK" and ver == 2 and flags < 4, "not a format-2 .rnpk")
-        m = bytes(data[48:48 + mlen])
+        m = bytes(data[48 : 48 + mlen])
         need(hashlib.sha256(m).digest() == sha, "manifest hash mismatch")
         man = json.loads(inflate(flags, m, 1 << 26))
-        pay = data[48 + mlen:]
+        pay = data[48 + mlen :]
         need(hashlib.sha256(pay).hexdigest() == man["payload_sha256"], "payload hash mismatch")
         todo = [t for t in man["tensors"] if "alias_of" not in t]
         size = sum(np.prod(t["shape"]) * np.dtype(t["dtype"].replace("bf", "f")).itemsize for t in todo)
@@ -188,7 +210,7 @@ def decode(src, max_bytes=1 << 30):
         def stream(t, kind):
             s = t["streams"][kind]
             dt, n, p, key = np.dtype(s["dtype"]).newbyteorder("<"), np.prod(s["shape"]), s["params"], (t["name"], kind)
-            body = pay[s["offset"]:s["offset"] + s["length"]]
+            body = pay[s["offset"] : s["offset"] + s["length"]]
 
             def done(sym):  # packed symbols + offset = the codes; then their hash
                 off = p.get("offset", 0)
@@ -212,8 +234,11 @@ def decode(src, max_bytes=1 << 30):
         out = {}
         for t in man["tensors"]:
             name = t["name"]
-            out[name] = out[t["alias_of"]] if "alias_of" in t else dequantize(
-                t, *(arrays.get((name, k)) for k in ("codes", "scales", "zeros")))
+            out[name] = (
+                out[t["alias_of"]]
+                if "alias_of" in t
+                else dequantize(t, *(arrays.get((name, k)) for k in ("codes", "scales", "zeros")))
+            )
         return out, man.get("metadata", {})
     except (LookupError, TypeError, AttributeError, ArithmeticError, struct.error) as e:
         raise ValueError(f"rnpk: malformed artifact ({type(e).__name__}: {e})") from None
@@ -224,8 +249,13 @@ def dequantize(t, codes, scales, zeros):
     fmt, n, dtype = t["format"], int(np.prod(t["shape"])), t["dtype"]
     if fmt in ("fp32", "fp16", "bf16"):
         bits = codes.ravel()[:n]
-        v = (bits.view(np.float32) if fmt == "fp32" else bits.view(np.float16).astype(np.float32)
-             if fmt == "fp16" else (bits.astype(np.uint32) << 16).view(np.float32))
+        v = (
+            bits.view(np.float32)
+            if fmt == "fp32"
+            else bits.view(np.float16).astype(np.float32)
+            if fmt == "fp16"
+            else (bits.astype(np.uint32) << 16).view(np.float32)
+        )
     elif fmt == "raw":
         v = codes.ravel()[:n]
         return (v != 0 if dtype == "bool" else v.astype(dtype)).reshape(t["shape"])
@@ -250,6 +280,9 @@ def load(src, max_bytes=1 << 30):
     arrays, seen = decode(src, max_bytes)[0], {}
     for v in arrays.values():
         if id(v) not in seen:
-            seen[id(v)] = (torch.from_numpy(v.view(np.int16)).view(torch.bfloat16) if v.dtype.metadata
-                           else torch.from_numpy(np.ascontiguousarray(v)))
+            seen[id(v)] = (
+                torch.from_numpy(v.view(np.int16)).view(torch.bfloat16)
+                if v.dtype.metadata
+                else torch.from_numpy(np.ascontiguousarray(v))
+            )
     return {k: seen[id(v)] for k, v in arrays.items()}

@@ -61,11 +61,27 @@ EFFORTS = {
     # there; 4 k-means iterations find the classes 8 do. 32 classes on big streams: a real
     # token embedding (all-MiniLM-L6-v2, 30522 x 384 ternary) wants 32 column classes (sign
     # lean x density) under 8 row classes: 0.963 of its order-0 bound, ids and tables counted.
-    "normal": Effort(small_ks=(2,), ks=(2, 4, 8, 16), big_ks=(4, 8, 16, 32), leaders=3, finalists=3,
-                     kmeans_iters=4, per_symbol=128, all_grids=False),
+    "normal": Effort(
+        small_ks=(2,),
+        ks=(2, 4, 8, 16),
+        big_ks=(4, 8, 16, 32),
+        leaders=3,
+        finalists=3,
+        kmeans_iters=4,
+        per_symbol=128,
+        all_grids=False,
+    ),
     # The last bytes under a hard cap: every k everywhere, every candidate scored fully.
-    "max": Effort(small_ks=(2, 4, 8, 16), ks=(2, 4, 8, 16, 32), big_ks=(2, 4, 8, 16, 32), leaders=64,
-                  finalists=8, kmeans_iters=8, per_symbol=0, all_grids=True),
+    "max": Effort(
+        small_ks=(2, 4, 8, 16),
+        ks=(2, 4, 8, 16, 32),
+        big_ks=(2, 4, 8, 16, 32),
+        leaders=64,
+        finalists=8,
+        kmeans_iters=8,
+        per_symbol=0,
+        all_grids=True,
+    ),
 }
 
 
@@ -84,8 +100,9 @@ class Geometry:
     def context_vector(self, variant: str, k: int, ids, step: int = 1, dtype=np.int64, kc: int = 1) -> np.ndarray:
         """Context id of positions 0, step, 2*step, ..."""
         order = self.scale_order if variant == "scale" and self.scales is not None else None
-        return rans.context_vector(variant, k, self.n, self.rows, self.cols, self.row_len,
-                                   self.scales, ids, step, dtype, kc, order)
+        return rans.context_vector(
+            variant, k, self.n, self.rows, self.cols, self.row_len, self.scales, ids, step, dtype, kc, order
+        )
 
     @cached_property
     def scale_order(self) -> np.ndarray:
@@ -159,7 +176,7 @@ class Stream:
     def total(self, t: int) -> np.ndarray:
         """Exact counts of the units of t symbols."""
         if t not in self._totals:
-            self._totals[t] = np.bincount(self.tuples(t), minlength=self.nsym ** t)
+            self._totals[t] = np.bincount(self.tuples(t), minlength=self.nsym**t)
         return self._totals[t]
 
     def histograms(self, family: str) -> tuple[np.ndarray, float]:
@@ -199,13 +216,12 @@ class Stream:
     def unit_counts(self, t: int, variant: str, k: int, ids, kc: int = 1) -> np.ndarray:
         """[k, nsym**t] counts of coded units per context, from every us-th unit (scaled;
         exact below SEARCH_SAMPLE // 2 units)."""
-        tsym, nt = self.tuples(t), self.nsym ** t
+        tsym, nt = self.tuples(t), self.nsym**t
         us = max(1, tsym.size // (SEARCH_SAMPLE // 2))
         # uint8 ids (k <= 256) and uint16 units: one pass of the kernel, no int64 index
         cvec = self.geo.context_vector(variant, k, ids, t * us, np.uint8, kc=kc)
         counts = rans.context_counts(tsym[::us], cvec, k, nt)
         return counts * (tsym.size / len(cvec))
-
 
     def class_counts(self, sums: np.ndarray, scale: float) -> np.ndarray:
         """Row/col class counts (scaled up from the sample) plus the padding codes, which sit
@@ -242,8 +258,7 @@ def candidates_many(streams: list[Stream], effort: Effort = EFFORTS["normal"]) -
         out.append(cands)
         if sym.size < max(MIN_CONTEXT_SYMBOLS, effort.per_symbol * nsym) or nsym < 2:
             continue
-        ks = (effort.big_ks if sym.size >= BIG_SYMBOLS else effort.small_ks if sym.size < MID_SYMBOLS
-              else effort.ks)
+        ks = effort.big_ks if sym.size >= BIG_SYMBOLS else effort.small_ks if sym.size < MID_SYMBOLS else effort.ks
         G, scales = geo.code_rows, geo.scales
         if scales is not None and G >= 4 and len(scales) == G and G * nsym <= CLUSTER_MAX_CELLS:
             kk = [k for k in ks if k < G]
@@ -459,8 +474,12 @@ def grid_candidates(stream: Stream, cands: list[Candidate], rough: np.ndarray, h
         return []
     # A grid's tables: kr * kc rows of about a varint byte per symbol, where the two axes
     # alone had kr + kc rows.
-    ranked = sorted((-(gain["row", kr] + gain["col", kc] - (kr * kc - kr - kc) * stream.nsym), kr, kc)
-                    for kr in rks for kc in cks if kr * kc <= rans.MAX_CONTEXTS)
+    ranked = sorted(
+        (-(gain["row", kr] + gain["col", kc] - (kr * kc - kr - kc) * stream.nsym), kr, kc)
+        for kr in rks
+        for kc in cks
+        if kr * kc <= rans.MAX_CONTEXTS
+    )
     # The best k of each axis alone always (its pair often wins where tables are dear), then
     # the best-ranked others.
     best = (max(rks, key=lambda k: gain["row", k]), max(cks, key=lambda k: gain["col", k]))
@@ -476,8 +495,9 @@ def grid_candidates(stream: Stream, cands: list[Candidate], rough: np.ndarray, h
     return out
 
 
-def _choose_group(streams: list[Stream], cands: list[list[Candidate]], group: list[int],
-                  how: Effort) -> dict[int, Choice]:
+def _choose_group(
+    streams: list[Stream], cands: list[list[Candidate]], group: list[int], how: Effort
+) -> dict[int, Choice]:
     """Choices for streams whose unit alphabets are about as wide: scored together."""
     # First pass by ideal code lengths (it also picks the grids to try); every precision for
     # the leaders only.
@@ -495,8 +515,9 @@ def _choose_group(streams: list[Stream], cands: list[list[Candidate]], group: li
     fixed = s.fixed()
     finalists = {}
     for j, a, b in zip(jobs, bounds, bounds[1:], strict=False):
-        pairs = sorted((float(total[q, i]), i - a, q) for i in range(a, b) for q in range(len(PRECS))
-                       if np.isfinite(total[q, i]))
+        pairs = sorted(
+            (float(total[q, i]), i - a, q) for i in range(a, b) for q in range(len(PRECS)) if np.isfinite(total[q, i])
+        )
         # Distinct candidates first (each at its best precision), then their other precisions:
         # the side data the estimate misjudges most (tables of wide alphabets) differs most
         # between candidates, not between one candidate's precisions.
@@ -511,9 +532,13 @@ def _choose_group(streams: list[Stream], cands: list[list[Candidate]], group: li
     best = {j: (*finalists[j][0], None) for j in jobs if streams[j].big}
     start = dict(zip(jobs, bounds, strict=False))
     for r in range(max(len(f) for f in finalists.values())):
-        measure = [(j, a + i, q) for j, a in zip(jobs, bounds, strict=False) if not streams[j].big
-                   for _, i, q in finalists[j][r : r + 1]
-                   if j not in best or float(fixed[q, a + i]) < best[j][0]]
+        measure = [
+            (j, a + i, q)
+            for j, a in zip(jobs, bounds, strict=False)
+            if not streams[j].big
+            for _, i, q in finalists[j][r : r + 1]
+            if j not in best or float(fixed[q, a + i]) < best[j][0]
+        ]
         sides = side_data_many([(flat[i], PRECS[q]) for _, i, q in measure])
         for (j, i, q), side in zip(measure, sides, strict=True):
             got = (float(fixed[q, i]) + side.nbytes, i - start[j], q, side)
@@ -537,7 +562,7 @@ def plan(jobs: list[tuple[np.ndarray, int, Geometry]], effort: str = "normal") -
     cands = candidates_many(streams, how)
     groups: dict[int, list[int]] = {}
     for j, st in enumerate(streams):  # unit alphabets of about one width share a padded array
-        groups.setdefault((st.nsym ** st.t - 1).bit_length(), []).append(j)
+        groups.setdefault((st.nsym**st.t - 1).bit_length(), []).append(j)
     out: dict[int, Choice] = {}
     for group in groups.values():
         out.update(_choose_group(streams, cands, group, how))

@@ -108,11 +108,11 @@ def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
             total_bytes += nbytes
             total_elements += elements
             if total_elements > fmt.MAX_TOTAL_ELEMENTS:
-                raise ArtifactError(f"tensor {name!r}: declared sizes exceed "
-                                    f"{fmt.MAX_TOTAL_ELEMENTS} elements")
+                raise ArtifactError(f"tensor {name!r}: declared sizes exceed {fmt.MAX_TOTAL_ELEMENTS} elements")
         if total_bytes > limit:
-            raise ArtifactError(f"tensor {name!r}: decoding needs more than {limit:,} bytes "
-                                "(--max-decoded-bytes raises the limit)")
+            raise ArtifactError(
+                f"tensor {name!r}: decoding needs more than {limit:,} bytes (--max-decoded-bytes raises the limit)"
+            )
     return total_bytes
 
 
@@ -164,8 +164,9 @@ def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
     G, L = G_L
     # Padding fills the last group only: G = ceil(numel / L) (G * L = numel when both are 0).
     if G * L < numel or (G * L > numel and (G - 1) * L >= numel):
-        raise ArtifactError(f"{where} codes: shape {list(G_L)} does not hold {numel} values "
-                            "with padding in the last group only")
+        raise ArtifactError(
+            f"{where} codes: shape {list(G_L)} does not hold {numel} values with padding in the last group only"
+        )
     for kind in ("scales", "zeros"):
         if kind in shapes and shapes[kind] != (G,):
             raise ArtifactError(f"{where} {kind}: expected one value per code row ({G})")
@@ -181,4 +182,3 @@ def check_decoded(name: str, qt) -> None:
     why = quant_registry.get(qt.format, **qt.params).check_values(qt)
     if why:
         raise ArtifactError(f"tensor {name!r}: {why}")
-

@@ -9,10 +9,17 @@ import click
 
 
 @click.command()
-@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("rnpk_load.py"),
-              show_default=True, help="where to write the loader")
-@click.option("--compact", is_flag=True,
-              help="minified, lzma + base85 + exec: the same loader in the fewest bytes (for the cap)")
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("rnpk_load.py"),
+    show_default=True,
+    help="where to write the loader",
+)
+@click.option(
+    "--compact", is_flag=True, help="minified, lzma + base85 + exec: the same loader in the fewest bytes (for the cap)"
+)
 @click.option("--force", is_flag=True, help="overwrite OUT")
 @click.option("--json", "as_json", is_flag=True, help="print {path, bytes, compact} as JSON")
 def loader(out, compact, force, as_json):
@@ -36,5 +43,7 @@ def loader(out, compact, force, as_json):
     if as_json:
         click.echo(json.dumps({"path": str(out), "bytes": size, "compact": compact}, sort_keys=True))
     else:
-        click.echo(f"wrote {out} ({size:,} bytes{', compact' if compact else ''}); "
-                   f"count it with --loader {out} on pack and verify")
+        click.echo(
+            f"wrote {out} ({size:,} bytes{', compact' if compact else ''}); "
+            f"count it with --loader {out} on pack and verify"
+        )

@@ -17,9 +17,12 @@ CAP = click.IntRange(min=1)  # a cap of 0 or less is a mistake, not a request
 CODE_HELP = "code file (or folder of .py files) counted against the cap; regular files only"
 LOADER_HELP = "the artifact's loader (recurnorm loader -o FILE): counted against the cap like code"
 DECODED_OPTION = click.option(
-    "--max-decoded-bytes", type=CAP, default=None,
+    "--max-decoded-bytes",
+    type=CAP,
+    default=None,
     help="refuse artifacts whose tensors decode to more bytes than this [default: 1 GiB]; "
-         "checked before decoding, so a small hostile file cannot take the machine's memory")
+    "checked before decoding, so a small hostile file cannot take the machine's memory",
+)
 
 
 def _inputs(*paths) -> list[Path]:
@@ -44,23 +47,40 @@ def _is_artifact(path: Path) -> bool:
         return f.read(len(MAGIC)) == MAGIC
 
 
-QUANT_HELP = ("format with options (int6, int4:group=128) or rules, first match wins "
-              "('tok_emb.weight=int8,blocks.*.mlp.*=int5,*=int6'); a wildcard rule reaches weights "
-              "and embeddings, a control tensor only by its exact name")
+QUANT_HELP = (
+    "format with options (int6, int4:group=128) or rules, first match wins "
+    "('tok_emb.weight=int8,blocks.*.mlp.*=int5,*=int6'); a wildcard rule reaches weights "
+    "and embeddings, a control tensor only by its exact name"
+)
 
 
 def policy_options(f):
     """-q, --policy, --keep-float, --quantize-controls, --keep-float-max-numel (pack and inspect)."""
-    for opt in reversed([
-        click.option("-q", "--quant", "quant", default=None, help=QUANT_HELP + " [default: int8]"),
-        click.option("--policy", "policy_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                     help="TOML policy file (format, options, embedding, keep_float, rules); -q's rules come first"),
-        click.option("--keep-float", "keep_float", multiple=True, metavar="PATTERN",
-                     help="tensors matching PATTERN stay fp32 (repeatable)"),
-        click.option("--quantize-controls", is_flag=True, help="quantize gains/gates too (fragility probe)"),
-        click.option("--keep-float-max-numel", type=int, default=None,
-                     help="float vectors this small stay fp16 (weight matrices are always quantized)"),
-    ]):
+    for opt in reversed(
+        [
+            click.option("-q", "--quant", "quant", default=None, help=QUANT_HELP + " [default: int8]"),
+            click.option(
+                "--policy",
+                "policy_file",
+                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                help="TOML policy file (format, options, embedding, keep_float, rules); -q's rules come first",
+            ),
+            click.option(
+                "--keep-float",
+                "keep_float",
+                multiple=True,
+                metavar="PATTERN",
+                help="tensors matching PATTERN stay fp32 (repeatable)",
+            ),
+            click.option("--quantize-controls", is_flag=True, help="quantize gains/gates too (fragility probe)"),
+            click.option(
+                "--keep-float-max-numel",
+                type=int,
+                default=None,
+                help="float vectors this small stay fp16 (weight matrices are always quantized)",
+            ),
+        ]
+    ):
         f = opt(f)
     return f
 
@@ -70,8 +90,13 @@ def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_
 
     if quant is None and policy_file is None:
         quant = "int8"
-    return build_policy(quant, policy_file=policy_file, keep_float=keep_float,
-                        quantize_controls=quantize_controls, keep_float_max_numel=keep_float_max_numel)
+    return build_policy(
+        quant,
+        policy_file=policy_file,
+        keep_float=keep_float,
+        quantize_controls=quantize_controls,
+        keep_float_max_numel=keep_float_max_numel,
+    )
 
 
 @click.command()
@@ -83,32 +108,80 @@ def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_
 @click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help=LOADER_HELP)
 @click.option("--force", is_flag=True, help="overwrite OUT (never the checkpoint itself)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-@click.option("--effort", type=click.Choice(["normal", "max"]), default="normal", show_default=True,
-              help="codec search: max tries every context size and zstd layout at its slow level "
-                   "for the last bytes (several times slower; the artifact reads the same)")
-@click.option("--fit", "fit_bytes", type=click.IntRange(min=1), default=None, metavar="BYTES",
-              help="choose a format per weight tensor (int8..int4) minimizing the predicted loss "
-                   "increase with artifact + --code files + --loader <= BYTES; without --calib-data "
-                   "the sensitivities are a weight-space proxy (it says so)")
-@click.option("--fit-formats", default=None, metavar="LIST",
-              help="candidate formats for --fit, comma separated [default: int8,int7,int6,int5,int4]; "
-                   "add ternary only for a model trained for it")
+@click.option(
+    "--effort",
+    type=click.Choice(["normal", "max"]),
+    default="normal",
+    show_default=True,
+    help="codec search: max tries every context size and zstd layout at its slow level "
+    "for the last bytes (several times slower; the artifact reads the same)",
+)
+@click.option(
+    "--fit",
+    "fit_bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="BYTES",
+    help="choose a format per weight tensor (int8..int4) minimizing the predicted loss "
+    "increase with artifact + --code files + --loader <= BYTES; without --calib-data "
+    "the sensitivities are a weight-space proxy (it says so)",
+)
+@click.option(
+    "--fit-formats",
+    default=None,
+    metavar="LIST",
+    help="candidate formats for --fit, comma separated [default: int8,int7,int6,int5,int4]; "
+    "add ternary only for a model trained for it",
+)
 @click.option("--gptq", is_flag=True, help="GPTQ codes for the weight matrices (needs --calib-data)")
-@click.option("--calib-data", default=None, metavar="DATA",
-              help="calibration data for --gptq and --fit (default, a text path or shards:GLOB); "
-                   "only its training split is read")
+@click.option(
+    "--calib-data",
+    default=None,
+    metavar="DATA",
+    help="calibration data for --gptq and --fit (default, a text path or shards:GLOB); only its training split is read",
+)
 @click.option("--tokenizer", default=None, help="SentencePiece model of --calib-data text")
-@click.option("--calib-tokens", type=click.IntRange(min=1), default=None,
-              help="training tokens for calibration [default: 32768]")
-@click.option("--fit-sensitivity", type=click.Choice(["direct", "fisher"]), default="direct", show_default=True,
-              help="direct: calibration Δloss with each tensor alone quantized (formats x tensors passes); "
-                   "fisher: ½ΣFδ² from one backward per window (cheaper on large models)")
-@click.option("--model-factory", default=None, metavar="MODULE:FUNCTION",
-              help="build a foreign checkpoint's model with FUNCTION(config or None) -> nn.Module "
-                   "(for --gptq and --fit); imports and runs that code")
-def pack(ckpt, quant, policy_file, keep_float, quantize_controls, keep_float_max_numel, out, max_bytes,
-         code_files, loader, force, as_json, effort, fit_bytes, fit_formats, gptq, calib_data, tokenizer,
-         calib_tokens, fit_sensitivity, model_factory):
+@click.option(
+    "--calib-tokens", type=click.IntRange(min=1), default=None, help="training tokens for calibration [default: 32768]"
+)
+@click.option(
+    "--fit-sensitivity",
+    type=click.Choice(["direct", "fisher"]),
+    default="direct",
+    show_default=True,
+    help="direct: calibration Δloss with each tensor alone quantized (formats x tensors passes); "
+    "fisher: ½ΣFδ² from one backward per window (cheaper on large models)",
+)
+@click.option(
+    "--model-factory",
+    default=None,
+    metavar="MODULE:FUNCTION",
+    help="build a foreign checkpoint's model with FUNCTION(config or None) -> nn.Module "
+    "(for --gptq and --fit); imports and runs that code",
+)
+def pack(
+    ckpt,
+    quant,
+    policy_file,
+    keep_float,
+    quantize_controls,
+    keep_float_max_numel,
+    out,
+    max_bytes,
+    code_files,
+    loader,
+    force,
+    as_json,
+    effort,
+    fit_bytes,
+    fit_formats,
+    gptq,
+    calib_data,
+    tokenizer,
+    calib_tokens,
+    fit_sensitivity,
+    model_factory,
+):
     """Quantize and entropy-pack any checkpoint into one .rnpk artifact.
 
     The export policy is printed with every result: every weight matrix gets the
@@ -129,10 +202,21 @@ def pack(ckpt, quant, policy_file, keep_float, quantize_controls, keep_float_max
     budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
     n_code = budget.code_total()  # a bad --code fails now, before any work
     progress = None if as_json else (lambda msg: click.echo(msg, err=True))
-    packed = ship.ship(ckpt, policy, effort=effort, fit_bytes=fit_bytes, code_bytes=n_code if fit_bytes else 0,
-                       fit_formats=formats, gptq=gptq, calib_data=calib_data, tokenizer=tokenizer,
-                       calib_tokens=calib_tokens, model_factory=model_factory,
-                       sensitivity=fit_sensitivity, progress=progress)
+    packed = ship.ship(
+        ckpt,
+        policy,
+        effort=effort,
+        fit_bytes=fit_bytes,
+        code_bytes=n_code if fit_bytes else 0,
+        fit_formats=formats,
+        gptq=gptq,
+        calib_data=calib_data,
+        tokenizer=tokenizer,
+        calib_tokens=calib_tokens,
+        model_factory=model_factory,
+        sensitivity=fit_sensitivity,
+        progress=progress,
+    )
     data, rows = packed.data, packed.rows
     for note in packed.notes:
         click.echo(f"note: {note}", err=True)
@@ -140,16 +224,18 @@ def pack(ckpt, quant, policy_file, keep_float, quantize_controls, keep_float_max
         cap = budget.check(len(data), rows)
     except OverCapError as exc:
         # Refuse to write: show where the bytes go, and what would fit, so the user can act.
-        hint = None if fit_bytes else ship.over_cap_hint(ckpt, packed.policy, max_bytes,
-                                                         exc.report["code_bytes"], effort)
+        hint = (
+            None if fit_bytes else ship.over_cap_hint(ckpt, packed.policy, max_bytes, exc.report["code_bytes"], effort)
+        )
         if as_json:
             _echo_json({**exc.report, "policy": packed.policy.summary(), "hint": hint})
         else:
             click.echo(report.tensor_table(rows, limit=15), err=True)
             click.echo(report.totals_lines(rows, exc.report), err=True)
             click.echo(packed.policy.summary(), err=True)
-        raise OverCapError(f"not written: {exc}" + (f"; {hint.removeprefix('hint: ')}" if hint else ""),
-                           exc.report) from None
+        raise OverCapError(
+            f"not written: {exc}" + (f"; {hint.removeprefix('hint: ')}" if hint else ""), exc.report
+        ) from None
     atomic_write_bytes(out, data)
     cap["path"] = str(out)
     cap["policy"] = packed.policy.summary()
@@ -202,17 +288,47 @@ OUT_FILE = click.Path(dir_okay=False, path_type=Path)
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report to stdout")
 @click.option("--report", "report_path", type=OUT_FILE, help="write the JSON report to FILE")
 @click.option("--junit", "junit_path", type=OUT_FILE, help="write JUnit XML (one testcase per check) to FILE")
-@click.option("--summary", "summary_path", type=OUT_FILE, help="append a Markdown summary to FILE ($GITHUB_STEP_SUMMARY)")
-@click.option("--reference", type=click.Path(exists=True, path_type=Path), help="reference checkpoint: run the loss gate")
-@click.option("--data", default="default", show_default=True, help="loss gate data: default, a text path or shards:GLOB")
+@click.option(
+    "--summary", "summary_path", type=OUT_FILE, help="append a Markdown summary to FILE ($GITHUB_STEP_SUMMARY)"
+)
+@click.option(
+    "--reference", type=click.Path(exists=True, path_type=Path), help="reference checkpoint: run the loss gate"
+)
+@click.option(
+    "--data", default="default", show_default=True, help="loss gate data: default, a text path or shards:GLOB"
+)
 @click.option("--tokenizer", default=None, help="SentencePiece model of the data (bits per byte on shards)")
-@click.option("--max-loss-delta", type=float, default=None, help="allowed bpb increase over the reference (needed with --reference)")
-@click.option("--model-factory", default=None, metavar="MODULE:FUNCTION",
-              help="build foreign models with FUNCTION(config or None) -> nn.Module; imports and runs that code")
+@click.option(
+    "--max-loss-delta",
+    type=float,
+    default=None,
+    help="allowed bpb increase over the reference (needed with --reference)",
+)
+@click.option(
+    "--model-factory",
+    default=None,
+    metavar="MODULE:FUNCTION",
+    help="build foreign models with FUNCTION(config or None) -> nn.Module; imports and runs that code",
+)
 @click.option("--force", is_flag=True, help="overwrite an existing --report/--junit file (never an input)")
 @DECODED_OPTION
-def verify(artifacts, max_bytes, code_files, loader, as_json, report_path, junit_path, summary_path,
-           reference, data, tokenizer, max_loss_delta, model_factory, force, max_decoded_bytes):
+def verify(
+    artifacts,
+    max_bytes,
+    code_files,
+    loader,
+    as_json,
+    report_path,
+    junit_path,
+    summary_path,
+    reference,
+    data,
+    tokenizer,
+    max_loss_delta,
+    model_factory,
+    force,
+    max_decoded_bytes,
+):
     """Integrity, byte cap and (with --reference) loss gate for each artifact.
 
     Exit 0 when every check passes; otherwise the first of 4 corrupt, 3 over the
@@ -224,8 +340,11 @@ def verify(artifacts, max_bytes, code_files, loader, as_json, report_path, junit
     from . import ci_report, exitcodes
 
     if reference is None:
-        for flag, value in (("--max-loss-delta", max_loss_delta), ("--tokenizer", tokenizer),
-                            ("--model-factory", model_factory)):
+        for flag, value in (
+            ("--max-loss-delta", max_loss_delta),
+            ("--tokenizer", tokenizer),
+            ("--model-factory", model_factory),
+        ):
             if value is not None:
                 raise click.UsageError(f"{flag} only applies to the loss gate: pass --reference too")
     elif max_loss_delta is None:
@@ -233,8 +352,9 @@ def verify(artifacts, max_bytes, code_files, loader, as_json, report_path, junit
     elif not max_loss_delta >= 0:
         raise click.BadParameter(f"must be >= 0, got {max_loss_delta}", param_hint="--max-loss-delta")
     # Outputs are checked before any work: a clash must not cost a long loss gate.
-    inputs = _inputs(*artifacts, *code_files, *([loader] if loader else []),
-                     *([reference] if reference is not None else []))
+    inputs = _inputs(
+        *artifacts, *code_files, *([loader] if loader else []), *([reference] if reference is not None else [])
+    )
     for path in (report_path, junit_path):
         if path is not None:
             check_writable(path, force, inputs)
@@ -251,8 +371,9 @@ def verify(artifacts, max_bytes, code_files, loader, as_json, report_path, junit
     corpus = None
     outcomes = []
     for artifact in artifacts:
-        out = ci_report.Outcome(verify_artifact(artifact, budget, max_decoded_bytes),
-                                gate_requested=reference is not None)
+        out = ci_report.Outcome(
+            verify_artifact(artifact, budget, max_decoded_bytes), gate_requested=reference is not None
+        )
         if reference is not None and out.report.exit_code != exitcodes.CORRUPT:
             from ..evaluate.gate import loss_gate
             from ..train.data import load_corpus
@@ -260,8 +381,7 @@ def verify(artifacts, max_bytes, code_files, loader, as_json, report_path, junit
             try:
                 # Loaded once for all artifacts; a bad --data is reported per artifact like any gate error.
                 corpus = corpus if corpus is not None else load_corpus(data, tokenizer=tokenizer)
-                out.gate = loss_gate(artifact, reference, corpus, max_loss_delta,
-                                     model_factory=factory).to_dict()
+                out.gate = loss_gate(artifact, reference, corpus, max_loss_delta, model_factory=factory).to_dict()
             except LossRegressionError as exc:
                 out.gate, out.gate_code, out.gate_error = exc.report.to_dict(), exitcodes.LOSS_REGRESSION, str(exc)
             except RecurnormError as exc:
@@ -309,11 +429,25 @@ def _print_outcome(out, report) -> None:
 @policy_options
 @click.option("--max-bytes", type=CAP, default=DEFAULT_MAX_BYTES, show_default=True, help=MAX_BYTES_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-@click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False),
-              help="count this loader file (default: the compact loader's bytes, as shipped)")
+@click.option(
+    "--loader",
+    "loader",
+    type=click.Path(exists=True, dir_okay=False),
+    help="count this loader file (default: the compact loader's bytes, as shipped)",
+)
 @DECODED_OPTION
-def inspect(target, quant, policy_file, keep_float, quantize_controls, keep_float_max_numel, max_bytes,
-            as_json, loader, max_decoded_bytes):
+def inspect(
+    target,
+    quant,
+    policy_file,
+    keep_float,
+    quantize_controls,
+    keep_float_max_numel,
+    max_bytes,
+    as_json,
+    loader,
+    max_decoded_bytes,
+):
     """Per-tensor bytes, bits/weight, order-0 bound and the rule that chose each format.
 
     TARGET is an artifact, or a checkpoint packed in memory under the policy options; the

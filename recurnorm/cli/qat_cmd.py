@@ -12,14 +12,24 @@ from .options import parse_key_values
 @click.command()
 @click.argument("ckpt", type=click.Path(exists=True))
 @click.option("--quant", "-q", required=True, help="QAT format: ternary, int4, int6, int8, ...")
-@click.option("--quant-option", "quant_options", multiple=True, metavar="KEY=VALUE",
-              callback=parse_key_values, help="Quantizer option, repeatable (e.g. group=64).")
-@click.option("--steps", type=click.IntRange(min=1), default=200, show_default=True,
-              help="Fine-tuning steps.")
+@click.option(
+    "--quant-option",
+    "quant_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=parse_key_values,
+    help="Quantizer option, repeatable (e.g. group=64).",
+)
+@click.option("--steps", type=click.IntRange(min=1), default=200, show_default=True, help="Fine-tuning steps.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Peak lr (default: preset).")
-@click.option("--ramp", type=click.FloatRange(0, 1), default=0.5, show_default=True,
-              help="Fraction of the steps over which λ ramps 0 -> 1.")
+@click.option(
+    "--ramp",
+    type=click.FloatRange(0, 1),
+    default=0.5,
+    show_default=True,
+    help="Fraction of the steps over which λ ramps 0 -> 1.",
+)
 @click.option("--stepwise", is_flag=True, help="Untied blocks reach λ=1 one after another.")
 @click.option("--act-quant", is_flag=True, help="8-bit absmax fake quant of projection inputs.")
 @click.option("--noise", is_flag=True, help="Train with ±½-step uniform noise instead of rounding.")
@@ -29,18 +39,39 @@ from .options import parse_key_values
 @click.option("--data", default="default", show_default=True, help="Corpus spec (as for train).")
 @click.option("--tokenizer", metavar="MODEL", help="SentencePiece model (default: bytes).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Batch-order seed.")
-@click.option("--export", "export_path", type=click.Path(dir_okay=False),
-              help="Also write the artifact (exactly the codes training saw) here.")
+@click.option(
+    "--export",
+    "export_path",
+    type=click.Path(dir_okay=False),
+    help="Also write the artifact (exactly the codes training saw) here.",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing --out / --export.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def finetune(
-    ckpt: str, quant: str, quant_options: dict, steps: int, out: str, lr: float | None,
-    ramp: float, stepwise: bool, act_quant: bool, noise: bool, batch_size: int | None,
-    eval_every: int | None, preset: str, data: str, tokenizer: str | None, seed: int,
-    export_path: str | None, force: bool, device: str, as_json: bool, no_progress: bool,
-) -> None:  # fmt: skip
+    ckpt: str,
+    quant: str,
+    quant_options: dict,
+    steps: int,
+    out: str,
+    lr: float | None,
+    ramp: float,
+    stepwise: bool,
+    act_quant: bool,
+    noise: bool,
+    batch_size: int | None,
+    eval_every: int | None,
+    preset: str,
+    data: str,
+    tokenizer: str | None,
+    seed: int,
+    export_path: str | None,
+    force: bool,
+    device: str,
+    as_json: bool,
+    no_progress: bool,
+) -> None:
     """QAT-fine-tune CKPT; writes a checkpoint whose config.json records qat, and train_log.jsonl."""
     from pathlib import Path
 
@@ -58,28 +89,44 @@ def finetune(
         raise OutputExistsError(f"{out_dir} exists; pass --force to overwrite it")
     if export_path is not None:
         check_writable(Path(export_path), force)
-    spec = QATSpec(format=quant, options=quant_options, ramp=ramp, act_quant=act_quant,
-                   noise=noise, stepwise=stepwise)  # fmt: skip
+    spec = QATSpec(format=quant, options=quant_options, ramp=ramp, act_quant=act_quant, noise=noise, stepwise=stepwise)
     model = load_checkpoint(ckpt)
     remove_qat(model)  # a QAT checkpoint is fine-tuned from its latent float weights
     corpus = load_corpus(data, tokenizer=tokenizer)
     p = get_preset(preset).with_overrides(lr=lr, batch_size=batch_size)
     kwargs = p.train_kwargs()
-    kwargs.update(steps=steps, warmup=fine_tune_warmup(p.warmup, steps),
-                  eval_every=eval_every if eval_every is not None else max(steps // 4, 1))  # fmt: skip
+    kwargs.update(
+        steps=steps,
+        warmup=fine_tune_warmup(p.warmup, steps),
+        eval_every=eval_every if eval_every is not None else max(steps // 4, 1),
+    )
     before = loss(model, corpus)
 
     result = train_qat(
-        model, corpus, spec, out_dir=out_dir, force=force, seed=seed, device=device,
-        eval_fn=lambda m: loss(m, corpus), progress=not no_progress, **kwargs,
-    )  # fmt: skip
+        model,
+        corpus,
+        spec,
+        out_dir=out_dir,
+        force=force,
+        seed=seed,
+        device=device,
+        eval_fn=lambda m: loss(m, corpus),
+        progress=not no_progress,
+        **kwargs,
+    )
     model = result.model.to("cpu")
     after = loss(model, corpus)
     summary = {
-        "checkpoint": str(ckpt), "out": str(out_dir), "qat": model.config.qat, "steps": steps,
-        "val_bpb_before": before.bits_per_byte, "val_bpb": after.bits_per_byte,
-        "guard": result.qat_guard, "train_s": result.elapsed_s, "data": corpus.source,
-    }  # fmt: skip
+        "checkpoint": str(ckpt),
+        "out": str(out_dir),
+        "qat": model.config.qat,
+        "steps": steps,
+        "val_bpb_before": before.bits_per_byte,
+        "val_bpb": after.bits_per_byte,
+        "guard": result.qat_guard,
+        "train_s": result.elapsed_s,
+        "data": corpus.source,
+    }
     if export_path is not None:
         data_bytes = export_qat(model)
         atomic_write_bytes(Path(export_path), data_bytes)
@@ -88,8 +135,9 @@ def finetune(
         click.echo(json.dumps(summary, indent=2, sort_keys=True))
         return
     click.echo(f"QAT {quant} fine-tune of {ckpt}: {steps} steps in {result.elapsed_s:.1f} s")
-    click.echo(f"val bpb {before.bits_per_byte:.4f} (float) -> {after.bits_per_byte:.4f} "
-               f"(QAT model, fake quant at λ=1)")  # fmt: skip
+    click.echo(
+        f"val bpb {before.bits_per_byte:.4f} (float) -> {after.bits_per_byte:.4f} (QAT model, fake quant at λ=1)"
+    )
     click.echo(f"guard: logit gap {result.qat_guard['logit_gap']:.3g} from the float weights")
     click.echo(f"wrote {out_dir}/model.safetensors, config.json (qat recorded), train_log.jsonl")
     if export_path is not None:

@@ -44,73 +44,171 @@ def _print_result(result, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--schemes", default="shared,unique,norm,norm_gate,lora", show_default=True,
-              callback=_split, help="comma-separated scheme names, or 'all'")
-@click.option("--quants", default="int8,int4", show_default=True, callback=_split,
-              help="comma-separated quantizer formats (fp32 is the lossless reference)")
-@click.option("--data", default="default", show_default=True,
-              help="'default', a text file, a directory of .txt, or shards:GLOB")
+@click.option(
+    "--schemes",
+    default="shared,unique,norm,norm_gate,lora",
+    show_default=True,
+    callback=_split,
+    help="comma-separated scheme names, or 'all'",
+)
+@click.option(
+    "--quants",
+    default="int8,int4",
+    show_default=True,
+    callback=_split,
+    help="comma-separated quantizer formats (fp32 is the lossless reference)",
+)
+@click.option(
+    "--data", default="default", show_default=True, help="'default', a text file, a directory of .txt, or shards:GLOB"
+)
 @click.option("--tokenizer", default=None, help="SentencePiece model (default: bytes)")
-@click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True,
-              help="seeds per scheme; claims need >= 3")
+@click.option(
+    "--seeds", type=click.IntRange(min=1), default=1, show_default=True, help="seeds per scheme; claims need >= 3"
+)
 @click.option("--preset", default="tiny", show_default=True, help="training preset")
-@click.option("--steps", type=click.IntRange(min=1), default=None,
-              help="training steps (default: the preset's)")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), required=True,
-              help="folder for results.{json,csv,md} and roundtrip.png")
-@click.option("--checkpoints", "checkpoints_dir", type=click.Path(path_type=Path), default=None,
-              help="reuse DIR/<scheme>[/seed<k>]; missing ones are trained and saved there")
-@click.option("--probe", "probes", multiple=True, type=click.Choice(["fragility", "shuffle"]),
-              help="extra measurements (repeatable)")
-@click.option("--match-bytes", type=click.IntRange(min=1), default=None,
-              help="choose each scheme's width so its artifact lands within ±3% of N bytes")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="training steps (default: the preset's)")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="folder for results.{json,csv,md} and roundtrip.png",
+)
+@click.option(
+    "--checkpoints",
+    "checkpoints_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="reuse DIR/<scheme>[/seed<k>]; missing ones are trained and saved there",
+)
+@click.option(
+    "--probe",
+    "probes",
+    multiple=True,
+    type=click.Choice(["fragility", "shuffle"]),
+    help="extra measurements (repeatable)",
+)
+@click.option(
+    "--match-bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="choose each scheme's width so its artifact lands within ±3% of N bytes",
+)
 @click.option("--force", is_flag=True, help="overwrite existing outputs")
 @click.option("--json", "as_json", is_flag=True, help="print the results as JSON")
 @click.option("--no-progress", is_flag=True, help="no progress bars")
-@click.option("--qat", default="", callback=_split, metavar="FORMATS",
-              help="also QAT-fine-tune each scheme in these formats (rows qat-<format>)")
-@click.option("--qat-steps", type=click.IntRange(min=1), default=100, show_default=True,
-              help="QAT fine-tuning steps per scheme and format")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="torch CPU threads (default: torch's choice)")
-@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="train the (scheme, seed) models in N parallel processes first "
-                   "(one per GPU where there are GPUs; CPU threads split between them)")
-def roundtrip(schemes, quants, data, tokenizer, seeds, preset, steps, out_dir, checkpoints_dir,
-              probes, match_bytes, force, as_json, no_progress, qat, qat_steps, threads, jobs):
+@click.option(
+    "--qat",
+    default="",
+    callback=_split,
+    metavar="FORMATS",
+    help="also QAT-fine-tune each scheme in these formats (rows qat-<format>)",
+)
+@click.option(
+    "--qat-steps",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="QAT fine-tuning steps per scheme and format",
+)
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch CPU threads (default: torch's choice)")
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="train the (scheme, seed) models in N parallel processes first "
+    "(one per GPU where there are GPUs; CPU threads split between them)",
+)
+def roundtrip(
+    schemes,
+    quants,
+    data,
+    tokenizer,
+    seeds,
+    preset,
+    steps,
+    out_dir,
+    checkpoints_dir,
+    probes,
+    match_bytes,
+    force,
+    as_json,
+    no_progress,
+    qat,
+    qat_steps,
+    threads,
+    jobs,
+):
     """Train each scheme, export it under each quantizer, and measure what the export costs."""
     from ..evaluate.roundtrip import roundtrip as run
 
     _set_threads(threads)
 
-    result = run(schemes, quants, data=data, tokenizer=tokenizer, seeds=seeds, preset=preset,
-                 steps=steps, out_dir=out_dir, checkpoints_dir=checkpoints_dir, probes=probes,
-                 match_bytes=match_bytes, force=force, progress=not no_progress and not as_json,
-                 qat=qat or (), qat_steps=qat_steps, jobs=jobs)
+    result = run(
+        schemes,
+        quants,
+        data=data,
+        tokenizer=tokenizer,
+        seeds=seeds,
+        preset=preset,
+        steps=steps,
+        out_dir=out_dir,
+        checkpoints_dir=checkpoints_dir,
+        probes=probes,
+        match_bytes=match_bytes,
+        force=force,
+        progress=not no_progress and not as_json,
+        qat=qat or (),
+        qat_steps=qat_steps,
+        jobs=jobs,
+    )
     _print_result(result, as_json)
 
 
 @click.command()
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("demo-out"),
-              show_default=True, help="output folder")
-@click.option("--steps", type=click.IntRange(min=1), default=DEMO_STEPS, show_default=True,
-              help="training steps per scheme")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    default=Path("demo-out"),
+    show_default=True,
+    help="output folder",
+)
+@click.option(
+    "--steps", type=click.IntRange(min=1), default=DEMO_STEPS, show_default=True, help="training steps per scheme"
+)
 @click.option("--force", is_flag=True, help="overwrite existing outputs")
 @click.option("--no-progress", is_flag=True, help="no progress bars")
-@click.option("--threads", type=click.IntRange(min=1), default=DEMO_THREADS, show_default=True,
-              help="torch CPU threads")
+@click.option(
+    "--threads", type=click.IntRange(min=1), default=DEMO_THREADS, show_default=True, help="torch CPU threads"
+)
 def demo(out_dir, steps, force, no_progress, threads):
     """The main job: shared, unique, norm_gate, layerrope, lora × int8, int4, ternary, one seed."""
     from ..evaluate.roundtrip import roundtrip as run
 
     _set_threads(threads)
     t0 = time.perf_counter()
-    click.echo(f"recurnorm demo: {', '.join(DEMO_SCHEMES)} × {', '.join(DEMO_QUANTS)} on the "
-               f"default corpus, tiny preset, {steps} steps, one seed", err=True)
-    result = run(list(DEMO_SCHEMES), list(DEMO_QUANTS), data="default", seeds=1, preset="tiny",
-                 steps=steps, out_dir=out_dir, force=force, probes=("fragility",),
-                 progress=not no_progress)
+    click.echo(
+        f"recurnorm demo: {', '.join(DEMO_SCHEMES)} × {', '.join(DEMO_QUANTS)} on the "
+        f"default corpus, tiny preset, {steps} steps, one seed",
+        err=True,
+    )
+    result = run(
+        list(DEMO_SCHEMES),
+        list(DEMO_QUANTS),
+        data="default",
+        seeds=1,
+        preset="tiny",
+        steps=steps,
+        out_dir=out_dir,
+        force=force,
+        probes=("fragility",),
+        progress=not no_progress,
+    )
     _print_result(result, as_json=False)
     click.echo(f"plot: {result.paths['png']}")
-    click.echo(f"done in {time.perf_counter() - t0:.0f} s (one seed: differences are not claims; "
-               "run `recurnorm roundtrip --seeds 3` for those)")
+    click.echo(
+        f"done in {time.perf_counter() - t0:.0f} s (one seed: differences are not claims; "
+        "run `recurnorm roundtrip --seeds 3` for those)"
+    )

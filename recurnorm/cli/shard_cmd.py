@@ -13,8 +13,7 @@ import click
     "data",
     default="default",
     show_default=True,
-    help="Corpus: 'default' (pydoc topics), a text file (blank-line separated documents) "
-    "or a directory of .txt files.",
+    help="Corpus: 'default' (pydoc topics), a text file (blank-line separated documents) or a directory of .txt files.",
 )
 @click.option(
     "--tokenizer",
@@ -56,9 +55,7 @@ def shard(
     """
     from ..train.shards import shard_corpus
 
-    report = shard_corpus(
-        data, tokenizer, out, prefix=prefix, shard_tokens=shard_tokens, force=force
-    )
+    report = shard_corpus(data, tokenizer, out, prefix=prefix, shard_tokens=shard_tokens, force=force)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True))
         return
@@ -69,6 +66,5 @@ def shard(
     )
     if report.val_bytes:
         click.echo(
-            f"validation: {report.val_bytes:,} bytes, "
-            f"{report.val_bytes / max(report.val_tokens, 1):.3f} bytes/token"
+            f"validation: {report.val_bytes:,} bytes, {report.val_bytes / max(report.val_tokens, 1):.3f} bytes/token"
         )

@@ -43,7 +43,9 @@ def _without_nproc(args: list[str]) -> list[str]:
     help="Specialization scheme (shared, norm, norm_gate, unique, lora, ...).",
 )
 @click.option(
-    "--preset", default="tiny", show_default=True,
+    "--preset",
+    default="tiny",
+    show_default=True,
     help="Preset: tiny (CPU demo), small, golf (fills a 16 MB artifact; one GPU, ~10 min).",
 )
 @click.option("--steps", type=click.IntRange(min=1), help="Training steps (optimizer updates).")
@@ -75,40 +77,83 @@ def _without_nproc(args: list[str]) -> list[str]:
 @click.option("--resume", is_flag=True, help="Continue the run saved in --out (same options).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --out.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
-@click.option("--optimizer", type=click.Choice(["adamw", "muon"]),
-              help="adamw, or muon for weight matrices with adamw for the rest "
-                   "(default: the preset's).")
-@click.option("--muon-lr-mult", type=click.FloatRange(min=0, min_open=True),
-              help="--optimizer muon: the matrices' learning rate over --lr (default: preset's).")
-@click.option("--micro-batch", type=click.IntRange(min=1),
-              help="Windows per forward pass on a rank; the rest of the batch is accumulated.")
+@click.option(
+    "--optimizer",
+    type=click.Choice(["adamw", "muon"]),
+    help="adamw, or muon for weight matrices with adamw for the rest (default: the preset's).",
+)
+@click.option(
+    "--muon-lr-mult",
+    type=click.FloatRange(min=0, min_open=True),
+    help="--optimizer muon: the matrices' learning rate over --lr (default: preset's).",
+)
+@click.option(
+    "--micro-batch",
+    type=click.IntRange(min=1),
+    help="Windows per forward pass on a rank; the rest of the batch is accumulated.",
+)
 @click.option("--compile", "compile_model", is_flag=True, help="Run the model under torch.compile.")
 @click.option("--log-every", type=click.IntRange(min=1), help="Steps between log records.")
-@click.option("--eval-every", type=click.IntRange(min=0),
-              help="Steps between validation passes (0: only at the end).")
-@click.option("--save-every", type=click.IntRange(min=1),
-              help="Steps between resume states (default: at each validation pass).")
-@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Processes (one per GPU) via torchrun; gloo on CPU, nccl on GPU.")
+@click.option("--eval-every", type=click.IntRange(min=0), help="Steps between validation passes (0: only at the end).")
+@click.option(
+    "--save-every", type=click.IntRange(min=1), help="Steps between resume states (default: at each validation pass)."
+)
+@click.option(
+    "--nproc",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Processes (one per GPU) via torchrun; gloo on CPU, nccl on GPU.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-@click.option("--qat", "qat_format", metavar="FORMAT",
-              help="Quantization-aware training from scratch (ternary, int4, int6, ...).")
+@click.option(
+    "--qat", "qat_format", metavar="FORMAT", help="Quantization-aware training from scratch (ternary, int4, int6, ...)."
+)
 @click.option("--qat-noise", is_flag=True, help="QAT with ±½-step weight noise instead of rounding.")
-@click.option("--qat-ramp", type=click.FloatRange(0, 1), default=0.5, show_default=True,
-              help="Fraction of the steps over which the QAT λ ramps 0 -> 1.")
+@click.option(
+    "--qat-ramp",
+    type=click.FloatRange(0, 1),
+    default=0.5,
+    show_default=True,
+    help="Fraction of the steps over which the QAT λ ramps 0 -> 1.",
+)
 @click.option("--act-quant", is_flag=True, help="QAT: 8-bit absmax fake quant of projection inputs.")
 def train(
-    scheme: str, preset: str, steps: int | None, depth: int | None, d_model: int | None,
-    heads: int | None, seq_len: int | None, norm: str | None, lr: float | None,
-    batch_size: int | None, seed: int, batch_seed: int | None, data: str, tokenizer: str | None,
-    scheme_options: dict, out: str, resume: bool, force: bool, device: str, as_json: bool,
-    no_progress: bool, qat_format: str | None = None, qat_noise: bool = False,
-    qat_ramp: float = 0.5, act_quant: bool = False, optimizer: str | None = None,
-    micro_batch: int | None = None, compile_model: bool = False, nproc: int = 1,
-    log_every: int | None = None, eval_every: int | None = None, save_every: int | None = None,
+    scheme: str,
+    preset: str,
+    steps: int | None,
+    depth: int | None,
+    d_model: int | None,
+    heads: int | None,
+    seq_len: int | None,
+    norm: str | None,
+    lr: float | None,
+    batch_size: int | None,
+    seed: int,
+    batch_seed: int | None,
+    data: str,
+    tokenizer: str | None,
+    scheme_options: dict,
+    out: str,
+    resume: bool,
+    force: bool,
+    device: str,
+    as_json: bool,
+    no_progress: bool,
+    qat_format: str | None = None,
+    qat_noise: bool = False,
+    qat_ramp: float = 0.5,
+    act_quant: bool = False,
+    optimizer: str | None = None,
+    micro_batch: int | None = None,
+    compile_model: bool = False,
+    nproc: int = 1,
+    log_every: int | None = None,
+    eval_every: int | None = None,
+    save_every: int | None = None,
     muon_lr_mult: float | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Train a model and write model.safetensors, config.json and train_log.jsonl to --out.
 
     \b
@@ -130,10 +175,17 @@ def train(
     out_dir = Path(out)
     if out_dir.exists() and not (force or resume):
         raise OutputExistsError(f"{out_dir} exists; pass --force to overwrite it or --resume")
-    p = get_preset(preset).with_overrides(steps=steps, lr=lr, batch_size=batch_size,
-                                          optimizer=optimizer, micro_batch=micro_batch,
-                                          log_every=log_every, eval_every=eval_every,
-                                          save_every=save_every, muon_lr_mult=muon_lr_mult)
+    p = get_preset(preset).with_overrides(
+        steps=steps,
+        lr=lr,
+        batch_size=batch_size,
+        optimizer=optimizer,
+        micro_batch=micro_batch,
+        log_every=log_every,
+        eval_every=eval_every,
+        save_every=save_every,
+        muon_lr_mult=muon_lr_mult,
+    )
     rank, world, _ = env_world()
     if nproc > 1 and "WORLD_SIZE" not in os.environ:  # the launcher, not a rank
         if qat_format is not None:
@@ -146,12 +198,16 @@ def train(
         raise ConfigError("--qat runs in one process (its guard log is written per rank)")
     main_rank = rank == 0
     corpus = load_corpus(data, tokenizer=tokenizer)
-    overrides = {"depth": depth, "d_model": d_model, "n_heads": heads, "seq_len": seq_len,
-                 "norm": norm}  # fmt: skip
-    config = ModelConfig.from_dict({
-        **p.model, "vocab_size": corpus.vocab_size, "scheme": scheme,
-        "scheme_options": scheme_options, **{k: v for k, v in overrides.items() if v is not None},
-    })  # fmt: skip
+    overrides = {"depth": depth, "d_model": d_model, "n_heads": heads, "seq_len": seq_len, "norm": norm}
+    config = ModelConfig.from_dict(
+        {
+            **p.model,
+            "vocab_size": corpus.vocab_size,
+            "scheme": scheme,
+            "scheme_options": scheme_options,
+            **{k: v for k, v in overrides.items() if v is not None},
+        }
+    )
 
     size = None
     if main_rank:
@@ -163,9 +219,11 @@ def train(
     if main_rank and not as_json:
         click.echo(f"{preset} preset, {config.scheme}: {size.line()}", err=True)
         if config.vocab_size != p.model.get("vocab_size", config.vocab_size):
-            click.echo(f"note: {preset} is sized for vocab {p.model['vocab_size']}; this corpus "
-                       f"has {config.vocab_size} (pass --data shards:DIR --tokenizer MODEL)",
-                       err=True)  # fmt: skip
+            click.echo(
+                f"note: {preset} is sized for vocab {p.model['vocab_size']}; this corpus "
+                f"has {config.vocab_size} (pass --data shards:DIR --tokenizer MODEL)",
+                err=True,
+            )
     last = {}
 
     def evaluate(model):
@@ -181,16 +239,35 @@ def train(
         spec = QATSpec(format=qat_format, ramp=qat_ramp, act_quant=act_quant, noise=qat_noise)
         kw = p.train_kwargs()
         result = train_qat(
-            config, corpus, spec, steps=kw.pop("steps"), seed=seed, batch_seed=batch_seed,
-            out_dir=out_dir, resume=resume, force=force, eval_fn=evaluate,
-            progress=not no_progress, device=device, **kw,
-        )  # fmt: skip
+            config,
+            corpus,
+            spec,
+            steps=kw.pop("steps"),
+            seed=seed,
+            batch_seed=batch_seed,
+            out_dir=out_dir,
+            resume=resume,
+            force=force,
+            eval_fn=evaluate,
+            progress=not no_progress,
+            device=device,
+            **kw,
+        )
     else:
         result = run_training(
-            config, corpus, seed=seed, batch_seed=batch_seed, out_dir=out_dir, resume=resume,
-            force=force, eval_fn=evaluate, progress=not no_progress, device=device,
-            compile=compile_model, **p.train_kwargs(),
-        )  # fmt: skip
+            config,
+            corpus,
+            seed=seed,
+            batch_seed=batch_seed,
+            out_dir=out_dir,
+            resume=resume,
+            force=force,
+            eval_fn=evaluate,
+            progress=not no_progress,
+            device=device,
+            compile=compile_model,
+            **p.train_kwargs(),
+        )
     final = last.get("loss") or evaluate(result.model)  # resumed a finished run
     if not main_rank:
         return
@@ -217,10 +294,13 @@ def train(
         return
     pc = summary["params"]
     speed = f"{result.tokens_per_s:,.0f} tokens/s" if result.tokens_per_s else "already complete"
-    click.echo(f"trained {scheme} ({preset}) for {result.steps} steps in {result.elapsed_s:.1f} s "
-               f"({speed})")  # fmt: skip
-    click.echo(f"val bpb {final.bits_per_byte:.4f} ({final.nats_per_token:.4f} nats/token "
-               f"over {final.tokens:,} tokens of {corpus.source})")  # fmt: skip
-    click.echo(f"params: shared {pc['shared']:,} | step-specific {pc['step_specific']:,} | "
-               f"embedding {pc['embedding']:,} | total {pc['total']:,}")  # fmt: skip
+    click.echo(f"trained {scheme} ({preset}) for {result.steps} steps in {result.elapsed_s:.1f} s ({speed})")
+    click.echo(
+        f"val bpb {final.bits_per_byte:.4f} ({final.nats_per_token:.4f} nats/token "
+        f"over {final.tokens:,} tokens of {corpus.source})"
+    )
+    click.echo(
+        f"params: shared {pc['shared']:,} | step-specific {pc['step_specific']:,} | "
+        f"embedding {pc['embedding']:,} | total {pc['total']:,}"
+    )
     click.echo(f"wrote {out_dir}/model.safetensors, config.json, train_log.jsonl")

@@ -66,8 +66,9 @@ def resolve(factory: str | Factory) -> Factory:
     return load_factory(factory) if isinstance(factory, str) else factory
 
 
-def build_model(factory: Factory, config: dict | None, state_dict: dict, source: str,
-                error: type[Exception] = CheckpointError) -> nn.Module:
+def build_model(
+    factory: Factory, config: dict | None, state_dict: dict, source: str, error: type[Exception] = CheckpointError
+) -> nn.Module:
     """factory(config), then a strict load of state_dict; mismatches raise ``error`` naming source."""
     try:
         model = factory(config)
@@ -101,8 +102,13 @@ def artifact_model(factory: str | Factory, artifact: str | os.PathLike | bytes) 
     source = "artifact" if isinstance(artifact, (bytes, bytearray, memoryview)) else str(artifact)
     art = read_artifact(read_artifact_bytes(artifact))
     config = art.metadata.get("config")
-    return build_model(resolve(factory), config if isinstance(config, dict) else None,
-                       dequantize_all(art.qtensors), source, error=ArtifactError)
+    return build_model(
+        resolve(factory),
+        config if isinstance(config, dict) else None,
+        dequantize_all(art.qtensors),
+        source,
+        error=ArtifactError,
+    )
 
 
 def _attr(model: nn.Module, *names: str) -> int | None:
@@ -134,6 +140,8 @@ def vocab_size_of(model: nn.Module) -> int | None:
     with torch.no_grad():
         logits = model(torch.zeros(1, 1, dtype=torch.long, device=device_of(model)))
     if not isinstance(logits, torch.Tensor) or logits.ndim != 3:
-        raise ConfigError(f"the factory's model must map idx_BxT to logits_BxTxV, got "
-                          f"{getattr(logits, 'shape', type(logits).__name__)} for a 1x1 input")
+        raise ConfigError(
+            f"the factory's model must map idx_BxT to logits_BxTxV, got "
+            f"{getattr(logits, 'shape', type(logits).__name__)} for a 1x1 input"
+        )
     return int(logits.shape[-1])

@@ -64,22 +64,31 @@ def loss_gate(
     else:
         build = fac.resolve(model_factory)
         artifact_model = fac.artifact_model(build, artifact_path_or_bytes)
-        reference = (fac.reference_model(build, reference_ckpt)
-                     if isinstance(reference_ckpt, (str, os.PathLike)) else reference_ckpt)
+        reference = (
+            fac.reference_model(build, reference_ckpt)
+            if isinstance(reference_ckpt, (str, os.PathLike))
+            else reference_ckpt
+        )
     corpus = as_corpus(data, tokenizer)
     for name, model in (("artifact", artifact_model), ("reference", reference)):
         vocab = fac.vocab_size_of(model)  # a foreign module that does not say is probed once
         if vocab is not None and corpus.vocab_size > vocab:
-            raise DataError(f"the {name} model has vocab_size {vocab}, the data "
-                            f"{corpus.source} needs {corpus.vocab_size}; pass the tokenizer it "
-                            "was trained with")
+            raise DataError(
+                f"the {name} model has vocab_size {vocab}, the data "
+                f"{corpus.source} needs {corpus.vocab_size}; pass the tokenizer it "
+                "was trained with"
+            )
     ref = loss(reference, corpus, seq_len=fac.seq_len_of(reference))
     got = loss(artifact_model, corpus, seq_len=fac.seq_len_of(artifact_model))
     delta = got.bits_per_byte - ref.bits_per_byte
     report = GateReport(
-        bpb_reference=ref.bits_per_byte, bpb_artifact=got.bits_per_byte, delta=delta,
-        max_loss_delta=float(max_loss_delta), passed=delta <= max_loss_delta,
-        data=str(corpus.source), val_bytes=ref.bytes,
+        bpb_reference=ref.bits_per_byte,
+        bpb_artifact=got.bits_per_byte,
+        delta=delta,
+        max_loss_delta=float(max_loss_delta),
+        passed=delta <= max_loss_delta,
+        data=str(corpus.source),
+        val_bytes=ref.bytes,
     )
     if not report.passed and raise_on_fail:
         exc = LossRegressionError(

@@ -109,17 +109,19 @@ def loss(
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                     logits = model(inp_BxT)
                 ce = F.cross_entropy(
-                    logits.float().reshape(-1, logits.shape[-1]), tgt_BxT.reshape(-1),
+                    logits.float().reshape(-1, logits.shape[-1]),
+                    tgt_BxT.reshape(-1),
                     reduction="none",
-                )  # fmt: skip
+                )
                 total_nats += ce.double().sum()
     finally:
         model.train(was_training)
     if world > 1:
         import torch.distributed as dist
 
-        reduce_on = torch.device("cuda", torch.cuda.current_device()) if (
-            dist.get_backend() == "nccl") else torch.device("cpu")  # fmt: skip
+        reduce_on = (
+            torch.device("cuda", torch.cuda.current_device()) if (dist.get_backend() == "nccl") else torch.device("cpu")
+        )
         summed = total_nats.to(reduce_on)
         dist.all_reduce(summed)
         total_nats = summed
@@ -153,9 +155,7 @@ def _windows(tokens: np.ndarray, seq_len: int, batch_size: int):
     n_full = n_targets // seq_len
     for i in range(0, n_full, batch_size):
         k = min(batch_size, n_full - i)
-        chunk = torch.from_numpy(
-            np.asarray(tokens[i * seq_len : (i + k) * seq_len + 1], dtype=np.int64)
-        )
+        chunk = torch.from_numpy(np.asarray(tokens[i * seq_len : (i + k) * seq_len + 1], dtype=np.int64))
         yield chunk[:-1].view(k, seq_len), chunk[1:].view(k, seq_len)
     rest = n_targets - n_full * seq_len
     if rest:

@@ -42,18 +42,19 @@ class WidthMatch:
         return {**asdict(self), "deviation": self.deviation}
 
 
-def fresh_artifact_bytes(config: dict, quant: str, seed: int = 0,
-                         quant_options: dict | None = None) -> int:
+def fresh_artifact_bytes(config: dict, quant: str, seed: int = 0, quant_options: dict | None = None) -> int:
     """The planner's predicted artifact bytes for this config after training (recurnorm.export.plan)."""
     from ..export.plan import predict_size
     from .roundtrip import export_policy
 
-    return predict_size(config, lambda m: export_policy(m, quant, quant_options=quant_options),
-                        seed=seed).predicted_bytes
+    return predict_size(
+        config, lambda m: export_policy(m, quant, quant_options=quant_options), seed=seed
+    ).predicted_bytes
 
 
-def match_width(config: dict, quant: str, target_bytes: int, tolerance: float = TOLERANCE,
-                quant_options: dict | None = None) -> WidthMatch:
+def match_width(
+    config: dict, quant: str, target_bytes: int, tolerance: float = TOLERANCE, quant_options: dict | None = None
+) -> WidthMatch:
     """The width (multiple of 2·n_heads) whose fresh artifact is closest to target_bytes."""
     if not isinstance(target_bytes, int) or target_bytes < 1:
         raise ConfigError(f"match_bytes must be a positive int, got {target_bytes!r}")
@@ -62,8 +63,7 @@ def match_width(config: dict, quant: str, target_bytes: int, tolerance: float = 
 
     def size(d: int) -> int:
         if d not in cache:
-            cache[d] = fresh_artifact_bytes({**config, "d_model": d}, quant,
-                                            quant_options=quant_options)
+            cache[d] = fresh_artifact_bytes({**config, "d_model": d}, quant, quant_options=quant_options)
         return cache[d]
 
     # Exponential search for an upper bound, then bisection: bytes grow with d.
@@ -73,8 +73,10 @@ def match_width(config: dict, quant: str, target_bytes: int, tolerance: float = 
         if hi > MAX_D_MODEL:
             hi = MAX_D_MODEL - MAX_D_MODEL % step
             if size(hi) < target_bytes:
-                raise ConfigError(f"scheme {config.get('scheme')!r} needs d_model > {hi} to reach "
-                                  f"{target_bytes:,} bytes under {quant}")
+                raise ConfigError(
+                    f"scheme {config.get('scheme')!r} needs d_model > {hi} to reach "
+                    f"{target_bytes:,} bytes under {quant}"
+                )
             break
     while hi - lo > step:
         mid = (lo + hi) // 2
@@ -86,14 +88,16 @@ def match_width(config: dict, quant: str, target_bytes: int, tolerance: float = 
     best = min((lo, hi), key=lambda d: abs(size(d) - target_bytes))
     est = size(best)
     return WidthMatch(
-        scheme=str(config.get("scheme")), d_model=best, estimated_bytes=est,
+        scheme=str(config.get("scheme")),
+        d_model=best,
+        estimated_bytes=est,
         target_bytes=target_bytes,
         within_tolerance=abs(est - target_bytes) <= tolerance * target_bytes,
     )
 
 
-def match_widths(configs: dict[str, dict], quant: str, target_bytes: int,
-                 quant_options: dict | None = None) -> dict[str, WidthMatch]:
+def match_widths(
+    configs: dict[str, dict], quant: str, target_bytes: int, quant_options: dict | None = None
+) -> dict[str, WidthMatch]:
     """match_width for every scheme's base config."""
-    return {s: match_width(c, quant, target_bytes, quant_options=quant_options)
-            for s, c in configs.items()}
+    return {s: match_width(c, quant, target_bytes, quant_options=quant_options) for s, c in configs.items()}

@@ -68,16 +68,28 @@ def _run_job(job: TrainJob, data: Any, tokenizer: str | None, train_kw: dict) ->
     device = _DEVICE
     corpus = as_corpus(data, tokenizer)
     t0 = time.perf_counter()
-    result = train(ModelConfig.from_dict(job.config), corpus, seed=job.seed, pair_init=True,
-                   progress=False, device=device, **train_kw)  # fmt: skip
+    result = train(
+        ModelConfig.from_dict(job.config),
+        corpus,
+        seed=job.seed,
+        pair_init=True,
+        progress=False,
+        device=device,
+        **train_kw,
+    )
     save_checkpoint(result.model, job.out, force=True)
     return JobResult(job.scheme, job.seed, job.out, time.perf_counter() - t0, device)
 
 
 def train_parallel(
-    jobs: list[TrainJob], *, data: Any, tokenizer: str | None, train_kw: dict, n_jobs: int,
+    jobs: list[TrainJob],
+    *,
+    data: Any,
+    tokenizer: str | None,
+    train_kw: dict,
+    n_jobs: int,
     on_done: Callable[[JobResult], None] | None = None,
-) -> dict[tuple[str, int], JobResult]:  # fmt: skip
+) -> dict[tuple[str, int], JobResult]:
     """Run the jobs on n_jobs processes; {(scheme, seed): JobResult}. A failing job raises."""
     if not jobs:
         return {}
@@ -89,8 +101,9 @@ def train_parallel(
     slots = ctx.SimpleQueue()
     for dev in devices:
         slots.put(dev)
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init_worker,
-                             initargs=(slots, threads)) as pool:  # fmt: skip
+    with ProcessPoolExecutor(
+        max_workers=n, mp_context=ctx, initializer=_init_worker, initargs=(slots, threads)
+    ) as pool:
         futures = {pool.submit(_run_job, job, data, tokenizer, train_kw): job for job in jobs}
         for fut in as_completed(futures):
             res = fut.result()  # re-raises the worker's error (a RecurnormError keeps its type)

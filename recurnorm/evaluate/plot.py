@@ -12,8 +12,11 @@ from ..io import atomic_write_bytes
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 
-def plot_roundtrip(aggs: list[dict[str, Any]], path: str | os.PathLike,
-                   title: str = "Export roundtrip: bpb before → after, by artifact size") -> Path:
+def plot_roundtrip(
+    aggs: list[dict[str, Any]],
+    path: str | os.PathLike,
+    title: str = "Export roundtrip: bpb before → after, by artifact size",
+) -> Path:
     """Scatter post-export bpb (y) against artifact bytes (x) per scheme × quantizer; write a PNG."""
     import matplotlib
 
@@ -37,13 +40,12 @@ def plot_roundtrip(aggs: list[dict[str, Any]], path: str | os.PathLike,
         xs.append(x)
         c, m = color[a["scheme"]], marker[a["quant"]]
         # Hollow marker = before export (same model size), filled = after the real roundtrip.
-        ax.scatter([x], [pre], s=45, marker=m, facecolors="none", edgecolors=[c], linewidths=1.2,
-                   zorder=3)
-        ax.scatter([x], [post], s=60, marker=m, color=c, edgecolors="black", linewidths=0.5,
-                   zorder=4)
+        ax.scatter([x], [pre], s=45, marker=m, facecolors="none", edgecolors=[c], linewidths=1.2, zorder=3)
+        ax.scatter([x], [post], s=60, marker=m, color=c, edgecolors="black", linewidths=0.5, zorder=4)
         if abs(post - pre) > 1e-12:
-            ax.annotate("", xy=(x, post), xytext=(x, pre),
-                        arrowprops={"arrowstyle": "->", "color": c, "lw": 1.2}, zorder=2)
+            ax.annotate(
+                "", xy=(x, post), xytext=(x, pre), arrowprops={"arrowstyle": "->", "color": c, "lw": 1.2}, zorder=2
+            )
         std = a["bpb_post"].get("std")
         if std and a["bpb_post"]["n"] > 1:
             ax.errorbar([x], [post], yerr=[std], color=c, capsize=3, lw=0.8, zorder=2)
@@ -56,16 +58,12 @@ def plot_roundtrip(aggs: list[dict[str, Any]], path: str | os.PathLike,
     scheme_handles = [Line2D([], [], ls="", marker="o", color=color[s], label=s) for s in schemes]
     quant_handles = [Line2D([], [], ls="", marker=marker[q], color="gray", label=q) for q in quants]
     quant_handles += [
-        Line2D([], [], ls="", marker="o", markerfacecolor="none", markeredgecolor="gray",
-               label="before export"),
-        Line2D([], [], ls="", marker="o", color="gray", markeredgecolor="black",
-               label="after export"),
+        Line2D([], [], ls="", marker="o", markerfacecolor="none", markeredgecolor="gray", label="before export"),
+        Line2D([], [], ls="", marker="o", color="gray", markeredgecolor="black", label="after export"),
     ]
-    leg = ax.legend(handles=scheme_handles, title="scheme", loc="upper left",
-                    bbox_to_anchor=(1.01, 1.0), fontsize=9)
+    leg = ax.legend(handles=scheme_handles, title="scheme", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     ax.add_artist(leg)
-    ax.legend(handles=quant_handles, title="quantizer", loc="lower left",
-              bbox_to_anchor=(1.01, 0.0), fontsize=9)
+    ax.legend(handles=quant_handles, title="quantizer", loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")

@@ -82,8 +82,9 @@ def shuffle_probe(model, corpus, bpb_before: float | None = None) -> dict:
     return {"bpb": bpb, "delta": bpb - bpb_before, "tensors": len(changed)}
 
 
-def fragility_probe(model, corpus, quant: str, bpb_controls_float: float | None = None,
-                    quant_options: dict | None = None) -> dict:
+def fragility_probe(
+    model, corpus, quant: str, bpb_controls_float: float | None = None, quant_options: dict | None = None
+) -> dict:
     """bpb with controls quantized like the weights minus bpb with controls kept in float."""
     from .loss import loss
     from .roundtrip import export_model  # roundtrip imports this module

@@ -114,8 +114,16 @@ def paired_stats(diffs: list[float], min_seeds: int = MIN_SEEDS) -> dict[str, An
     stats = mean_std(diffs)
     n = stats["n"]
     if n == 0:
-        return {"n": 0, "diffs": [], "mean": None, "std": None, "min": None, "max": None,
-                "within_noise": True, "verdict": "not measured"}
+        return {
+            "n": 0,
+            "diffs": [],
+            "mean": None,
+            "std": None,
+            "min": None,
+            "max": None,
+            "within_noise": True,
+            "verdict": "not measured",
+        }
     mean, std = stats["mean"], stats["std"]
     lo, hi = min(diffs), max(diffs)
     covers_zero = abs(mean) <= std or lo <= 0.0 <= hi
@@ -125,8 +133,16 @@ def paired_stats(diffs: list[float], min_seeds: int = MIN_SEEDS) -> dict[str, An
         verdict = "within noise"
     else:
         verdict = "lower" if mean < 0 else "higher"
-    return {"n": n, "diffs": diffs, "mean": mean, "std": std, "min": lo, "max": hi,
-            "within_noise": verdict in ("within noise", "not enough seeds"), "verdict": verdict}
+    return {
+        "n": n,
+        "diffs": diffs,
+        "mean": mean,
+        "std": std,
+        "min": lo,
+        "max": hi,
+        "within_noise": verdict in ("within noise", "not enough seeds"),
+        "verdict": verdict,
+    }
 
 
 def _value(row: Row, key: str) -> float | None:
@@ -151,8 +167,15 @@ def _ordered(values) -> list:
     return list(dict.fromkeys(values))
 
 
-AGG_FIELDS = ("bpb_pre", "bpb_post", "delta_bpb", "gap_recovered_pre", "gap_recovered_post",
-              "artifact_bytes", "step_specific_bytes")
+AGG_FIELDS = (
+    "bpb_pre",
+    "bpb_post",
+    "delta_bpb",
+    "gap_recovered_pre",
+    "gap_recovered_post",
+    "artifact_bytes",
+    "step_specific_bytes",
+)
 PAIRED_FIELDS = ("bpb_pre", "bpb_post", "delta_bpb")
 
 
@@ -164,17 +187,23 @@ def aggregate(rows: list[Row], min_seeds: int = MIN_SEEDS) -> list[dict[str, Any
             group = [r for r in rows if r.scheme == scheme and r.quant == quant]
             if not group:
                 continue
-            agg: dict[str, Any] = {"scheme": scheme, "quant": quant, "seeds": [r.seed for r in group],
-                                   "d_model": group[0].d_model, "params": group[0].params}
+            agg: dict[str, Any] = {
+                "scheme": scheme,
+                "quant": quant,
+                "seeds": [r.seed for r in group],
+                "d_model": group[0].d_model,
+                "params": group[0].params,
+            }
             for key in AGG_FIELDS:
                 agg[key] = mean_std([_value(r, key) for r in group])
             for probe in _ordered(p for r in group for p in r.probes):
                 measures = _ordered(m for r in group for m in r.probes.get(probe, {}))
-                agg[probe] = {m: mean_std([_value(r, f"{probe}.{m}") for r in group])
-                              for m in measures}
+                agg[probe] = {m: mean_std([_value(r, f"{probe}.{m}") for r in group]) for m in measures}
             if scheme != "shared" and any(r.scheme == "shared" for r in rows):
-                agg["vs_shared"] = {key: paired_stats(paired_diffs(rows, scheme, "shared", quant, key),
-                                                      min_seeds) for key in PAIRED_FIELDS}
+                agg["vs_shared"] = {
+                    key: paired_stats(paired_diffs(rows, scheme, "shared", quant, key), min_seeds)
+                    for key in PAIRED_FIELDS
+                }
             out.append(agg)
     return out
 
@@ -267,19 +296,25 @@ def _q1(rows: list[Row], aggs: list[dict], quants: list[str]) -> dict[str, Any]:
             evidence.append(
                 f"{q}: {s} post-export bpb {fmt_ms(a['bpb_post'])} at {fmt_bytes(cost)} {what} vs "
                 f"lora {fmt_ms(lo['bpb_post'])} at {fmt_bytes(lo_cost)} (lora costs "
-                f"×{fmt(ratio, 1)}); paired {s} − lora {fmt_paired(p)} → {_noise_note(p)}")
+                f"×{fmt(ratio, 1)}); paired {s} − lora {fmt_paired(p)} → {_noise_note(p)}"
+            )
             if p["verdict"] == "higher":
                 (behind if ratio is not None and ratio <= 4 else close).append((q, s))
     if behind:
-        answer = ("yes for " + ", ".join(f"{s} at {q}" for q, s in behind)
-                  + ": behind lora beyond the seed spread at a byte cost within 4× of lora's — "
-                  "evidence against the hypothesis")
+        answer = (
+            "yes for "
+            + ", ".join(f"{s} at {q}" for q, s in behind)
+            + ": behind lora beyond the seed spread at a byte cost within 4× of lora's — "
+            "evidence against the hypothesis"
+        )
     elif close:
-        answer = ("behind lora beyond the seed spread, but lora spends more than 4× the bytes, "
-                  "so not at similar byte cost")
+        answer = (
+            "behind lora beyond the seed spread, but lora spends more than 4× the bytes, so not at similar byte cost"
+        )
     else:
-        answer = ("no demonstrated gap to lora (every paired difference is lower, within noise, "
-                  "or rests on too few seeds)")
+        answer = (
+            "no demonstrated gap to lora (every paired difference is lower, within noise, or rests on too few seeds)"
+        )
     return {"answer": answer, "evidence": evidence}
 
 
@@ -295,7 +330,8 @@ def _q2(rows: list[Row], aggs: list[dict], quants: list[str]) -> dict[str, Any]:
             pre, post = a["vs_shared"]["bpb_pre"], a["vs_shared"]["bpb_post"]
             evidence.append(
                 f"{q}: {s} − shared before export {fmt_paired(pre)}, after {fmt_paired(post)}; "
-                f"gap recovered {fmt_ms(a['gap_recovered_pre'], 2)} → {fmt_ms(a['gap_recovered_post'], 2)}")
+                f"gap recovered {fmt_ms(a['gap_recovered_pre'], 2)} → {fmt_ms(a['gap_recovered_post'], 2)}"
+            )
             if pre["verdict"] != "lower":
                 no_gain.append((q, s))
             elif post["verdict"] == "lower":
@@ -304,13 +340,18 @@ def _q2(rows: list[Row], aggs: list[dict], quants: list[str]) -> dict[str, Any]:
                 vanished.append((q, s))
     parts = []
     if vanished:
-        parts.append("yes, the gain vanishes for " + ", ".join(f"{s} at {q}" for q, s in vanished)
-                     + " — evidence against the hypothesis")
+        parts.append(
+            "yes, the gain vanishes for "
+            + ", ".join(f"{s} at {q}" for q, s in vanished)
+            + " — evidence against the hypothesis"
+        )
     if survived:
         parts.append("the gain survives for " + ", ".join(f"{s} at {q}" for q, s in survived))
     if no_gain:
-        parts.append("no gain over shared before export to begin with (within noise or too few "
-                     "seeds) for " + ", ".join(f"{s} at {q}" for q, s in no_gain))
+        parts.append(
+            "no gain over shared before export to begin with (within noise or too few "
+            "seeds) for " + ", ".join(f"{s} at {q}" for q, s in no_gain)
+        )
     return {"answer": "; ".join(parts), "evidence": evidence}
 
 
@@ -319,15 +360,20 @@ def _q3(rows: list[Row], aggs: list[dict], quants: list[str]) -> dict[str, Any]:
     diag = [s for s in ("norm", "norm_gate", "norm_gate_rank1", "layerrope") if s in present]
     richer = [s for s in ("lora", "unique") if s in present]
     if not diag or not richer:
-        return {"answer": "not measured: needs a diagonal scheme (norm_gate, norm_gate_rank1, "
-                          "layerrope) and lora or unique in --schemes", "evidence": []}
+        return {
+            "answer": "not measured: needs a diagonal scheme (norm_gate, norm_gate_rank1, "
+            "layerrope) and lora or unique in --schemes",
+            "evidence": [],
+        }
     evidence = []
     q = quants[0]
     for s in diag + [s for s in ("lora",) if s in present]:
         a = _agg_of(aggs, s, q)
-        evidence.append(f"{s}: gap recovered before export {fmt_ms(a['gap_recovered_pre'], 2)}, "
-                        f"after {q} {fmt_ms(a['gap_recovered_post'], 2)}; bpb before export "
-                        f"{fmt_ms(a['bpb_pre'])}")
+        evidence.append(
+            f"{s}: gap recovered before export {fmt_ms(a['gap_recovered_pre'], 2)}, "
+            f"after {q} {fmt_ms(a['gap_recovered_post'], 2)}; bpb before export "
+            f"{fmt_ms(a['bpb_pre'])}"
+        )
     ref = "lora" if "lora" in present else "unique"
     short, matched = [], []
     for s in diag:
@@ -335,14 +381,20 @@ def _q3(rows: list[Row], aggs: list[dict], quants: list[str]) -> dict[str, Any]:
         evidence.append(f"{s} − {ref} before export {fmt_paired(p)} → {_noise_note(p)}")
         (short if p["verdict"] == "higher" else matched).append(s)
     if short and not matched:
-        answer = (f"no: every diagonal scheme stays behind {ref} before export beyond the seed "
-                  "spread — diagonal controls do not express what the steps need")
+        answer = (
+            f"no: every diagonal scheme stays behind {ref} before export beyond the seed "
+            "spread — diagonal controls do not express what the steps need"
+        )
     elif short:
-        answer = (f"partly: {', '.join(matched)} reach {ref} within noise or better; "
-                  f"{', '.join(short)} stay behind beyond the seed spread")
+        answer = (
+            f"partly: {', '.join(matched)} reach {ref} within noise or better; "
+            f"{', '.join(short)} stay behind beyond the seed spread"
+        )
     else:
-        answer = (f"no shortfall shown: no diagonal scheme is behind {ref} beyond the seed spread "
-                  "(within noise or too few seeds is not a yes)")
+        answer = (
+            f"no shortfall shown: no diagonal scheme is behind {ref} beyond the seed spread "
+            "(within noise or too few seeds is not a yes)"
+        )
     return {"answer": answer, "evidence": evidence}
 
 
@@ -358,8 +410,10 @@ def _q4(rows: list[Row], aggs: list[dict], quants: list[str]) -> dict[str, Any]:
         for s in cands:
             a = _agg_of(aggs, s, q)
             p = a["vs_shared"]["delta_bpb"]
-            line = (f"{q}: export cost Δbpb {s} {fmt_ms(a['delta_bpb'])} vs shared "
-                    f"{fmt_ms(sh['delta_bpb'])}; paired {fmt_paired(p)} → {_noise_note(p)}")
+            line = (
+                f"{q}: export cost Δbpb {s} {fmt_ms(a['delta_bpb'])} vs shared "
+                f"{fmt_ms(sh['delta_bpb'])}; paired {fmt_paired(p)} → {_noise_note(p)}"
+            )
             frag = a.get("fragility", {}).get("delta")
             if frag and frag.get("mean") is not None:
                 line += f"; quantizing its controls too costs {fmt_ms(frag, 4, signed=True)} bpb"
@@ -367,11 +421,16 @@ def _q4(rows: list[Row], aggs: list[dict], quants: list[str]) -> dict[str, Any]:
             if p["verdict"] == "higher":
                 broke.append((q, s))
     if broke:
-        answer = ("yes: the export costs more than it costs shared, beyond the seed spread, for "
-                  + ", ".join(f"{s} at {q}" for q, s in broke) + " — evidence against the hypothesis")
+        answer = (
+            "yes: the export costs more than it costs shared, beyond the seed spread, for "
+            + ", ".join(f"{s} at {q}" for q, s in broke)
+            + " — evidence against the hypothesis"
+        )
     else:
-        answer = ("no breakage shown: no specialized scheme loses more than shared in the "
-                  "export beyond the seed spread (within noise or too few seeds is not a no)")
+        answer = (
+            "no breakage shown: no specialized scheme loses more than shared in the "
+            "export beyond the seed spread (within noise or too few seeds is not a no)"
+        )
     return {"answer": answer, "evidence": evidence}
 
 
@@ -389,9 +448,23 @@ def falsification(rows: list[Row], aggs: list[dict] | None = None) -> list[dict[
 # ------------------------------------------------------------------ writers
 
 
-CSV_COLUMNS = ("scheme", "quant", "seed", "d_model", "params_shared", "params_step_specific",
-               "params_embedding", "params_total", "artifact_bytes", "step_specific_bytes",
-               "bpb_pre", "bpb_post", "delta_bpb", "gap_recovered_pre", "gap_recovered_post")
+CSV_COLUMNS = (
+    "scheme",
+    "quant",
+    "seed",
+    "d_model",
+    "params_shared",
+    "params_step_specific",
+    "params_embedding",
+    "params_total",
+    "artifact_bytes",
+    "step_specific_bytes",
+    "bpb_pre",
+    "bpb_post",
+    "delta_bpb",
+    "gap_recovered_pre",
+    "gap_recovered_post",
+)
 
 
 def to_csv(rows: list[Row]) -> str:
@@ -416,12 +489,14 @@ def to_markdown(rows: list[Row], aggs: list[dict], answers: list[dict], config: 
     quants = _ordered(r.quant for r in rows)
     seeds = _ordered(r.seed for r in rows)
     lines = ["# recurnorm roundtrip", ""]
-    lines.append(f"Data `{config.get('data')}`, preset `{config.get('preset')}`, "
-                 f"steps {config.get('steps')}, seeds {seeds}. bpb = validation bits per byte over "
-                 "the whole validation split; post = after packing to artifact bytes and unpacking "
-                 "into a fresh model. Values are mean ± std over seeds; 'vs shared' is the paired "
-                 f"per-seed difference (lower is better); fewer than {MIN_SEEDS} seeds or a spread "
-                 "that covers zero is reported as such, never as a win.")
+    lines.append(
+        f"Data `{config.get('data')}`, preset `{config.get('preset')}`, "
+        f"steps {config.get('steps')}, seeds {seeds}. bpb = validation bits per byte over "
+        "the whole validation split; post = after packing to artifact bytes and unpacking "
+        "into a fresh model. Values are mean ± std over seeds; 'vs shared' is the paired "
+        f"per-seed difference (lower is better); fewer than {MIN_SEEDS} seeds or a spread "
+        "that covers zero is reported as such, never as a win."
+    )
     if config.get("export_policy"):
         lines += ["", f"Export policy: {config['export_policy']}."]
     if config.get("paired"):
@@ -433,8 +508,16 @@ def to_markdown(rows: list[Row], aggs: list[dict], answers: list[dict], config: 
     probes = _ordered(p for r in rows for p in r.probes)
     for q in quants:
         lines += [f"## {q}", ""]
-        head = ["scheme", "d", "params shared / step-spec / total", "artifact bytes",
-                "step-spec bytes", "bpb pre", "bpb post", "Δbpb"]
+        head = [
+            "scheme",
+            "d",
+            "params shared / step-spec / total",
+            "artifact bytes",
+            "step-spec bytes",
+            "bpb pre",
+            "bpb post",
+            "Δbpb",
+        ]
         if has_gap:
             head += ["gap rec. pre", "gap rec. post"]
         head += ["post vs shared"]
@@ -445,10 +528,16 @@ def to_markdown(rows: list[Row], aggs: list[dict], answers: list[dict], config: 
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for a in (a for a in aggs if a["quant"] == q):
             p = a["params"]
-            cells = [a["scheme"], str(a["d_model"]),
-                     f"{p.get('shared', 0):,} / {p.get('step_specific', 0):,} / {p.get('total', 0):,}",
-                     fmt_bytes(a["artifact_bytes"]["mean"]), fmt_bytes(a["step_specific_bytes"]["mean"]),
-                     fmt_ms(a["bpb_pre"]), fmt_ms(a["bpb_post"]), fmt_ms(a["delta_bpb"], 4, signed=True)]
+            cells = [
+                a["scheme"],
+                str(a["d_model"]),
+                f"{p.get('shared', 0):,} / {p.get('step_specific', 0):,} / {p.get('total', 0):,}",
+                fmt_bytes(a["artifact_bytes"]["mean"]),
+                fmt_bytes(a["step_specific_bytes"]["mean"]),
+                fmt_ms(a["bpb_pre"]),
+                fmt_ms(a["bpb_post"]),
+                fmt_ms(a["delta_bpb"], 4, signed=True),
+            ]
             if has_gap:
                 cells += [fmt_ms(a["gap_recovered_pre"], 2), fmt_ms(a["gap_recovered_post"], 2)]
             cells += [fmt_paired(a.get("vs_shared", {}).get("bpb_post")) if "vs_shared" in a else "—"]
@@ -459,15 +548,21 @@ def to_markdown(rows: list[Row], aggs: list[dict], answers: list[dict], config: 
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     if config.get("match_bytes"):
-        lines.append(f"Widths were chosen so each artifact at {quants[0]} lands within ±3% of "
-                     f"{config['match_bytes']:,} bytes (column d).")
+        lines.append(
+            f"Widths were chosen so each artifact at {quants[0]} lands within ±3% of "
+            f"{config['match_bytes']:,} bytes (column d)."
+        )
         lines.append("")
     if "fragility" in probes:
-        lines.append("Fragility Δ: bpb with the control tensors (gains, gates, scalars) quantized "
-                     "like the weights minus bpb with them kept in float.")
+        lines.append(
+            "Fragility Δ: bpb with the control tensors (gains, gates, scalars) quantized "
+            "like the weights minus bpb with them kept in float."
+        )
     if "shuffle" in probes:
-        lines.append("Shuffle Δ: bpb after permuting the step-specific parameters across steps "
-                     "minus bpb before (float model); shared has nothing to shuffle.")
+        lines.append(
+            "Shuffle Δ: bpb after permuting the step-specific parameters across steps "
+            "minus bpb before (float model); shared has nothing to shuffle."
+        )
     if probes:
         lines.append("")
     lines += ["## The four falsification questions (norm-only seed hypothesis)", ""]
@@ -480,8 +575,7 @@ def to_markdown(rows: list[Row], aggs: list[dict], answers: list[dict], config: 
 
 def results_dict(rows: list[Row], aggs: list[dict], answers: list[dict], config: dict) -> dict:
     """Everything results.json holds."""
-    return {"config": config, "rows": [r.to_dict() for r in rows], "aggregates": aggs,
-            "falsification": answers}
+    return {"config": config, "rows": [r.to_dict() for r in rows], "aggregates": aggs, "falsification": answers}
 
 
 def check_outputs(out_dir: str | os.PathLike, force: bool = False) -> Path:
@@ -492,9 +586,14 @@ def check_outputs(out_dir: str | os.PathLike, force: bool = False) -> Path:
     return out
 
 
-def write_outputs(rows: list[Row], config: dict, out_dir: str | os.PathLike, force: bool = False,
-                  aggs: list[dict] | None = None,
-                  answers: list[dict] | None = None) -> dict[str, Path]:
+def write_outputs(
+    rows: list[Row],
+    config: dict,
+    out_dir: str | os.PathLike,
+    force: bool = False,
+    aggs: list[dict] | None = None,
+    answers: list[dict] | None = None,
+) -> dict[str, Path]:
     """Write results.{json,csv,md} and roundtrip.png atomically into out_dir."""
     from .plot import plot_roundtrip  # matplotlib imports slowly; only when writing
 

@@ -60,8 +60,14 @@ class RoundtripResult:
 PASSTHROUGH = ("fp32", "fp16", "bf16")
 
 
-def export_policy(model, quant: str, *, quantize_controls: bool = False,
-                  quant_options: dict | None = None, keep_float_max_numel: int | None = None):
+def export_policy(
+    model,
+    quant: str,
+    *,
+    quantize_controls: bool = False,
+    quant_options: dict | None = None,
+    keep_float_max_numel: int | None = None,
+):
     """The ExportPolicy the roundtrip uses for one model and quantizer: the default policy.
 
     Every weight matrix gets the quantizer whatever its size (recurnorm.export's
@@ -78,7 +84,9 @@ def export_policy(model, quant: str, *, quantize_controls: bool = False,
     if quant in PASSTHROUGH:
         return ExportPolicy(quantizer=quant, overrides={"*": (quant, dict(quant_options or {}))})
     policy = ExportPolicy(
-        quantizer=quant, options=dict(quant_options or {}), quantize_controls=quantize_controls,
+        quantizer=quant,
+        options=dict(quant_options or {}),
+        quantize_controls=quantize_controls,
         control_patterns=tuple(p for p in CONTROL_PATTERNS if p != "spec.*"),
         control_names=frozenset(model.control_names()),
     )
@@ -87,39 +95,51 @@ def export_policy(model, quant: str, *, quantize_controls: bool = False,
     return policy
 
 
-def pack_model(model, quant: str, *, quantize_controls: bool = False,
-               quant_options: dict | None = None, policy=None) -> bytes:
+def pack_model(
+    model, quant: str, *, quantize_controls: bool = False, quant_options: dict | None = None, policy=None
+) -> bytes:
     """Artifact bytes of a model under a quantizer (the real export path); config in metadata."""
     from ..export.pack import pack_state
     from ..model import state_dict_for_export
 
     if policy is None:
-        policy = export_policy(model, quant, quantize_controls=quantize_controls,
-                               quant_options=quant_options)
-    return pack_state(state_dict_for_export(model), policy,
-                      {"config": model.config.to_dict(), "quant": quant})
+        policy = export_policy(model, quant, quantize_controls=quantize_controls, quant_options=quant_options)
+    return pack_state(state_dict_for_export(model), policy, {"config": model.config.to_dict(), "quant": quant})
 
 
-def export_model(model, quant: str, *, quantize_controls: bool = False,
-                 quant_options: dict | None = None, policy=None) -> Export:
+def export_model(
+    model, quant: str, *, quantize_controls: bool = False, quant_options: dict | None = None, policy=None
+) -> Export:
     """Pack a model to bytes, read them back, and rebuild a fresh model from them (strict)."""
     from ..budget.api import read_artifact, tensor_stats
     from ..export.load import model_from_decoded
 
-    data = pack_model(model, quant, quantize_controls=quantize_controls,
-                      quant_options=quant_options, policy=policy)
+    data = pack_model(model, quant, quantize_controls=quantize_controls, quant_options=quant_options, policy=policy)
     art = read_artifact(data)
     tensor_bytes = {r["name"]: int(r["bytes"]) for r in tensor_stats(art.manifest)}
     fresh = model_from_decoded(art, source=f"{model.config.scheme} artifact ({quant})")
     step_names = model.step_specific_names()
     return Export(
-        data=data, model=fresh, artifact_bytes=len(data), tensor_bytes=tensor_bytes,
+        data=data,
+        model=fresh,
+        artifact_bytes=len(data),
+        tensor_bytes=tensor_bytes,
         step_specific_bytes=sum(b for n, b in tensor_bytes.items() if n in step_names),
     )
 
 
-def qat_row(model, corpus, quant: str, *, scheme: str, seed: int, steps: int, train_kw: dict,
-            device: str = "cpu", quant_options: dict | None = None) -> rep.Row:
+def qat_row(
+    model,
+    corpus,
+    quant: str,
+    *,
+    scheme: str,
+    seed: int,
+    steps: int,
+    train_kw: dict,
+    device: str = "cpu",
+    quant_options: dict | None = None,
+) -> rep.Row:
     """A ``qat-<quant>`` row: QAT-fine-tune a copy of model, export with qat_policy, measure."""
     import copy
 
@@ -130,17 +150,31 @@ def qat_row(model, corpus, quant: str, *, scheme: str, seed: int, steps: int, tr
     ft = remove_qat(copy.deepcopy(model).cpu())  # fine-tune from the latent float weights
     kw = {k: v for k, v in train_kw.items() if k not in ("steps", "eval_every")}
     kw["warmup"] = fine_tune_warmup(kw.get("warmup", 0), steps)
-    result = train_qat(ft, corpus, QATSpec(quant, dict(quant_options or {})), steps=steps,
-                       seed=seed, progress=False, device=device, **kw)
+    result = train_qat(
+        ft,
+        corpus,
+        QATSpec(quant, dict(quant_options or {})),
+        steps=steps,
+        seed=seed,
+        progress=False,
+        device=device,
+        **kw,
+    )
     ft = result.model.eval()
     bpb_pre = loss(ft, corpus).bits_per_byte
     base = export_policy(ft, quant, quant_options=quant_options)
     exp = export_model(ft, quant, policy=qat_policy(ft.config, base))
     bpb_post = loss(exp.model.to(device_of(ft)), corpus).bits_per_byte
     return rep.Row(
-        scheme=scheme, quant=f"qat-{quant}", seed=seed, bpb_pre=bpb_pre, bpb_post=bpb_post,
-        artifact_bytes=exp.artifact_bytes, step_specific_bytes=exp.step_specific_bytes,
-        params=ft.param_counts(), d_model=ft.config.d_model,
+        scheme=scheme,
+        quant=f"qat-{quant}",
+        seed=seed,
+        bpb_pre=bpb_pre,
+        bpb_post=bpb_post,
+        artifact_bytes=exp.artifact_bytes,
+        step_specific_bytes=exp.step_specific_bytes,
+        params=ft.param_counts(),
+        d_model=ft.config.d_model,
     )
 
 
@@ -154,8 +188,7 @@ def _step_postfix(bar, steps: int):
     return on_step
 
 
-def _train_in_parallel(jobs, schemes, seeds, configs, checkpoints_dir, data, corpus, tokenizer,
-                       train_kw, bar):  # fmt: skip
+def _train_in_parallel(jobs, schemes, seeds, configs, checkpoints_dir, data, corpus, tokenizer, train_kw, bar):
     """(pretrained {(scheme, seed): JobResult}, temporary folder or None) for --jobs > 1."""
     if jobs <= 1:
         return {}, None
@@ -165,15 +198,23 @@ def _train_in_parallel(jobs, schemes, seeds, configs, checkpoints_dir, data, cor
 
     tmp = None if checkpoints_dir is not None else tempfile.TemporaryDirectory(prefix="rt-jobs-")
     root = Path(checkpoints_dir) if checkpoints_dir is not None else Path(tmp.name)
-    todo = [TrainJob(s, seed, configs[s], str(root / s / f"seed{seed}"))
-            for seed in range(seeds) for s in schemes
-            if checkpoints_dir is None or checkpoint_path(checkpoints_dir, s, seed, seeds) is None]
+    todo = [
+        TrainJob(s, seed, configs[s], str(root / s / f"seed{seed}"))
+        for seed in range(seeds)
+        for s in schemes
+        if checkpoints_dir is None or checkpoint_path(checkpoints_dir, s, seed, seeds) is None
+    ]
     bar.set_description(f"train {len(todo)} models on {jobs} processes")
     spec = data if isinstance(data, (str, os.PathLike)) else corpus
     try:
-        done = train_parallel(todo, data=spec, tokenizer=tokenizer, train_kw=train_kw,
-                              n_jobs=jobs, on_done=lambda r: bar.set_postfix(done=f"{r.scheme}/"
-                                                                              f"seed{r.seed}"))
+        done = train_parallel(
+            todo,
+            data=spec,
+            tokenizer=tokenizer,
+            train_kw=train_kw,
+            n_jobs=jobs,
+            on_done=lambda r: bar.set_postfix(done=f"{r.scheme}/seed{r.seed}"),
+        )
     except BaseException:
         if tmp is not None:
             tmp.cleanup()
@@ -211,8 +252,7 @@ def resolve_quants(quants: str | list[str] | tuple[str, ...]) -> list[str]:
     return quants
 
 
-def checkpoint_path(checkpoints_dir: str | os.PathLike, scheme: str, seed: int,
-                    seeds: int) -> Path | None:
+def checkpoint_path(checkpoints_dir: str | os.PathLike, scheme: str, seed: int, seeds: int) -> Path | None:
     """DIR/<scheme>/seed<k>, or DIR/<scheme> for a one-seed run; None when neither holds weights."""
     base = Path(checkpoints_dir) / scheme
     for cand in (base / f"seed{seed}", base if seeds == 1 or seed == 0 else None):
@@ -293,8 +333,7 @@ def roundtrip(
     train_kw.pop("eval_every", None)
     corpus = as_corpus(data, tokenizer)
     base = base_model_config(p, corpus, model_overrides)
-    configs = {s: {**base, "scheme": s, "scheme_options": dict(scheme_options.get(s, {}))}
-               for s in schemes}
+    configs = {s: {**base, "scheme": s, "scheme_options": dict(scheme_options.get(s, {}))} for s in schemes}
     for c in configs.values():
         ModelConfig.from_dict(c)  # ConfigError now, not after the first training
 
@@ -308,37 +347,45 @@ def roundtrip(
 
     dev = resolve_device(device)
     per_job = 1 + len(quants) + len(qat_formats) + ("shuffle" in probes) + ("fragility" in probes) * len(quants)
-    bar = tqdm(total=seeds * len(schemes) * per_job, unit="job", desc="roundtrip",
-               disable=not progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=seeds * len(schemes) * per_job, unit="job", desc="roundtrip", disable=not progress, dynamic_ncols=True
+    )
     rows: list[rep.Row] = []
     sources: dict[str, str] = {}
-    pretrained, tmp = _train_in_parallel(jobs, schemes, seeds, configs, checkpoints_dir, data,
-                                         corpus, tokenizer, train_kw, bar)  # fmt: skip
+    pretrained, tmp = _train_in_parallel(
+        jobs, schemes, seeds, configs, checkpoints_dir, data, corpus, tokenizer, train_kw, bar
+    )
     try:
         for seed in range(seeds):
             for scheme in schemes:
                 key = f"{scheme}/seed{seed}"
-                ckpt = (checkpoint_path(checkpoints_dir, scheme, seed, seeds)
-                        if checkpoints_dir is not None else None)
+                ckpt = checkpoint_path(checkpoints_dir, scheme, seed, seeds) if checkpoints_dir is not None else None
                 done = pretrained.get((scheme, seed))
                 if done is not None:
                     bar.set_description(f"load {key}")
                     model = load_model(done.path)
-                    sources[key] = (f"trained {train_kw['steps']} steps in {done.elapsed_s:.1f} s "
-                                    f"(parallel job on {done.device})")
+                    sources[key] = (
+                        f"trained {train_kw['steps']} steps in {done.elapsed_s:.1f} s (parallel job on {done.device})"
+                    )
                 elif ckpt is not None:
                     bar.set_description(f"load {key}")
                     model = load_model(ckpt)  # a QAT checkpoint is evaluated as what it is
                     if model.config.scheme != scheme:
-                        raise CheckpointError(f"{ckpt} holds scheme {model.config.scheme!r}, "
-                                              f"not {scheme!r}")
+                        raise CheckpointError(f"{ckpt} holds scheme {model.config.scheme!r}, not {scheme!r}")
                     sources[key] = f"loaded from {ckpt}"
                 else:
                     bar.set_description(f"train {key}")
                     cfg = ModelConfig.from_dict(configs[scheme])
-                    result = train(cfg, corpus, seed=seed, pair_init=True, progress=progress,
-                                   device=str(dev), on_step=_step_postfix(bar, train_kw["steps"]),
-                                   **train_kw)
+                    result = train(
+                        cfg,
+                        corpus,
+                        seed=seed,
+                        pair_init=True,
+                        progress=progress,
+                        device=str(dev),
+                        on_step=_step_postfix(bar, train_kw["steps"]),
+                        **train_kw,
+                    )
                     model = result.model
                     sources[key] = f"trained {train_kw['steps']} steps in {result.elapsed_s:.1f} s"
                     if checkpoints_dir is not None:
@@ -363,22 +410,40 @@ def roundtrip(
                     if "fragility" in probes:
                         bar.set_description(f"fragility {key} {q}")
                         row_probes["fragility"] = fragility_probe(
-                            model, corpus, q, quant_options=quant_options.get(q),
-                            bpb_controls_float=bpb_post)  # the default export keeps them float
+                            model, corpus, q, quant_options=quant_options.get(q), bpb_controls_float=bpb_post
+                        )  # the default export keeps them float
                         bar.update(1)
-                    rows.append(rep.Row(
-                        scheme=scheme, quant=q, seed=seed, bpb_pre=bpb_pre, bpb_post=bpb_post,
-                        artifact_bytes=exp.artifact_bytes,
-                        step_specific_bytes=exp.step_specific_bytes, params=params,
-                        d_model=model.config.d_model, probes=row_probes,
-                    ))
+                    rows.append(
+                        rep.Row(
+                            scheme=scheme,
+                            quant=q,
+                            seed=seed,
+                            bpb_pre=bpb_pre,
+                            bpb_post=bpb_post,
+                            artifact_bytes=exp.artifact_bytes,
+                            step_specific_bytes=exp.step_specific_bytes,
+                            params=params,
+                            d_model=model.config.d_model,
+                            probes=row_probes,
+                        )
+                    )
                     bar.set_postfix(bpb=f"{bpb_pre:.3f}→{bpb_post:.3f}")
                     del exp
                 for q in qat_formats:
                     bar.set_description(f"qat {key} {q}")
-                    rows.append(qat_row(model, corpus, q, scheme=scheme, seed=seed,
-                                        steps=qat_steps, train_kw=train_kw, device=str(dev),
-                                        quant_options=quant_options.get(q)))
+                    rows.append(
+                        qat_row(
+                            model,
+                            corpus,
+                            q,
+                            scheme=scheme,
+                            seed=seed,
+                            steps=qat_steps,
+                            train_kw=train_kw,
+                            device=str(dev),
+                            quant_options=quant_options.get(q),
+                        )
+                    )
                     bar.update(1)
                     bar.set_postfix(bpb=f"{rows[-1].bpb_pre:.3f}→{rows[-1].bpb_post:.3f}")
     finally:
@@ -394,25 +459,41 @@ def roundtrip(
     aggs = rep.aggregate(rows)
     answers = rep.falsification(rows, aggs)
     config = {
-        "schemes": schemes, "quants": quants, "seeds": seeds, "preset": preset,
-        "data": str(getattr(corpus, "source", data)), "tokenizer": getattr(corpus, "tokenizer", None),
-        "steps": train_kw["steps"], "train": train_kw, "model": base,
-        "scheme_options": scheme_options, "quant_options": quant_options,
-        "probes": list(probes), "match_bytes": match_bytes,
-        "qat": qat_formats, "qat_steps": qat_steps if qat_formats else None,
-        "export_policy": ("recurnorm.export default: every weight matrix quantized whatever its "
-                          "size; controls (model.control_names() and norm/gate/scale name patterns) "
-                          "kept fp32; embeddings int8; vectors fp16; fp32/fp16/bf16 export "
-                          "every tensor in that format"),
+        "schemes": schemes,
+        "quants": quants,
+        "seeds": seeds,
+        "preset": preset,
+        "data": str(getattr(corpus, "source", data)),
+        "tokenizer": getattr(corpus, "tokenizer", None),
+        "steps": train_kw["steps"],
+        "train": train_kw,
+        "model": base,
+        "scheme_options": scheme_options,
+        "quant_options": quant_options,
+        "probes": list(probes),
+        "match_bytes": match_bytes,
+        "qat": qat_formats,
+        "qat_steps": qat_steps if qat_formats else None,
+        "export_policy": (
+            "recurnorm.export default: every weight matrix quantized whatever its "
+            "size; controls (model.control_names() and norm/gate/scale name patterns) "
+            "kept fp32; embeddings int8; vectors fp16; fp32/fp16/bf16 export "
+            "every tensor in that format"
+        ),
         "matched_widths": {s: m.to_dict() for s, m in matches.items()},
         "sources": sources,
-        "paired": ("same seed: same batches in the same order"
-                   + ("; widths differ (--match-bytes), so initial values are not shared"
-                      if matches else " and the same initial values for shared parameters")),
-        "device": str(dev), "elapsed_s": round(time.perf_counter() - t0, 1),
+        "paired": (
+            "same seed: same batches in the same order"
+            + (
+                "; widths differ (--match-bytes), so initial values are not shared"
+                if matches
+                else " and the same initial values for shared parameters"
+            )
+        ),
+        "device": str(dev),
+        "elapsed_s": round(time.perf_counter() - t0, 1),
     }
     result = RoundtripResult(rows, aggs, answers, config)
     if write:
-        result.paths = rep.write_outputs(rows, config, out_dir, force=force, aggs=aggs,
-                                         answers=answers)
+        result.paths = rep.write_outputs(rows, config, out_dir, force=force, aggs=aggs, answers=answers)
     return result

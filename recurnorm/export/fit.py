@@ -71,10 +71,16 @@ class FitResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (allocation, predicted vs measured, the method)."""
-        return {"allocation": self.allocation, "predicted_bytes": self.predicted_bytes,
-                "measured_bytes": self.measured_bytes, "budget_bytes": self.budget_bytes,
-                "predicted_dloss": self.predicted_dloss, "method": self.method,
-                "formats": list(self.formats), "uniform_bytes": self.uniform_bytes}  # fmt: skip
+        return {
+            "allocation": self.allocation,
+            "predicted_bytes": self.predicted_bytes,
+            "measured_bytes": self.measured_bytes,
+            "budget_bytes": self.budget_bytes,
+            "predicted_dloss": self.predicted_dloss,
+            "method": self.method,
+            "formats": list(self.formats),
+            "uniform_bytes": self.uniform_bytes,
+        }
 
     def lines(self) -> str:
         """The allocation and predicted vs measured size, for people."""
@@ -83,15 +89,23 @@ class FitResult:
             counts[spec] = counts.get(spec, 0) + 1
         width = max((len(n) for n in self.allocation), default=6)
         out = [f"fit: {self.method}"]
-        out += [f"  {n:<{width}}  {spec:<10} {self.bytes_table[n][spec]:>11,} B  "
-                f"{'Δloss' if self.direct else 'proxy'} {self.sensitivity[n][spec]:+.2e}"
-                for n, spec in self.allocation.items()]  # fmt: skip
-        out.append("fit: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) +
-                   f"; predicted {self.predicted_bytes:,} B, measured {self.measured_bytes:,} B "
-                   f"({(self.measured_bytes / max(self.predicted_bytes, 1) - 1) * 100:+.2f}%), "
-                   f"budget {self.budget_bytes:,} B for the artifact; "
-                   + (f"predicted Δloss {self.predicted_dloss:+.4f} nats/token" if self.direct
-                      else f"proxy error {self.predicted_dloss:.4g} (weight-space units)"))
+        out += [
+            f"  {n:<{width}}  {spec:<10} {self.bytes_table[n][spec]:>11,} B  "
+            f"{'Δloss' if self.direct else 'proxy'} {self.sensitivity[n][spec]:+.2e}"
+            for n, spec in self.allocation.items()
+        ]
+        out.append(
+            "fit: "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
+            + f"; predicted {self.predicted_bytes:,} B, measured {self.measured_bytes:,} B "
+            f"({(self.measured_bytes / max(self.predicted_bytes, 1) - 1) * 100:+.2f}%), "
+            f"budget {self.budget_bytes:,} B for the artifact; "
+            + (
+                f"predicted Δloss {self.predicted_dloss:+.4f} nats/token"
+                if self.direct
+                else f"proxy error {self.predicted_dloss:.4g} (weight-space units)"
+            )
+        )
         return "\n".join(out)
 
 
@@ -118,13 +132,13 @@ def _alloc_policy(policy: ExportPolicy, alloc: dict[str, tuple[str, dict]], plan
     (so that a fit which changes nothing writes the very artifact the policy alone writes)."""
     from dataclasses import replace
 
-    fit_rules = tuple(Rule(n, f, o, FIT_RULE) for n, (f, o) in alloc.items()
-                      if (f, o) != tuple(plan[n][:2]))  # fmt: skip
+    fit_rules = tuple(Rule(n, f, o, FIT_RULE) for n, (f, o) in alloc.items() if (f, o) != tuple(plan[n][:2]))
     return replace(policy, rules=fit_rules + policy.rules)
 
 
-def _pack(qts: dict[str, QTensor], plan: Plan, policy: ExportPolicy, metadata: dict,
-          effort: str) -> tuple[bytes, dict[str, int]]:
+def _pack(
+    qts: dict[str, QTensor], plan: Plan, policy: ExportPolicy, metadata: dict, effort: str
+) -> tuple[bytes, dict[str, int]]:
     """(artifact bytes, packed bytes per stored tensor) through the real packer."""
     from ..budget.api import pack_qtensors, read_artifact, tensor_stats
     from .pack import export_metadata
@@ -186,7 +200,8 @@ def calibration_loss_fn(model: nn.Module, batches: list[Tensor]) -> LossFn:
             for x in batches:
                 logits = model(x[:, :-1])
                 ce = nn.functional.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1), reduction="sum")
+                    logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1), reduction="sum"
+                )
                 total, count = total + float(ce), count + x[:, 1:].numel()
             return total / max(count, 1)
         finally:
@@ -213,8 +228,9 @@ def fisher_diagonal(model: nn.Module, batches: list[Tensor], micro: int = 1) -> 
             for x in batch.split(micro):
                 model.zero_grad(set_to_none=True)
                 logits = model(x[:, :-1])
-                nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                            x[:, 1:].reshape(-1)).backward()
+                nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1)
+                ).backward()
                 for n, p in params.items():
                     if p.grad is not None:
                         acc[n] += p.grad.detach().float().square()
@@ -239,12 +255,20 @@ def weight_proxy(original: Tensor, approx: Tensor) -> float:
 
 
 def fit_budget(
-    state: dict[str, Tensor], policy: ExportPolicy, budget_bytes: int, *,
-    formats=None, loss_fn: LossFn | None = None, fisher: dict[str, Tensor] | None = None,
+    state: dict[str, Tensor],
+    policy: ExportPolicy,
+    budget_bytes: int,
+    *,
+    formats=None,
+    loss_fn: LossFn | None = None,
+    fisher: dict[str, Tensor] | None = None,
     method: str = "",
-    quantize_fn: Quantize | None = None, metadata: dict | None = None, effort: str = "normal",
-    code_bytes: int = 0, progress: Callable[[str], None] | None = None,
-) -> FitResult:  # fmt: skip
+    quantize_fn: Quantize | None = None,
+    metadata: dict | None = None,
+    effort: str = "normal",
+    code_bytes: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> FitResult:
     """Choose formats for the candidate tensors so that artifact + code_bytes <= budget_bytes.
 
     ``fisher`` (diagonal Fisher per tensor) gives the second-order sensitivity;
@@ -296,7 +320,9 @@ def fit_budget(
         raise OverCapError(
             f"--fit {budget_bytes:,} is impossible: the smallest achievable artifact is "
             f"{smallest:,} bytes (every candidate tensor at {narrow}) + code {code_bytes:,} = "
-            f"{smallest + code_bytes:,} bytes", {"smallest_bytes": smallest, "code_bytes": code_bytes})
+            f"{smallest + code_bytes:,} bytes",
+            {"smallest_bytes": smallest, "code_bytes": code_bytes},
+        )
 
     # 3. sensitivity of each tensor to each format
     sens: dict[str, dict[str, float]] = {n: {} for n in names}
@@ -316,8 +342,9 @@ def fit_budget(
         for n in names:
             for spec in specs:
                 sens[n][spec] = weight_proxy(state[n], deq[n][spec])
-        method = method or ("weight-space proxy (relative reconstruction error x size): "
-                            "recurnorm cannot evaluate this checkpoint")
+        method = method or (
+            "weight-space proxy (relative reconstruction error x size): recurnorm cannot evaluate this checkpoint"
+        )
     # Wider is never predicted worse than narrower (measurement noise), and ties go to the wider.
     order = sorted(range(len(specs)), key=lambda j: -np.mean([bytes_table[n][specs[j]] for n in names]))
     losses = np.zeros((len(names), len(specs)))
@@ -337,8 +364,7 @@ def fit_budget(
     try_widest = uniform[specs[order[0]]] <= avail * 1.005
     for _attempt in range(MAX_REPAIRS + 1):
         unit = max(1, math.ceil(max(target, 1) / DP_UNITS))
-        picks = [order[0]] * len(names) if try_widest else \
-            solve(-(-costs_b // unit), losses, target // unit)
+        picks = [order[0]] * len(names) if try_widest else solve(-(-costs_b // unit), losses, target // unit)
         if picks is None:
             picks = [order[-1]] * len(names)  # the narrowest everywhere: known to fit
         alloc = {n: formats[j] for n, j in zip(names, picks, strict=True)}
@@ -354,13 +380,21 @@ def fit_budget(
             continue
         target -= len(data) - avail + max(64, len(data) // 5000)
     else:
-        raise OverCapError(f"--fit {budget_bytes:,}: could not land under the budget after "
-                           f"{MAX_REPAIRS} tries (last {len(data) + code_bytes:,} bytes)")
+        raise OverCapError(
+            f"--fit {budget_bytes:,}: could not land under the budget after "
+            f"{MAX_REPAIRS} tries (last {len(data) + code_bytes:,} bytes)"
+        )
     return FitResult(
-        policy=pol, data=data,
+        policy=pol,
+        data=data,
         allocation={n: format_spec(*alloc[n]) for n in names},
-        predicted_bytes=predicted, measured_bytes=len(data), budget_bytes=avail,
+        predicted_bytes=predicted,
+        measured_bytes=len(data),
+        budget_bytes=avail,
         predicted_dloss=float(sum(sens[n][specs[j]] for n, j in zip(names, picks, strict=True))),
-        method=method, formats=tuple(specs), bytes_table=bytes_table, sensitivity=sens,
+        method=method,
+        formats=tuple(specs),
+        bytes_table=bytes_table,
+        sensitivity=sens,
         uniform_bytes=uniform,
-    )  # fmt: skip
+    )

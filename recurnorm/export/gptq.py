@@ -26,24 +26,28 @@ def linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
 
 
-def calibration_windows(model: nn.Module, train_tokens, n_tokens: int = DEFAULT_CALIB_TOKENS,
-                        seq_len: int | None = None) -> list[Tensor]:
+def calibration_windows(
+    model: nn.Module, train_tokens, n_tokens: int = DEFAULT_CALIB_TOKENS, seq_len: int | None = None
+) -> list[Tensor]:
     """Training-split windows [B, seq_len] of the model's own context length."""
     from ..evaluate.factory import seq_len_of
     from ..quant.gptq import calibration_batches
 
     seq = seq_len or seq_len_of(model)
     if seq is None:
-        raise ConfigError("calibration: the model does not say its context length "
-                          "(seq_len, block_size or max_seq_len on it or its config)")
+        raise ConfigError(
+            "calibration: the model does not say its context length "
+            "(seq_len, block_size or max_seq_len on it or its config)"
+        )
     return calibration_batches(np.asarray(train_tokens), seq, n_tokens)
 
 
 class GPTQExporter:
     """Hessians collected once; GPTQ codes for any policy (``quantize`` is a fit.Quantize)."""
 
-    def __init__(self, model: nn.Module, train_tokens, n_tokens: int = DEFAULT_CALIB_TOKENS,
-                 block: int = 128, damp: float = 0.01):
+    def __init__(
+        self, model: nn.Module, train_tokens, n_tokens: int = DEFAULT_CALIB_TOKENS, block: int = 128, damp: float = 0.01
+    ):
         from ..quant.gptq import collect_hessians
 
         self.model = model
@@ -69,8 +73,9 @@ class GPTQExporter:
                 continue
             key = (name, fmt, tuple(sorted(opts.items())))
             if key not in self._cache:
-                self._cache[key] = gptq_quantize(self.state[name], self.hessians[proj], quantizer,
-                                                 self.block, self.damp, name=name)
+                self._cache[key] = gptq_quantize(
+                    self.state[name], self.hessians[proj], quantizer, self.block, self.damp, name=name
+                )
             out[name] = self._cache[key]
         return out
 
@@ -81,9 +86,14 @@ class GPTQExporter:
         return quantize(state, policy, self.gptq_qtensors(policy.plan(state)))
 
 
-def gptq_export(model: nn.Module, policy: ExportPolicy, train_tokens: np.ndarray | Tensor,
-                n_tokens: int = DEFAULT_CALIB_TOKENS, block: int = 128,
-                damp: float = 0.01) -> dict[str, QTensor]:
+def gptq_export(
+    model: nn.Module,
+    policy: ExportPolicy,
+    train_tokens: np.ndarray | Tensor,
+    n_tokens: int = DEFAULT_CALIB_TOKENS,
+    block: int = 128,
+    damp: float = 0.01,
+) -> dict[str, QTensor]:
     """Export a model: GPTQ for projection weights the policy quantizes, the policy for the rest.
 
     `train_tokens` must be the training split (``corpus.train_tokens``), never validation.

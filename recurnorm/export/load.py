@@ -43,8 +43,7 @@ def model_from_decoded(art, source: str = "artifact") -> nn.Module:
         raise ArtifactError(f"{source} has no model config in its metadata; cannot rebuild the model")
     try:
         # Grid weights are never fake-quantized again; a QAT model's activation hooks are restored.
-        return prepare_exported(
-            model_from_state_dict(config, dequantize_all(art.qtensors), source=source))
+        return prepare_exported(model_from_state_dict(config, dequantize_all(art.qtensors), source=source))
     except (CheckpointError, ConfigError) as exc:
         # Tensors (or a qat record) that disagree with the artifact's own config: the artifact is at fault.
         raise ArtifactError(f"{source}: {exc}") from None

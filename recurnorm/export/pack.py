@@ -29,8 +29,7 @@ def _dedupe(state_dict: dict) -> tuple[dict, dict[str, str]]:
     for name in sorted(state_dict):
         t = state_dict[name]
         try:
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-                   tuple(t.stride()), t.dtype)
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
         except (AttributeError, RuntimeError):
             key = None
         if key is not None and t.numel() > 0 and key in seen:
@@ -42,8 +41,9 @@ def _dedupe(state_dict: dict) -> tuple[dict, dict[str, str]]:
     return unique, aliases
 
 
-def export_qtensors(state_dict: dict, quant: str = "int8", policy: ExportPolicy | None = None,
-                    **quant_options) -> dict[str, QTensor]:
+def export_qtensors(
+    state_dict: dict, quant: str = "int8", policy: ExportPolicy | None = None, **quant_options
+) -> dict[str, QTensor]:
     """QTensors for a state dict via the export policy; tied tensors map to one QTensor."""
     unique, aliases = _dedupe(state_dict)
     if policy is None:
@@ -54,8 +54,9 @@ def export_qtensors(state_dict: dict, quant: str = "int8", policy: ExportPolicy 
     return qts
 
 
-def quantize(state: dict[str, Tensor], policy: ExportPolicy,
-             replace: dict[str, QTensor] | None = None) -> tuple[dict[str, QTensor], Plan]:
+def quantize(
+    state: dict[str, Tensor], policy: ExportPolicy, replace: dict[str, QTensor] | None = None
+) -> tuple[dict[str, QTensor], Plan]:
     """(QTensors, plan): tied tensors share one QTensor; ``replace`` swaps in QTensors (GPTQ)."""
     qts = export_qtensors(state, policy=policy)
     for name, qt in (replace or {}).items():
@@ -65,8 +66,15 @@ def quantize(state: dict[str, Tensor], policy: ExportPolicy,
     return qts, policy.plan(state)
 
 
-def pack_state(state: dict[str, Tensor], policy: ExportPolicy, metadata: dict | None = None, *,
-               effort: str = "normal", codecs=None, replace: dict[str, QTensor] | None = None) -> bytes:
+def pack_state(
+    state: dict[str, Tensor],
+    policy: ExportPolicy,
+    metadata: dict | None = None,
+    *,
+    effort: str = "normal",
+    codecs=None,
+    replace: dict[str, QTensor] | None = None,
+) -> bytes:
     """Artifact bytes of a state dict under a policy (export rules recorded in the metadata)."""
     from ..budget.api import pack_qtensors
 
@@ -75,8 +83,9 @@ def pack_state(state: dict[str, Tensor], policy: ExportPolicy, metadata: dict | 
     return pack_qtensors(qts, meta, codecs, effort)
 
 
-def checkpoint_policy(policy: ExportPolicy, config: dict | None,
-                      source: str = "checkpoint") -> tuple[ExportPolicy, dict | None]:
+def checkpoint_policy(
+    policy: ExportPolicy, config: dict | None, source: str = "checkpoint"
+) -> tuple[ExportPolicy, dict | None]:
     """(policy, config for the metadata): a QAT checkpoint ships exactly the codes training saw.
 
     Its projections use the recorded QAT quantizer whatever -q says; the config
@@ -92,9 +101,17 @@ def checkpoint_policy(policy: ExportPolicy, config: dict | None,
     return qat_policy(model_config, base=policy), export_config(model_config)
 
 
-def pack(state_dict_or_model, quant: str = "int8", policy: ExportPolicy | None = None,
-         metadata: dict | None = None, codecs=None, effort: str = "normal", *,
-         config: dict | None = None, **quant_options) -> bytes:
+def pack(
+    state_dict_or_model,
+    quant: str = "int8",
+    policy: ExportPolicy | None = None,
+    metadata: dict | None = None,
+    codecs=None,
+    effort: str = "normal",
+    *,
+    config: dict | None = None,
+    **quant_options,
+) -> bytes:
     """``recurnorm.pack``: quantize a state dict (or a model) with the export policy and pack it.
 
     ``quant`` is a -q string (``int6``, ``int4:group=128``, rules); options may
@@ -152,9 +169,16 @@ def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None) -> tuple[
     return rows, art.metadata
 
 
-def pack_checkpoint(ckpt: str | Path, policy: ExportPolicy, *, effort: str = "normal",
-                    replace: dict[str, QTensor] | None = None, state=None, config=None,
-                    extra_metadata: dict | None = None) -> Packed:
+def pack_checkpoint(
+    ckpt: str | Path,
+    policy: ExportPolicy,
+    *,
+    effort: str = "normal",
+    replace: dict[str, QTensor] | None = None,
+    state=None,
+    config=None,
+    extra_metadata: dict | None = None,
+) -> Packed:
     """Pack a checkpoint (dir, .safetensors, .pt/.pth/.bin) under a policy."""
     from ..budget.api import load_checkpoint_state
 

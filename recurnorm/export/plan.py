@@ -27,8 +27,7 @@ from .policy import ExportPolicy
 # Code bytes of trained weights / code bytes of the same config's fresh init, per format:
 # median over shared, norm, norm_gate, unique at d=64 and 96 (depth 3, 200 steps), measured
 # with `benchmarks/plan_calibration.py --steps 200`. Formats not listed: 1.0.
-TRAINED_CODE_RATIO = {"int8": 1.0061, "int7": 1.0027, "int6": 1.0022, "int5": 1.0026, "int4": 0.9998,
-                      "ternary": 0.9902}  # fmt: skip
+TRAINED_CODE_RATIO = {"int8": 1.0061, "int7": 1.0027, "int6": 1.0022, "int5": 1.0026, "int4": 0.9998, "ternary": 0.9902}
 # Trained float controls (gains start at exactly 1.0 and compress to nothing) store at about
 # this fraction of their raw bytes; measured by the same script (fp32 rows; fp16/bf16 assumed alike).
 PASSTHROUGH_FILL = {"fp32": 0.79, "fp16": 0.79, "bf16": 0.79}
@@ -60,9 +59,11 @@ class SizePlan:
 
     def line(self, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
         """The plan in one line, as a share of the cap (what training prints when it starts)."""
-        return (f"{self.weights:,} parameters; predicted artifact {self.total_bytes / 1e6:.2f} MB = "
-                f"{100 * self.total_bytes / max_bytes:.1f}% of the {max_bytes:,}-byte cap "
-                "(`recurnorm plan` details it; `recurnorm pack` gives the real size)")
+        return (
+            f"{self.weights:,} parameters; predicted artifact {self.total_bytes / 1e6:.2f} MB = "
+            f"{100 * self.total_bytes / max_bytes:.1f}% of the {max_bytes:,}-byte cap "
+            "(`recurnorm plan` details it; `recurnorm pack` gives the real size)"
+        )
 
     def to_dict(self) -> dict:
         """JSON-ready form."""
@@ -71,13 +72,17 @@ class SizePlan:
     def lines(self) -> str:
         """The plan for people."""
         c = self.config
-        out = [f"plan: scheme {c['scheme']}, d_model {c['d_model']}, depth {c['depth']}, "
-               f"vocab {c['vocab_size']}; {self.policy}",
-               f"  {'format':<10} {'weights':>12} {'bytes':>12} {'bits/w':>7}"]  # fmt: skip
+        out = [
+            f"plan: scheme {c['scheme']}, d_model {c['d_model']}, depth {c['depth']}, "
+            f"vocab {c['vocab_size']}; {self.policy}",
+            f"  {'format':<10} {'weights':>12} {'bytes':>12} {'bits/w':>7}",
+        ]
         for fmt, row in sorted(self.formats.items(), key=lambda kv: -kv[1]["bytes"]):
             out.append(f"  {fmt:<10} {row['weights']:>12,} {row['bytes']:>12,} {row['bits_per_weight']:>7.3f}")
-        out.append(f"predicted artifact {self.predicted_bytes:,} B (fresh init packs to "
-                   f"{self.fresh_bytes:,} B) + code {self.code_bytes:,} = {self.total_bytes:,} B")
+        out.append(
+            f"predicted artifact {self.predicted_bytes:,} B (fresh init packs to "
+            f"{self.fresh_bytes:,} B) + code {self.code_bytes:,} = {self.total_bytes:,} B"
+        )
         return "\n".join(out)
 
 
@@ -121,8 +126,7 @@ def predict_size(config, policy, code_bytes: int = 0, seed: int = 0) -> SizePlan
     return SizePlan(cfg.to_dict(), policy.summary(), round(len(data) + extra), len(data), code_bytes, formats)
 
 
-def fit_size(config: dict, policy, max_bytes: int, *, vary: str = "d_model",
-             code_bytes: int = 0) -> SizePlan:
+def fit_size(config: dict, policy, max_bytes: int, *, vary: str = "d_model", code_bytes: int = 0) -> SizePlan:
     """The plan of the largest d_model (a multiple of 2·n_heads) or depth whose total fits max_bytes."""
     if vary not in ("d_model", "depth"):
         raise ConfigError(f"plan --vary must be d_model or depth, got {vary!r}")
@@ -136,8 +140,7 @@ def fit_size(config: dict, policy, max_bytes: int, *, vary: str = "d_model",
         return cache[v]
 
     if plan(step).total_bytes > max_bytes:
-        raise ConfigError(f"plan --fit {max_bytes:,}: even {vary} {step} needs "
-                          f"{plan(step).total_bytes:,} bytes")
+        raise ConfigError(f"plan --fit {max_bytes:,}: even {vary} {step} needs {plan(step).total_bytes:,} bytes")
     lo, hi = step, step * 2  # lo fits; search for a hi that does not
     while hi <= limit and plan(hi).total_bytes <= max_bytes:
         lo, hi = hi, hi * 2

@@ -65,9 +65,13 @@ CONTROL_MAX_NUMEL = 65_536
 RECURNORM_EMBEDDINGS = ("embed.weight", "head.weight")
 PARAMETER_GOLF_EMBEDDINGS = ("tok_emb.weight", "lm_head.weight")
 HUGGING_FACE_EMBEDDINGS = (
-    "*embed_tokens.weight", "*.lm_head.weight", "*wte.weight", "*word_embeddings.weight",
-    "embed_out.weight", "*.embed_out.weight",
-)  # fmt: skip
+    "*embed_tokens.weight",
+    "*.lm_head.weight",
+    "*wte.weight",
+    "*word_embeddings.weight",
+    "embed_out.weight",
+    "*.embed_out.weight",
+)
 EMBEDDING_NAMES = RECURNORM_EMBEDDINGS + PARAMETER_GOLF_EMBEDDINGS + HUGGING_FACE_EMBEDDINGS
 
 WILDCARDS = frozenset("*?[")
@@ -196,8 +200,7 @@ class ExportPolicy:
     def export(self, state_dict: dict[str, Tensor], plan: Plan | None = None) -> dict[str, QTensor]:
         """Quantize a whole state dict according to the plan (this policy's unless given)."""
         plan = self.plan(state_dict) if plan is None else plan
-        return {name: get(fmt, **opts).quantize(state_dict[name], name=name)
-                for name, (fmt, opts, _) in plan.items()}  # fmt: skip
+        return {name: get(fmt, **opts).quantize(state_dict[name], name=name) for name, (fmt, opts, _) in plan.items()}
 
     def summary(self) -> str:
         """One line: the main format and every rule that differs from the defaults."""
@@ -207,9 +210,12 @@ class ExportPolicy:
         parts += [f"rule {r.label()}" for r in self.rules if r.text != FIT_RULE]
         parts += [f"override {p}={format_spec(f, o)}" for p, (f, o) in self.overrides.items()]
         controls = self.quantizer if self.quantize_controls else self.control_format
-        parts += [f"embeddings {format_spec(self.embedding_format, self.embedding_options)}",
-                  f"controls {controls}", f"vectors <= {self.keep_float_max_numel:,} {self.small_float_format}",
-                  "non-float raw"]  # fmt: skip
+        parts += [
+            f"embeddings {format_spec(self.embedding_format, self.embedding_options)}",
+            f"controls {controls}",
+            f"vectors <= {self.keep_float_max_numel:,} {self.small_float_format}",
+            "non-float raw",
+        ]
         return "export policy: " + "; ".join(parts)
 
     def describe(self, state_dict: dict[str, Tensor] | None = None) -> str:

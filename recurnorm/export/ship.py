@@ -52,8 +52,10 @@ def load_source(path: str | Path, model_factory=None, need_model: bool = False) 
 
         src.model = load_model(path)
     else:
-        src.why_no_model = (f"{path} has no recurnorm config.json beside it and no --model-factory "
-                            "was given, so recurnorm cannot run it")
+        src.why_no_model = (
+            f"{path} has no recurnorm config.json beside it and no --model-factory "
+            "was given, so recurnorm cannot run it"
+        )
     return src
 
 
@@ -64,11 +66,21 @@ def _train_tokens(calib_data: str, tokenizer: str | None):
 
 
 def ship(
-    ckpt: str | Path, policy: ExportPolicy, *, effort: str = "normal", fit_bytes: int | None = None,
-    code_bytes: int = 0, fit_formats=None, gptq: bool = False, calib_data: str | None = None,
-    tokenizer: str | None = None, calib_tokens: int | None = None, model_factory=None,
-    sensitivity: str = "direct", progress: Callable[[str], None] | None = None,
-) -> Packed:  # fmt: skip
+    ckpt: str | Path,
+    policy: ExportPolicy,
+    *,
+    effort: str = "normal",
+    fit_bytes: int | None = None,
+    code_bytes: int = 0,
+    fit_formats=None,
+    gptq: bool = False,
+    calib_data: str | None = None,
+    tokenizer: str | None = None,
+    calib_tokens: int | None = None,
+    model_factory=None,
+    sensitivity: str = "direct",
+    progress: Callable[[str], None] | None = None,
+) -> Packed:
     """Pack a checkpoint under a policy; with GPTQ codes and/or formats chosen by --fit."""
     from .gptq import DEFAULT_CALIB_TOKENS, GPTQExporter
 
@@ -82,8 +94,9 @@ def ship(
     if config is not None:
         metadata["config"] = config
     if need_model and src.model is None:
-        raise ConfigError(f"{'--gptq' if gptq else '--calib-data'}: {src.why_no_model}; "
-                          "pass --model-factory MODULE:FUNCTION")
+        raise ConfigError(
+            f"{'--gptq' if gptq else '--calib-data'}: {src.why_no_model}; pass --model-factory MODULE:FUNCTION"
+        )
     if gptq and config is not None and config.get("qat"):
         raise ConfigError("--gptq: a QAT checkpoint ships the codes its training saw; GPTQ would change them")
     tokens = _train_tokens(calib_data, tokenizer) if calib_data is not None else None
@@ -121,15 +134,26 @@ def ship(
             loss_fn = calibration_loss_fn(src.model, windows)
     else:
         notes.append("fit: no --calib-data: sensitivities are a weight-space proxy, not measured Δloss")
-    result = fit_budget(src.state, policy, fit_bytes, formats=fit_formats, loss_fn=loss_fn, fisher=fisher,
-                        quantize_fn=quantize_fn, metadata=metadata, effort=effort,
-                        code_bytes=code_bytes, progress=progress)
+    result = fit_budget(
+        src.state,
+        policy,
+        fit_bytes,
+        formats=fit_formats,
+        loss_fn=loss_fn,
+        fisher=fisher,
+        quantize_fn=quantize_fn,
+        metadata=metadata,
+        effort=effort,
+        code_bytes=code_bytes,
+        progress=progress,
+    )
     rows, meta = rows_with_rules(result.data)
     return Packed(result.data, rows, result.policy, meta, notes, fit=result)
 
 
-def over_cap_hint(ckpt: str | Path, policy: ExportPolicy, max_bytes: int, code_bytes: int,
-                  effort: str = "normal") -> str:
+def over_cap_hint(
+    ckpt: str | Path, policy: ExportPolicy, max_bytes: int, code_bytes: int, effort: str = "normal"
+) -> str:
     """What would fit instead: the widest uniform format under the cap, and whether --fit would."""
     from .fit import parse_formats
 
@@ -144,7 +168,11 @@ def over_cap_hint(ckpt: str | Path, policy: ExportPolicy, max_bytes: int, code_b
             break
     narrowest = DEFAULT_FORMATS[-1]
     if fitting is None:
-        return (f"hint: even -q {narrowest} packs to {smallest:,} bytes with code; no uniform "
-                f"int8..{narrowest} format and no --fit {max_bytes} fits")
-    return (f"hint: -q {fitting[0]} fits ({fitting[1]:,} bytes with code); "
-            f"--fit {max_bytes} would choose a format per tensor to fill the cap")
+        return (
+            f"hint: even -q {narrowest} packs to {smallest:,} bytes with code; no uniform "
+            f"int8..{narrowest} format and no --fit {max_bytes} fits"
+        )
+    return (
+        f"hint: -q {fitting[0]} fits ({fitting[1]:,} bytes with code); "
+        f"--fit {max_bytes} would choose a format per tensor to fill the cap"
+    )

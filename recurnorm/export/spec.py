@@ -121,10 +121,14 @@ def read_policy_file(path: str | Path) -> dict[str, Any]:
 
 
 def build_policy(
-    quant: str | None = "int8", *, policy_file: str | Path | None = None,
-    keep_float: tuple[str, ...] | list[str] = (), quantize_controls: bool = False,
-    keep_float_max_numel: int | None = None, **kw: Any,
-) -> ExportPolicy:  # fmt: skip
+    quant: str | None = "int8",
+    *,
+    policy_file: str | Path | None = None,
+    keep_float: tuple[str, ...] | list[str] = (),
+    quantize_controls: bool = False,
+    keep_float_max_numel: int | None = None,
+    **kw: Any,
+) -> ExportPolicy:
     """The ExportPolicy for -q / --policy / --keep-float; ConfigError (usage) on anything unknown.
 
     Rule order: --keep-float patterns, then -q's rules, then the file's rules.
@@ -152,8 +156,11 @@ def build_policy(
             raise ConfigError(f"keep_float patterns must be non-empty strings, got {pattern!r}")
     kept = [Rule(p, "fp32", {}, f"keep-float {p}") for p in keep]
     args: dict[str, Any] = {
-        "quantizer": main[0], "options": main[1], "rules": tuple(kept + rules + file_rules),
-        "quantize_controls": bool(quantize_controls or doc.get("quantize_controls", False)), **kw,
+        "quantizer": main[0],
+        "options": main[1],
+        "rules": tuple(kept + rules + file_rules),
+        "quantize_controls": bool(quantize_controls or doc.get("quantize_controls", False)),
+        **kw,
     }
     if "embedding" in doc:
         args["embedding_format"], args["embedding_options"] = parse_format(str(doc["embedding"]), where)

@@ -52,22 +52,19 @@ def model_from_state_dict(
     for name, tensor in expected.items():
         if name not in state_dict:
             raise CheckpointError(
-                f"{source} is missing tensor {name!r} (shape {tuple(tensor.shape)}) "
-                f"that scheme {config.scheme!r} needs"
+                f"{source} is missing tensor {name!r} (shape {tuple(tensor.shape)}) that scheme {config.scheme!r} needs"
             )
         got = state_dict[name]
         if tuple(got.shape) != tuple(tensor.shape):
             raise CheckpointError(
-                f"tensor {name!r} in {source} has shape {tuple(got.shape)}, "
-                f"the config expects {tuple(tensor.shape)}"
+                f"tensor {name!r} in {source} has shape {tuple(got.shape)}, the config expects {tuple(tensor.shape)}"
             )
         if not torch.is_floating_point(got):
             raise CheckpointError(f"tensor {name!r} in {source} is {got.dtype}, not a float")
     unexpected = sorted(set(state_dict) - set(expected))
     if unexpected:
         raise CheckpointError(
-            f"{source} has unexpected tensor {unexpected[0]!r} "
-            f"(not part of a {config.scheme!r} model with this config)"
+            f"{source} has unexpected tensor {unexpected[0]!r} (not part of a {config.scheme!r} model with this config)"
         )
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state_dict.items()})
     return model

@@ -48,9 +48,7 @@ class ModelConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ConfigError(
-                f"unknown model config field {unknown[0]!r}; known fields: {', '.join(sorted(known))}"
-            )
+            raise ConfigError(f"unknown model config field {unknown[0]!r}; known fields: {', '.join(sorted(known))}")
         config = cls(**copy.deepcopy(d))
         config.validate()
         return config
@@ -71,9 +69,7 @@ class ModelConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.d_model % self.n_heads != 0:
-            raise ConfigError(
-                f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}"
-            )
+            raise ConfigError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
         if self.d_head % 2 != 0:
             raise ConfigError(f"head dim {self.d_head} must be even for rotary positions")
         if not isinstance(self.scheme_options, dict):

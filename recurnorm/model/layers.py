@@ -54,9 +54,7 @@ class Linear(nn.Linear):
         self.weight_transform: Callable[[Tensor], Tensor] | None = None
         self.input_norm = RMSNorm(d_in) if extra_norm else None
 
-    def forward(
-        self, x: Tensor, gate: Tensor | None = None, delta: Tensor | None = None
-    ) -> Tensor:
+    def forward(self, x: Tensor, gate: Tensor | None = None, delta: Tensor | None = None) -> Tensor:
         if self.input_norm is not None:
             x = self.input_norm(x)
         w = self.weight if self.weight_transform is None else self.weight_transform(self.weight)
@@ -129,7 +127,12 @@ class Block(nn.Module):
     """Attention + MLP, each a residual branch; pre-norm or peri-norm."""
 
     def __init__(
-        self, d_model: int, n_heads: int, d_mlp: int, norm: str, extra_norm: bool,
+        self,
+        d_model: int,
+        n_heads: int,
+        d_mlp: int,
+        norm: str,
+        extra_norm: bool,
         input_gains: bool = True,
     ):
         super().__init__()

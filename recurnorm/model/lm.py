@@ -32,8 +32,9 @@ class RecurrentLM(nn.Module):
         nn.init.normal_(self.embed.weight, std=0.02)
         self.blocks = nn.ModuleList()
         for i in range(block_count(c)):
-            self.blocks.append(Block(c.d_model, c.n_heads, c.d_mlp, c.norm, c.extra_norm,
-                                     input_gains=not scheme_cls.owns_input_gains))
+            self.blocks.append(
+                Block(c.d_model, c.n_heads, c.d_mlp, c.norm, c.extra_norm, input_gains=not scheme_cls.owns_input_gains)
+            )
             self._init_block(i)
         self.final_norm = RMSNorm(c.d_model)
         self.head = None
@@ -138,9 +139,7 @@ def relax_from_unique(
     unique blocks agree on them. init="zero" keeps the LoRA default (B = 0).
     """
     if unique_model.config.scheme != "unique":
-        raise ConfigError(
-            f"relax_from_unique needs a 'unique' model, got scheme {unique_model.config.scheme!r}"
-        )
+        raise ConfigError(f"relax_from_unique needs a 'unique' model, got scheme {unique_model.config.scheme!r}")
     if init not in ("svd", "zero"):
         raise ConfigError(f"init must be 'svd' or 'zero', got {init!r}")
     if shared_init not in ("average", "stepwise"):

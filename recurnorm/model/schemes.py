@@ -232,8 +232,9 @@ class LayerRoPE(Scheme, name="layerrope"):
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> None:
         if options["index"] not in ("step", "layer"):
-            raise ConfigError(f"option 'index' of scheme 'layerrope' must be 'step' or 'layer', "
-                              f"got {options['index']!r}")
+            raise ConfigError(
+                f"option 'index' of scheme 'layerrope' must be 'step' or 'layer', got {options['index']!r}"
+            )
         if options["base"] <= 0:
             raise ConfigError("option 'base' of scheme 'layerrope' must be > 0")
 

@@ -25,14 +25,16 @@ from .registry import Quantizer, check_finite
 
 def _grid_quantizer(quantizer: Quantizer) -> GridQuantizer:
     if not isinstance(quantizer, GridQuantizer) or quantizer.name == "int8_pg":
-        raise QuantError(
-            f"GPTQ needs a scale-and-round format (int2..int8, ternary), got {quantizer.name!r}"
-        )
+        raise QuantError(f"GPTQ needs a scale-and-round format (int2..int8, ternary), got {quantizer.name!r}")
     return quantizer
 
 
 def gptq_quantize(
-    W: Tensor, H: Tensor, quantizer: Quantizer, block: int = 128, damp: float = 0.01,
+    W: Tensor,
+    H: Tensor,
+    quantizer: Quantizer,
+    block: int = 128,
+    damp: float = 0.01,
     name: str = "tensor",
 ) -> QTensor:
     """GPTQ-quantize W [out, in] given H = Σ xxᵀ [in, in]; a QTensor of `quantizer`'s format."""
@@ -41,7 +43,11 @@ def gptq_quantize(
 
 @torch.no_grad()
 def gptq_with_weights(
-    W: Tensor, H: Tensor, quantizer: Quantizer, block: int = 128, damp: float = 0.01,
+    W: Tensor,
+    H: Tensor,
+    quantizer: Quantizer,
+    block: int = 128,
+    damp: float = 0.01,
     name: str = "tensor",
 ) -> tuple[QTensor, Tensor]:
     """(QTensor, the GPTQ weights Ŵ as the algorithm computed them).
@@ -136,8 +142,9 @@ def _projection_input_hook(store: dict[str, Tensor], key: str):
 
 
 @torch.no_grad()
-def collect_hessians(model: nn.Module, token_batches: Iterable[Tensor],
-                     layers: list[tuple[str, nn.Module]] | None = None) -> dict[str, Tensor]:
+def collect_hessians(
+    model: nn.Module, token_batches: Iterable[Tensor], layers: list[tuple[str, nn.Module]] | None = None
+) -> dict[str, Tensor]:
     """{projection name: H = Σ xxᵀ} over the actual inputs of each projection's weight.
 
     A shared block runs `depth` times per forward; its hooks fire every step,
@@ -148,7 +155,7 @@ def collect_hessians(model: nn.Module, token_batches: Iterable[Tensor],
     """
     store: dict[str, Tensor] = {}
     handles = []
-    for name, lin in (model.projections() if layers is None else layers):
+    for name, lin in model.projections() if layers is None else layers:
         norm = getattr(lin, "input_norm", None)
         if norm is not None:
             handles.append(norm.register_forward_hook(_projection_input_hook(store, name)))

@@ -100,8 +100,9 @@ class GridQuantizer(Quantizer):
 
     # -- QTensor plumbing ---------------------------------------------------
 
-    def pack(self, codes_GxL: Tensor, scales: Tensor, zeros: Tensor | None,
-             shape: tuple[int, ...], dtype: torch.dtype) -> QTensor:
+    def pack(
+        self, codes_GxL: Tensor, scales: Tensor, zeros: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> QTensor:
         """A QTensor from codes [G, L] and per-group scales; padding codes are set to 0."""
         numel = math.prod(shape)
         codes = codes_GxL.to(torch.int64).reshape(-1).clone()

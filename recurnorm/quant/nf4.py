@@ -29,13 +29,25 @@ from .registry import Quantizer, dtype_name
 # bitsandbytes.functional.get_4bit_type("nf4"), copied so that decoding needs no bnb.
 NF4_TABLE = torch.tensor(
     [
-        -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
-        -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
-        0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
-        0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+        -1.0,
+        -0.6961928009986877,
+        -0.5250730514526367,
+        -0.39491748809814453,
+        -0.28444138169288635,
+        -0.18477343022823334,
+        -0.09105003625154495,
+        0.0,
+        0.07958029955625534,
+        0.16093020141124725,
+        0.24611230194568634,
+        0.33791524171829224,
+        0.44070982933044434,
+        0.5626170039176941,
+        0.7229568362236023,
+        1.0,
     ],
     dtype=torch.float32,
-)  # fmt: skip
+)
 BNB_BLOCKSIZES = tuple(2**k for k in range(5, 13))  # 32 … 4096, what bnb's 4-bit accepts
 
 
@@ -43,9 +55,7 @@ def _bnb_functional():
     try:
         import bitsandbytes.functional as bnbf
     except ImportError as e:
-        raise QuantError(
-            f"format 'nf4' needs bitsandbytes ({e}); install it: pip install bitsandbytes"
-        ) from None
+        raise QuantError(f"format 'nf4' needs bitsandbytes ({e}); install it: pip install bitsandbytes") from None
     return bnbf
 
 

@@ -26,11 +26,21 @@ _REGISTRY: Registry[Quantizer] = Registry("format", QuantError)
 TORCH_DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
     for d in (
-        torch.float32, torch.float16, torch.bfloat16, torch.float64,
-        torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
-        torch.uint16, torch.uint32, torch.uint64,  # raw buffers: artifact streams can hold them
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,  # raw buffers: artifact streams can hold them
     )
-}  # fmt: skip
+}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -79,8 +89,9 @@ class Quantizer:
             cls.name = name
 
     def __init__(self, **options: Any) -> None:
-        self.params: dict[str, Any] = resolve_options(f"format {self.name!r}", self.defaults, options,
-                                                      QuantError, self.nullable)
+        self.params: dict[str, Any] = resolve_options(
+            f"format {self.name!r}", self.defaults, options, QuantError, self.nullable
+        )
         self.check_options()
 
     def check_options(self) -> None:

@@ -34,9 +34,7 @@ _BLANK_LINE = re.compile(r"\n[ \t\r]*\n")
 _JOIN = "\n\n"
 
 
-def load_corpus(
-    spec: str = "default", tokenizer: str | None = None, val_fraction: float = 0.1
-) -> Corpus:
+def load_corpus(spec: str = "default", tokenizer: str | None = None, val_fraction: float = 0.1) -> Corpus:
     """Load, split and tokenize the corpus named by spec (see the module docstring)."""
     if not 0.0 < val_fraction < 1.0:
         raise DataError(f"val_fraction must be in (0, 1), got {val_fraction}")
@@ -90,9 +88,7 @@ def _read_text(path: Path) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataError(
-            f"{path} is not valid UTF-8: byte 0x{raw[exc.start]:02x} at byte offset {exc.start}"
-        ) from exc
+        raise DataError(f"{path} is not valid UTF-8: byte 0x{raw[exc.start]:02x} at byte offset {exc.start}") from exc
     if not text.strip():
         raise DataError(f"{path} is empty")
     return text
@@ -126,9 +122,7 @@ def split_documents(docs: list[str], val_fraction: float = 0.1) -> tuple[str, st
     return _JOIN.join(train), _JOIN.join(val)
 
 
-def tokenize_split(
-    train_text: str, val_text: str, *, tokenizer: str | None = None, source: str = "text"
-) -> Corpus:
+def tokenize_split(train_text: str, val_text: str, *, tokenizer: str | None = None, source: str = "text") -> Corpus:
     """Tokenize the two splits and attach the per-token byte counts of validation."""
     tok = get_tokenizer(tokenizer)
     encode = getattr(tok, "encode_array", None) or tok.encode

@@ -151,8 +151,13 @@ def report_failure(exc: BaseException, exit_code: int) -> None:
     print(f"error: rank {rank} of {world}: {message}", file=sys.stderr, flush=True)
     folder = os.environ.get(ERROR_DIR_ENV)
     if folder:
-        record = {"rank": rank, "world_size": world, "error": type(exc).__name__,
-                  "message": message, "exit_code": exit_code}  # fmt: skip
+        record = {
+            "rank": rank,
+            "world_size": world,
+            "error": type(exc).__name__,
+            "message": message,
+            "exit_code": exit_code,
+        }
         try:
             (Path(folder) / f"rank{rank}.json").write_text(json.dumps(record), encoding="utf-8")
         except OSError:

@@ -23,8 +23,11 @@ def step_flops(model: nn.Module, batch_BxT1: torch.Tensor, *, bf16: bool = False
     """FLOPs of one training step (forward + backward, no optimizer) on this batch."""
     dev = batch_BxT1.device
     # A meta-device model is counted without computing (sizing a preset on any machine).
-    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16) if (
-        dev.type != "meta") else contextlib.nullcontext()  # fmt: skip
+    autocast = (
+        torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16)
+        if (dev.type != "meta")
+        else contextlib.nullcontext()
+    )
     with FlopCounterMode(display=False) as counter:
         with autocast:
             logits = model(batch_BxT1[:, :-1])
@@ -34,8 +37,9 @@ def step_flops(model: nn.Module, batch_BxT1: torch.Tensor, *, bf16: bool = False
     return int(counter.get_total_flops())
 
 
-def matmul_peak(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                n: int | None = None, seconds: float = 1.0) -> float:  # fmt: skip
+def matmul_peak(
+    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, n: int | None = None, seconds: float = 1.0
+) -> float:
     """Measured FLOP/s of an n x n matmul (best of repeated timings)."""
     dev = torch.device(device)
     n = n or (8192 if dev.type == "cuda" else 1024)

@@ -23,8 +23,16 @@ MODULE = "recurnorm.train"
 
 def torchrun_command(nproc: int, args: list[str], module: str = MODULE) -> list[str]:
     """The torchrun command line that runs ``python -m module args`` on nproc local ranks."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={int(nproc)}", "-m", module, *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={int(nproc)}",
+        "-m",
+        module,
+        *args,
+    ]
 
 
 def launch(args: list[str], nproc: int, *, env: dict[str, str] | None = None) -> None:
@@ -39,8 +47,7 @@ def launch(args: list[str], nproc: int, *, env: dict[str, str] | None = None) ->
         failure = first_failure(folder)
     if failure is None:
         raise errors.RecurnormError(
-            f"torchrun exited with status {proc.returncode} before any rank reported an error "
-            "(see its output above)"
+            f"torchrun exited with status {proc.returncode} before any rank reported an error (see its output above)"
         )
     kind = getattr(errors, str(failure.get("error")), None)
     message = f"rank {failure['rank']} of {failure['world_size']}: {failure['message']}"

@@ -59,9 +59,19 @@ READABLE_FORMATS = (1, 2)
 # Hyper-parameters a resumed run must share with the run it continues. The number of
 # ranks and the micro-batch are not among them: they do not change the loss curve.
 RESUME_KEYS = (
-    "steps", "batch_size", "lr", "warmup", "min_lr_frac", "weight_decay", "grad_clip",
-    "control_lr_mult", "seed", "batch_seed", "optimizer", "muon_lr_mult",
-)  # fmt: skip
+    "steps",
+    "batch_size",
+    "lr",
+    "warmup",
+    "min_lr_frac",
+    "weight_decay",
+    "grad_clip",
+    "control_lr_mult",
+    "seed",
+    "batch_seed",
+    "optimizer",
+    "muon_lr_mult",
+)
 # What a saved run that predates a key used.
 RESUME_DEFAULTS = {"optimizer": "adamw", "muon_lr_mult": 1.0}
 
@@ -89,9 +99,7 @@ def build_model(config: ModelConfig, seed: int, *, pair_init: bool = True) -> Re
     model = RecurrentLM(config)
     if pair_init and config.scheme != "shared":
         torch.manual_seed(seed)
-        reference = RecurrentLM(
-            ModelConfig.from_dict({**config.to_dict(), "scheme": "shared", "scheme_options": {}})
-        )
+        reference = RecurrentLM(ModelConfig.from_dict({**config.to_dict(), "scheme": "shared", "scheme_options": {}}))
         copy_matching(model, reference.state_dict())
     return model
 
@@ -158,11 +166,19 @@ def train(
     """
     batch_seed = seed if batch_seed is None else batch_seed
     hparams = dict(
-        steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, min_lr_frac=min_lr_frac,
-        weight_decay=weight_decay, grad_clip=grad_clip, control_lr_mult=control_lr_mult,
-        seed=seed, batch_seed=batch_seed, optimizer=optimizer,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        warmup=warmup,
+        min_lr_frac=min_lr_frac,
+        weight_decay=weight_decay,
+        grad_clip=grad_clip,
+        control_lr_mult=control_lr_mult,
+        seed=seed,
+        batch_seed=batch_seed,
+        optimizer=optimizer,
         muon_lr_mult=muon_lr_mult if optimizer == "muon" else 1.0,  # AdamW runs ignore it
-    )  # fmt: skip
+    )
     _check_args(config, corpus, hparams)
     ctx = distributed.context(device)
     dev = ctx.device(device)
@@ -185,8 +201,9 @@ def train(
         if init_state is not None:
             copy_matching(model, init_state)
     model.to(dev)
-    opt = build_optimizer(model, optimizer, lr=lr, weight_decay=weight_decay,
-                          control_lr_mult=control_lr_mult, muon_lr_mult=muon_lr_mult)  # fmt: skip
+    opt = build_optimizer(
+        model, optimizer, lr=lr, weight_decay=weight_decay, control_lr_mult=control_lr_mult, muon_lr_mult=muon_lr_mult
+    )
     rng = np.random.Generator(np.random.PCG64(batch_seed))
     # Training-time randomness (e.g. noise injection) gets its own stream, apart from init.
     torch.manual_seed(batch_seed + 1)
@@ -221,9 +238,12 @@ def train(
     # Throughput counts only the training steps, not evaluation or checkpoint writes.
     train_s_since_log, tokens_since_log, train_s_total = 0.0, 0, 0.0
     bar = tqdm(
-        total=steps, initial=start, unit="step", dynamic_ncols=True,
+        total=steps,
+        initial=start,
+        unit="step",
+        dynamic_ncols=True,
         disable=not progress or not ctx.is_main or not sys.stderr.isatty(),
-    )  # fmt: skip
+    )
     model.train()
     try:
         for step in range(start, steps):
@@ -255,8 +275,7 @@ def train(
                 loss_local += loss.item()
             step_loss = ctx.mean(loss_local / accum)
             if not math.isfinite(step_loss):
-                raise RecurnormError(f"training loss became {step_loss} at step {step + 1}; "
-                                     "lower the learning rate")  # fmt: skip
+                raise RecurnormError(f"training loss became {step_loss} at step {step + 1}; lower the learning rate")
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             opt.step()
 
@@ -271,10 +290,15 @@ def train(
             records = []
             if done % log_every == 0 or done == steps:
                 last_loss = loss_sum / loss_count
-                records.append({
-                    "step": done, "loss": last_loss, "lr": lr_now, "grad_norm": float(grad_norm),
-                    "tokens_per_s": tokens_since_log / max(train_s_since_log, 1e-9),
-                })  # fmt: skip
+                records.append(
+                    {
+                        "step": done,
+                        "loss": last_loss,
+                        "lr": lr_now,
+                        "grad_norm": float(grad_norm),
+                        "tokens_per_s": tokens_since_log / max(train_s_since_log, 1e-9),
+                    }
+                )
                 loss_sum, loss_count, train_s_since_log, tokens_since_log = 0.0, 0, 0.0, 0
                 bar.set_postfix(loss=f"{last_loss:.3f}")
             if eval_fn is not None and ((eval_every and done % eval_every == 0) or done == steps):
@@ -282,17 +306,24 @@ def train(
                 model.train()
                 val_bpb = float(getattr(result, "bits_per_byte", result))
                 records.append({"step": done, "val_bpb": val_bpb})
-                bar.set_postfix(
-                    loss=f"{last_loss:.3f}" if last_loss else "", val_bpb=f"{val_bpb:.3f}"
-                )
+                bar.set_postfix(loss=f"{last_loss:.3f}" if last_loss else "", val_bpb=f"{val_bpb:.3f}")
             if writer is not None:
                 _append_log(writer / LOG_NAME, records)
                 if done % save_every == 0 or done == steps:
                     elapsed = elapsed_before + time.perf_counter() - t_run
                     save_checkpoint(model, writer, force=True)
-                    _write_resume(writer / RESUME_NAME, model, opt, rng, config, hparams,
-                                  _corpus_id(corpus), step=done, elapsed=elapsed,
-                                  loss_acc=(loss_sum, loss_count))  # fmt: skip
+                    _write_resume(
+                        writer / RESUME_NAME,
+                        model,
+                        opt,
+                        rng,
+                        config,
+                        hparams,
+                        _corpus_id(corpus),
+                        step=done,
+                        elapsed=elapsed,
+                        loss_acc=(loss_sum, loss_count),
+                    )
             run_log.extend(records)
             if on_step is not None:
                 on_step(done, records[0] if records else {"step": done, "loss": step_loss})
@@ -338,9 +369,7 @@ def _check_args(config: ModelConfig, corpus: Corpus, hp: dict) -> None:
     if hp["warmup"] < 0 or hp["weight_decay"] < 0:
         raise ConfigError("warmup and weight_decay must be >= 0")
     if corpus.vocab_size > config.vocab_size:
-        raise ConfigError(
-            f"vocab_size {config.vocab_size} is smaller than the corpus's {corpus.vocab_size}"
-        )
+        raise ConfigError(f"vocab_size {config.vocab_size} is smaller than the corpus's {corpus.vocab_size}")
     if len(corpus.train_tokens) <= config.seq_len + 1:
         raise DataError(
             f"corpus {corpus.source}: {len(corpus.train_tokens)} training tokens, "
@@ -376,12 +405,9 @@ def read_log(out_dir: str | Path) -> list[dict]:
 # --- resume state ------------------------------------------------------------
 
 
-def _write_resume(
-    path, model, opt: Optimizers, rng, config, hparams, corpus_id, *, step, elapsed, loss_acc
-) -> None:
+def _write_resume(path, model, opt: Optimizers, rng, config, hparams, corpus_id, *, step, elapsed, loss_acc) -> None:
     """Weights, optimizer and RNG states in one safetensors file, written atomically."""
-    tensors = {f"model/{k}": v.detach().cpu().clone().contiguous()
-               for k, v in model.state_dict().items()}  # fmt: skip
+    tensors = {f"model/{k}": v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()}
     optimizers = []
     for j, sub in enumerate(opt.optimizers):
         opt_state = sub.state_dict()
@@ -393,8 +419,7 @@ def _write_resume(
                 else:
                     scalars.setdefault(str(idx), {})[key] = value
         groups = [{k: v for k, v in g.items()} for g in opt_state["param_groups"]]
-        optimizers.append({"type": type(sub).__name__, "param_groups": groups,
-                           "opt_scalars": scalars})  # fmt: skip
+        optimizers.append({"type": type(sub).__name__, "param_groups": groups, "opt_scalars": scalars})
     tensors["rng/torch"] = torch.get_rng_state()
     if torch.cuda.is_available():
         tensors["rng/cuda"] = torch.cuda.get_rng_state()
@@ -427,8 +452,9 @@ def read_resume_state(out_dir: str | Path) -> dict:
     if meta.get("format") not in READABLE_FORMATS:
         raise CheckpointError(f"{path}: unsupported resume format {meta.get('format')!r}")
     if meta["format"] == 1:  # one AdamW: its tensors were "opt/<idx>/<key>"
-        meta["optimizers"] = [{"type": "AdamW", "param_groups": meta.pop("param_groups"),
-                               "opt_scalars": meta.pop("opt_scalars")}]  # fmt: skip
+        meta["optimizers"] = [
+            {"type": "AdamW", "param_groups": meta.pop("param_groups"), "opt_scalars": meta.pop("opt_scalars")}
+        ]
         tensors = {("opt0/" + k[4:] if k.startswith("opt/") else k): v for k, v in tensors.items()}
     return {"meta": meta, "tensors": tensors}
 
@@ -446,14 +472,11 @@ def _check_resume_matches(saved: dict, config: ModelConfig, hparams: dict, corpu
     """A resumed run must use the saved config, hyper-parameters and data, or it would not match."""
     meta = saved["meta"]
     if meta["corpus"] != corpus_id:
-        raise DataError(
-            f"--resume: the corpus is {corpus_id}, the saved run trained on {meta['corpus']}"
-        )
+        raise DataError(f"--resume: the corpus is {corpus_id}, the saved run trained on {meta['corpus']}")
     for key, value in config.to_dict().items():
         if meta["config"].get(key) != value:
             raise ConfigError(
-                f"--resume: model config field {key} is {value!r}, the saved run used "
-                f"{meta['config'].get(key)!r}"
+                f"--resume: model config field {key} is {value!r}, the saved run used {meta['config'].get(key)!r}"
             )
     for key in RESUME_KEYS:
         was = meta["hparams"].get(key, RESUME_DEFAULTS.get(key))
@@ -470,8 +493,9 @@ def _restore(saved: dict, model, opt: Optimizers, rng) -> tuple[int, float, floa
     except RuntimeError as exc:
         raise CheckpointError(f"resume state does not fit the model: {exc}") from exc
     if len(meta["optimizers"]) != len(opt.optimizers):
-        raise CheckpointError(f"resume state holds {len(meta['optimizers'])} optimizer(s), "
-                              f"the {opt.name} run has {len(opt.optimizers)}")  # fmt: skip
+        raise CheckpointError(
+            f"resume state holds {len(meta['optimizers'])} optimizer(s), the {opt.name} run has {len(opt.optimizers)}"
+        )
     device = distributed.device_of(model)
     for j, (sub, entry) in enumerate(zip(opt.optimizers, meta["optimizers"], strict=True)):
         state: dict[int, dict] = {}

@@ -24,9 +24,7 @@ BETAS = (0.9, 0.95)
 MUON_MOMENTUM = 0.95
 
 
-def parameter_groups(
-    model: nn.Module, *, weight_decay: float, control_lr_mult: float = 1.0
-) -> list[dict]:
+def parameter_groups(model: nn.Module, *, weight_decay: float, control_lr_mult: float = 1.0) -> list[dict]:
     """AdamW groups: decayed matrices; undecayed vectors; control tensors (own lr scale, no decay)."""
     control = set(model.control_names()) if hasattr(model, "control_names") else set()
     no_decay = set(model.no_decay_names()) if hasattr(model, "no_decay_names") else set()
@@ -82,7 +80,12 @@ class Optimizers:
 
 
 def build_optimizer(
-    model: nn.Module, name: str, *, lr: float, weight_decay: float, control_lr_mult: float = 1.0,
+    model: nn.Module,
+    name: str,
+    *,
+    lr: float,
+    weight_decay: float,
+    control_lr_mult: float = 1.0,
     muon_lr_mult: float = 1.0,
 ) -> Optimizers:
     """The optimizer called name ("adamw" or "muon") over model's parameter groups.
@@ -102,14 +105,20 @@ def build_optimizer(
             matrices = [p for p in g["params"] if p.ndim == 2 and id(p) not in lookup]
             g["params"] = [p for p in g["params"] if not (p.ndim == 2 and id(p) not in lookup)]
             if matrices:
-                muon_groups.append({**g, "params": matrices, "name": "muon",
-                                    "lr_scale": g["lr_scale"] * muon_lr_mult})  # fmt: skip
+                muon_groups.append({**g, "params": matrices, "name": "muon", "lr_scale": g["lr_scale"] * muon_lr_mult})
         groups = [g for g in groups if g["params"]]
     opts: list[torch.optim.Optimizer] = []
     if groups:
         opts.append(torch.optim.AdamW(groups, lr=lr, betas=BETAS, eps=1e-8))
     if muon_groups:
-        opts.append(torch.optim.Muon(muon_groups, lr=lr, weight_decay=weight_decay,
-                                     momentum=MUON_MOMENTUM, nesterov=True,
-                                     adjust_lr_fn="match_rms_adamw"))  # fmt: skip
+        opts.append(
+            torch.optim.Muon(
+                muon_groups,
+                lr=lr,
+                weight_decay=weight_decay,
+                momentum=MUON_MOMENTUM,
+                nesterov=True,
+                adjust_lr_fn="match_rms_adamw",
+            )
+        )
     return Optimizers(opts, name)

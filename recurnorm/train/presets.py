@@ -90,8 +90,7 @@ PRESETS: dict[str, Preset] = {
     # 989 TFLOP/s dense bf16. That utilization is an assumption until benchmarks/gpu_smoke.sh
     # has run on a GPU; scale steps by (600 s x its tokens/s / 65,536) once it has.
     "golf": Preset(
-        model=dict(vocab_size=8192, d_model=864, n_heads=12, depth=8, seq_len=1024,
-                   mlp_ratio=4.0),
+        model=dict(vocab_size=8192, d_model=864, n_heads=12, depth=8, seq_len=1024, mlp_ratio=4.0),
         steps=4000,
         batch_size=64,
         micro_batch=32,

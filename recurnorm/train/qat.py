@@ -216,6 +216,7 @@ class QATTransform:
 
 def _act_hook(state: QATState) -> tuple[Callable, Callable]:
     """(forward hook for an input_norm, pre-hook for a Linear) that fake-quantize activations."""
+
     def post(module, args, output):
         return output if state.bypass_acts else absmax_act_quant(output)
 
@@ -228,9 +229,12 @@ def _act_hook(state: QATState) -> tuple[Callable, Callable]:
 
 
 def apply_qat(
-    model: nn.Module, spec: QATSpec | dict, *, weights: bool | None = None,
+    model: nn.Module,
+    spec: QATSpec | dict,
+    *,
+    weights: bool | None = None,
     total_steps: int | None = None,
-) -> QATState:  # fmt: skip
+) -> QATState:
     """Hook QAT into every projection; record spec in config.qat; λ = 1 unless total_steps is set.
 
     ``weights=None`` fake-quantizes weights unless ``spec.exported`` (an artifact's grid weights).
@@ -346,8 +350,13 @@ def check_qat(model: nn.Module, batch_BxT: Tensor | None = None, *, min_ratio: f
         return float((a - b).square().mean().sqrt()) / scale
 
     d_exp, d_live, err = dist(expected, float_), dist(live, float_), dist(live, expected)
-    report = {"qat_lambda": lam_max, "logit_gap": d_live, "expected_gap": d_exp,
-              "mismatch": err, "calls": sum(t.calls for t in state.transforms.values())}  # fmt: skip
+    report = {
+        "qat_lambda": lam_max,
+        "logit_gap": d_live,
+        "expected_gap": d_exp,
+        "mismatch": err,
+        "calls": sum(t.calls for t in state.transforms.values()),
+    }
     if state.weights and lam_max > 0 and d_exp > 1e-6:
         if d_live < min_ratio * d_exp or err > min_ratio * d_exp:
             raise QATGuardError(
@@ -383,10 +392,19 @@ def fine_tune_warmup(warmup: int, steps: int) -> int:
 
 
 def train_qat(
-    config_or_model, corpus, spec: QATSpec | dict, *, steps: int, out_dir=None,
-    eval_fn: Callable[[nn.Module], Any] | None = None, float_eval: bool = True,
-    seed: int = 0, pair_init: bool = True, resume: bool = False, **train_kwargs,
-):  # fmt: skip
+    config_or_model,
+    corpus,
+    spec: QATSpec | dict,
+    *,
+    steps: int,
+    out_dir=None,
+    eval_fn: Callable[[nn.Module], Any] | None = None,
+    float_eval: bool = True,
+    seed: int = 0,
+    pair_init: bool = True,
+    resume: bool = False,
+    **train_kwargs,
+):
     """QAT from scratch (a ModelConfig) or fine-tuning (a model) through train.loop.train.
 
     λ follows the schedule via the loop's ``on_step``; at each evaluation the
@@ -421,8 +439,7 @@ def train_qat(
 
     def guard_record(m: nn.Module) -> dict:
         report = check_qat(m, guard_tokens)
-        return {"qat_lambda": state.lam(),
-                **{k: report[k] for k in ("logit_gap", "expected_gap", "mismatch")}}  # fmt: skip
+        return {"qat_lambda": state.lam(), **{k: report[k] for k in ("logit_gap", "expected_gap", "mismatch")}}
 
     def qat_eval(m: nn.Module):
         rec = guard_record(m)
@@ -449,10 +466,17 @@ def train_qat(
                     f.write(json.dumps(rec) + "\n")
 
     result = run_training(
-        config, corpus, steps=steps, out_dir=out_dir, model=model,
+        config,
+        corpus,
+        steps=steps,
+        out_dir=out_dir,
+        model=model,
         eval_fn=qat_eval if eval_fn is not None else None,
-        seed=seed, resume=resume, on_step=on_step, **train_kwargs,
-    )  # fmt: skip
+        seed=seed,
+        resume=resume,
+        on_step=on_step,
+        **train_kwargs,
+    )
     state.set_step(steps)
     guard = check_qat(model, guard_tokens)
     model.eval()

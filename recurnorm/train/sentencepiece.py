@@ -115,9 +115,7 @@ class SentencePieceTokenizer:
         """Text of token ids."""
         return self.sp.decode([int(i) for i in ids])
 
-    def token_bytes(
-        self, tokens: np.ndarray | Sequence[int], prev: int | None = None
-    ) -> np.ndarray:
+    def token_bytes(self, tokens: np.ndarray | Sequence[int], prev: int | None = None) -> np.ndarray:
         """Bytes each token stands for (int64), by the challenge's accounting.
 
         ``prev`` is the token before ``tokens[0]``; None means a boundary
@@ -134,9 +132,7 @@ class SentencePieceTokenizer:
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.vocab_size:
             bad = lo if lo < 0 else hi
-            raise DataError(
-                f"token id {bad} outside the vocabulary of {self.path} (size {self.vocab_size})"
-            )
+            raise DataError(f"token id {bad} outside the vocabulary of {self.path} (size {self.vocab_size})")
         prev_boundary = np.empty(ids.shape, dtype=bool)
         prev_boundary[1:] = self.is_boundary[ids[:-1]]
         if prev is None:

@@ -60,9 +60,7 @@ def read_shard(path: str | os.PathLike, mmap: bool = False) -> np.ndarray:
     except OSError as exc:
         raise DataError(f"{path}: cannot read shard ({exc})") from None
     if size < HEADER_BYTES:
-        raise DataError(
-            f"{path}: header too short: file has {size} bytes, a shard header is {HEADER_BYTES}"
-        )
+        raise DataError(f"{path}: header too short: file has {size} bytes, a shard header is {HEADER_BYTES}")
     header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
     magic, version, n_tokens = (int(x) for x in header[:3])
     if magic != MAGIC:
@@ -74,9 +72,7 @@ def read_shard(path: str | os.PathLike, mmap: bool = False) -> np.ndarray:
     expected = HEADER_BYTES + TOKEN_BYTES * n_tokens
     if size != expected:
         kind = "truncated" if size < expected else "over-long"
-        raise DataError(
-            f"{path}: {kind}: n_tokens {n_tokens} needs {expected} bytes, file has {size}"
-        )
+        raise DataError(f"{path}: {kind}: n_tokens {n_tokens} needs {expected} bytes, file has {size}")
     if n_tokens == 0:
         return np.zeros(0, dtype=np.uint16)
     if mmap:
@@ -275,11 +271,7 @@ def existing_shards(out_dir: str | os.PathLike, prefix: str = "fineweb") -> list
     out = Path(out_dir)
     if not out.is_dir():
         return []
-    return sorted(
-        p
-        for p in out.iterdir()
-        if re.fullmatch(rf"{re.escape(prefix)}_(train|val)_\d+\.bin", p.name)
-    )
+    return sorted(p for p in out.iterdir() if re.fullmatch(rf"{re.escape(prefix)}_(train|val)_\d+\.bin", p.name))
 
 
 def shard_corpus(
@@ -308,17 +300,14 @@ def shard_corpus(
 
         tokenizer = get_tokenizer(str(tokenizer))
     if int(tokenizer.vocab_size) > MAX_TOKEN + 1:
-        raise DataError(
-            f"tokenizer vocab_size {tokenizer.vocab_size} does not fit uint16 shard tokens"
-        )
+        raise DataError(f"tokenizer vocab_size {tokenizer.vocab_size} does not fit uint16 shard tokens")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise DataError(f"{out}: exists and is not a directory")
     old = existing_shards(out, prefix)
     if old and not force:
         raise OutputExistsError(
-            f"{out} already holds {len(old)} {prefix} shard(s) ({old[0].name}, ...); "
-            "pass --force to overwrite them"
+            f"{out} already holds {len(old)} {prefix} shard(s) ({old[0].name}, ...); pass --force to overwrite them"
         )
     if isinstance(source, str):
         train_docs, val_docs = load_documents(source)
