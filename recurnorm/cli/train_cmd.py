@@ -233,41 +233,24 @@ def train(
         last["loss"] = loss(model, corpus, distributed=True, bf16=on_gpu)
         return last["loss"]
 
+    run = dict(
+        seed=seed,
+        batch_seed=batch_seed,
+        out_dir=out_dir,
+        resume=resume,
+        force=force,
+        eval_fn=evaluate,
+        progress=not no_progress,
+        device=device,
+        **p.train_kwargs(),
+    )
     if qat_format is not None:  # QAT from scratch: fake quant hooked in before the optimizer
         from ..train.qat import QATSpec, train_qat
 
         spec = QATSpec(format=qat_format, ramp=qat_ramp, act_quant=act_quant, noise=qat_noise)
-        kw = p.train_kwargs()
-        result = train_qat(
-            config,
-            corpus,
-            spec,
-            steps=kw.pop("steps"),
-            seed=seed,
-            batch_seed=batch_seed,
-            out_dir=out_dir,
-            resume=resume,
-            force=force,
-            eval_fn=evaluate,
-            progress=not no_progress,
-            device=device,
-            **kw,
-        )
+        result = train_qat(config, corpus, spec, **run)
     else:
-        result = run_training(
-            config,
-            corpus,
-            seed=seed,
-            batch_seed=batch_seed,
-            out_dir=out_dir,
-            resume=resume,
-            force=force,
-            eval_fn=evaluate,
-            progress=not no_progress,
-            device=device,
-            compile=compile_model,
-            **p.train_kwargs(),
-        )
+        result = run_training(config, corpus, compile=compile_model, **run)
     final = last.get("loss") or evaluate(result.model)  # resumed a finished run
     if not main_rank:
         return
