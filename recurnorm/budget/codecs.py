@@ -52,8 +52,11 @@ ZSTD_PROBE_MARGIN = 1.1  # skip zstd when the probe extrapolates 10% above the b
 
 
 def _probe(raw: bytes, quick) -> float:
-    """Size of raw under a quick compressor, extrapolated from three evenly spread slices."""
+    """Size of raw under a quick compressor: all of a small stream; a big one's extrapolated
+    from three evenly spread slices."""
     n = len(raw)
+    if n <= 4 * ZSTD_PROBE:
+        return len(quick(raw))
     starts = (0, (n - ZSTD_PROBE) // 2, n - ZSTD_PROBE)
     got = sum(len(quick(raw[s : s + ZSTD_PROBE])) for s in starts)
     return got * n / (3 * ZSTD_PROBE)
@@ -62,11 +65,6 @@ def _probe(raw: bytes, quick) -> float:
 def _order0_bytes(raw: bytes) -> float:
     """The order-0 bound of raw's bytes, in bytes."""
     return rans.entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)) / 8
-
-
-def _whole(raw: bytes, quick) -> float:
-    """Size of raw under a quick compressor (for streams too small to probe by slices)."""
-    return len(quick(raw))
 
 
 def _deflate1(raw: bytes) -> bytes:
@@ -385,15 +383,7 @@ class Compressed(Codec):
         quick: dict[str, float] = {}
         if ctx.effort != "max":
             big = [i for i, (_, _, raw) in enumerate(tries) if len(raw) > QUICK_MIN]
-            # (slices of a big stream, all of a smaller one)
-            quick = (
-                {
-                    tries[i][0]: (_probe if len(tries[i][2]) > 4 * ZSTD_PROBE else _whole)(tries[i][2], _deflate1)
-                    for i in big
-                }
-                if len(big) > 1
-                else {}
-            )
+            quick = {tries[i][0]: _probe(tries[i][2], _deflate1) for i in big} if len(big) > 1 else {}
             if quick:  # several layouts (floats): the slow run on the one deflate-1 favours only
                 keep = min(big, key=lambda i: quick[tries[i][0]])
                 tries = [t for i, t in enumerate(tries) if i == keep or i not in big]
@@ -418,7 +408,7 @@ class Compressed(Codec):
         order0 = _order0_bytes(raw)
         big = len(raw) > 4 * ZSTD_PROBE
         if order0 * (1.0 if big else NOREP_FLOOR) >= best:
-            rep = _probe(raw, _zstd1().compress) if big else len(_zstd1().compress(raw))
+            rep = _probe(raw, _zstd1().compress)
             if rep >= ZSTD_REPEATS * order0:
                 return True
         if not big:
@@ -521,7 +511,7 @@ class Zstd(Compressed, name="zstd"):
         data, params, raw = min(quick, key=lambda q: len(q[0]))  # first layout on ties
         if len(data) > best * ZSTD_SLOW_RACE:
             return out
-        order0 = rans.entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8))) / 8
+        order0 = _order0_bytes(raw)
         if len(data) < ZSTD_REPEATS * order0 or order0 < ZSTD_DENSE * len(raw):
             out.append((compress.compress(self.compressor, raw), params))
         return out
