@@ -152,3 +152,31 @@ def test_lzma_still_races_on_float_words(monkeypatch):
     monkeypatch.setattr(compress, "compress", lambda kind, raw, *a: calls.append(kind) or real(kind, raw, *a))
     name, size, ok = _best(w)
     assert ok and compress.LZMA in calls and name == "lzma"
+
+
+@pytest.mark.parametrize("shape,qmax", [((128, 128), 127), ((256, 256), 7)])
+def test_deflate_codes_without_repetition_as_literals(shape, qmax):
+    """Quantized codes where zstd-1 finds no repetition: deflate codes Huffman literals only,
+    smaller than level 9 (its short matches cost more than they save), and decodes."""
+    from recurnorm.budget import compress
+
+    arr, scales = _gauss(*shape, qmax, np.random.default_rng(8))
+    ctx = _ctx(arr, scales=scales)
+    (data, params), *more = codecs.Deflate().candidates(arr, ctx, codecs.NO_RACE)
+    raw = codecs.layout_bytes(arr, "int8", params["layout"], params["offset"])
+    assert not more and data == compress.deflate_literals(raw) and len(data) < len(compress.deflate(raw))
+    assert np.array_equal(codecs.Deflate().decode(data, params, _ctx(arr, scales=scales)), arr)
+    # Float words (no scales) keep level 9: its matches find the repeated exponent bytes.
+    words = arr.astype(np.float16)
+    (data, params), *_ = codecs.Deflate().candidates(words, _ctx(words), codecs.NO_RACE)
+    assert data == compress.deflate(codecs.layout_bytes(words, "float16", params["layout"], 0))
+
+
+@pytest.mark.parametrize("n", [512, 1 << 16])
+def test_deflate_keeps_level_9_where_matches_pay(n):
+    """Constant or tiled codes: level 9's matches win, small (the zstd-1 probe's frame would
+    misjudge a tiny constant stream, so below LITERALS_PROBE_MIN both race)."""
+    arr = np.zeros((1, n), dtype=np.int8) if n == 512 else np.tile(np.arange(-8, 8, dtype=np.int8), (n // 16, 1))
+    scales = np.ones(arr.shape[0])
+    sizes = [len(d) for d, _ in codecs.Deflate().candidates(arr, _ctx(arr, scales=scales), codecs.NO_RACE)]
+    assert min(sizes) < 100  # literals alone: 1 bit a code at best (8K bytes for the tiled codes)

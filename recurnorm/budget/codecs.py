@@ -67,6 +67,14 @@ def _order0_bytes(raw: bytes) -> float:
     return rans.entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)) / 8
 
 
+def _literal_context_bytes(raw: bytes) -> float:
+    """The entropy of raw's bytes given the top 3 bits of the byte before (lzma's literal
+    context at its default lc=3), in bytes."""
+    b = np.frombuffer(raw, dtype=np.uint8)
+    pairs = np.bincount((b[:-1] >> 5).astype(np.intp) << 8 | b[1:], minlength=8 * 256).reshape(8, 256)
+    return sum(rans.entropy_bits(row) for row in pairs) / 8
+
+
 def _deflate1(raw: bytes) -> bytes:
     return compress.deflate(raw, 1)
 
@@ -85,6 +93,10 @@ DEFLATE_PROBE_MARGIN = 1.1  # deflate-1 slices run a few % above deflate-9 on co
 # repetition (measured on int8/int4/ternary codes and fp16 scales of every benchmark case:
 # 0.985-1.03); below it only LZ matches take them.
 NOREP_FLOOR = 0.985
+# Below this many bytes deflate races both ways (level 9 and literals alone, each in tens of
+# microseconds): a zstd-1 pass misjudges repetition there (its frame costs ~10 bytes, more
+# than a constant stream's matches do under deflate).
+LITERALS_PROBE_MIN = 1 << 12
 QUICK_MIN = 1 << 15  # below this many bytes a full deflate-9 costs under a millisecond: no probe
 # On codes where deflate found no repetition, lzma lands within 0.5% of deflate or above
 # it, except where deflate's Huffman codes a skewed alphabet badly (int4 nibbles,
@@ -93,6 +105,10 @@ QUICK_MIN = 1 << 15  # below this many bytes a full deflate-9 costs under a mill
 # (measured: every codes stream of benchmarks/pack.py's cases). lzma on codes never won
 # there, yet racing it was a third of packing all-MiniLM-L6-v2 int8.
 LZMA_NOREP_GAIN = 0.995
+# ... and where the previous byte's top 3 bits (lzma's literal context) say no more than 0.5%
+# about the next byte, its adaptive literals land 1-2% above the order-0 bound on int8
+# codes (measured: trained int8 MLP codes, Gaussian and golf-shaped int8), above deflate's.
+LZMA_CONTEXT_GAIN = 0.995
 NO_RACE = 1 << 62  # best= of a codec's own encode(): nothing to beat, so no gate skips it
 
 
@@ -388,12 +404,18 @@ class Compressed(Codec):
                 keep = min(big, key=lambda i: quick[tries[i][0]])
                 tries = [t for i, t in enumerate(tries) if i == keep or i not in big]
         for layout, offset, raw in tries:
-            if ctx.effort != "max" and len(raw) > QUICK_MIN and self._loses(raw, best, quick.get(layout)):
-                continue
-            out.append((compress.compress(self.compressor, raw), {"layout": layout, "offset": offset}))
+            params = {"layout": layout, "offset": offset}
+            out += [(data, params) for data in self._tries(raw, ctx, best, quick.get(layout))]
         # Kept for the lzma race (it runs next and must not deflate the same bytes again).
         ctx.plans[self.name] = [(len(data), params) for data, params in out]
         return out
+
+    def _tries(self, raw: bytes, ctx: StreamContext, best: int, quick: float | None) -> list[bytes]:
+        """The compressed forms of one layout's bytes worth racing: none where quick passes
+        say the slow run cannot win."""
+        if ctx.effort != "max" and len(raw) > QUICK_MIN and self._loses(raw, best, quick):
+            return []
+        return [compress.compress(self.compressor, raw)]
 
     @staticmethod
     def _loses(raw: bytes, best: int, quick: float | None = None) -> bool:
@@ -451,9 +473,25 @@ class Compressed(Codec):
 
 
 class Deflate(Compressed, name="deflate"):
-    """Raw deflate (zlib, level 9): portable, quick; wins on small streams."""
+    """Raw deflate (zlib, level 9): portable, quick; wins on small streams.
+
+    Quantized codes where a zstd-1 pass finds no repetition are coded as Huffman literals
+    only (compress.deflate_literals): level 9's matches there cost more than they save
+    (0.2-7% larger on every such codes stream of benchmarks/pack.py's cases) and its match
+    search is most of deflate's time. Where the order-0 bound of those bytes already loses
+    to the best so far, literals cannot win (they land at 1.0035-1.02 of it, measured)."""
 
     compressor = compress.DEFLATE
+
+    def _tries(self, raw, ctx, best, quick):
+        if ctx.scales is None:  # not quantized codes: float words, where level 9's matches pay
+            return super()._tries(raw, ctx, best, quick)
+        if ctx.effort == "max" or len(raw) < LITERALS_PROBE_MIN:
+            return [compress.deflate(raw), compress.deflate_literals(raw)]
+        order0 = _order0_bytes(raw)
+        if _probe(raw, _zstd1().compress) < ZSTD_REPEATS * order0:  # repetition: matches pay
+            return super()._tries(raw, ctx, best, quick)
+        return [] if order0 >= best else [compress.deflate_literals(raw)]
 
 
 class Lzma(Compressed, name="lzma"):
@@ -477,15 +515,18 @@ class Lzma(Compressed, name="lzma"):
             return []
         # Quantized codes (they have scales) with no repetition for lzma to find, and deflate
         # either leads the race (lzma then lands above it: 1% on 16K int8 codes) or trails the
-        # best by under LZMA_NOREP_GAIN. Not float words: there lzma finds 2-9% under deflate
-        # (bf16 and fp32 passthrough tensors of a trained model), repetition or not.
-        if (
-            ctx.scales is not None
-            and best < NO_RACE
-            and ((raced and size <= best) or size * LZMA_NOREP_GAIN >= best)
-            and size >= ZSTD_REPEATS * _order0_bytes(raw)
-        ):
-            return []
+        # best by under LZMA_NOREP_GAIN, or the bytes hold no sequential structure for lzma's
+        # literal contexts (the previous byte's top bits) to use. Not float words: there lzma
+        # finds 2-9% under deflate (bf16 and fp32 passthrough tensors of a trained model),
+        # repetition or not.
+        if ctx.scales is not None and best < NO_RACE:
+            order0 = _order0_bytes(raw)
+            if size >= ZSTD_REPEATS * order0 and (
+                (raced and size <= best)
+                or size * LZMA_NOREP_GAIN >= best
+                or _literal_context_bytes(raw) >= LZMA_CONTEXT_GAIN * order0
+            ):
+                return []
         return [(compress.compress(self.compressor, raw), params)]
 
 
