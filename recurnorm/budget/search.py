@@ -304,6 +304,13 @@ class Scores:
     side: np.ndarray  # [P, C] proxy: raw varint tables (0.75 x on big streams), log2(k) bits per id
     lanes: np.ndarray  # [P, C]
     fits: np.ndarray  # [P, C] every used symbol has a table slot
+    tables: np.ndarray  # the normalized tables of every candidate row at each fitting precision
+    row_of: np.ndarray  # [P, C] where candidate c's rows at precision p start in tables (-1: none)
+
+    def table(self, p: int, c: int, cand: Candidate) -> np.ndarray:
+        """Candidate c's normalized [k, nsym**t] table at precision index p."""
+        r = self.row_of[p, c]
+        return self.tables[r : r + cand.counts.shape[0], : cand.counts.shape[1]]
 
     def fixed(self) -> np.ndarray:
         """The bytes that do not depend on how the side data compresses."""
@@ -380,7 +387,9 @@ def score(cands: list[Candidate], units, precs, big) -> Scores:
     side = tbytes * np.where(big, 0.75, 1.0)[None, :] + id_bytes[None, :]
     lanes = np.ones(fits.shape, dtype=np.int64)
     lanes[live] = rans.lanes_for(units[None, :], payload[live])
-    return Scores(payload, side, lanes, fits)
+    row_of = np.full(fits.shape, -1, dtype=np.int64)
+    row_of[live] = offsets.reshape(P, -1)
+    return Scores(payload, side, lanes, fits, tables, row_of)
 
 
 @dataclass(frozen=True)
@@ -391,7 +400,12 @@ class SideData:
     tables: np.ndarray  # [k, nsym**t] normalized
     varints: bytes
     ids: bytes | None
-    nbytes: int  # measured with a quicker compressor than the encoder's (it only ranks finalists)
+
+    @cached_property
+    def nbytes(self) -> int:
+        """Measured with a quicker compressor than the encoder's (it only ranks finalists),
+        the first time a finalist's turn comes."""
+        return rans.side_size(self.varints) + (rans.side_size(self.ids) if self.ids is not None else 0)
 
     def blobs(self) -> tuple[tuple[bytes, int], tuple[bytes, int]]:
         """rans.encode's side=: the compacted table and ids."""
@@ -399,23 +413,18 @@ class SideData:
         return rans.pack_side(self.varints), ids
 
 
-def side_data_many(pairs: list[tuple[Candidate, int]]) -> list[SideData]:
-    """Side data of (candidate, precision) pairs, normalized and varint-coded as the encoder
-    does it (one normalization and one varint pass for all), with their measured size."""
+def side_data_many(pairs: list[tuple[Candidate, np.ndarray]]) -> list[SideData]:
+    """Side data of (candidate, normalized table) pairs, varint-coded as the encoder does it
+    (one varint pass for all)."""
     if not pairs:
         return []
-    cands = [c for c, _ in pairs]
-    counts, starts, widths = _stacked_counts(cands)
-    precs = np.repeat([p for _, p in pairs], [c.counts.shape[0] for c in cands])
-    tables = rans.normalize_table(np.rint(counts).astype(np.int64), precs)
-    real = np.arange(tables.shape[1])[None, :] < widths[:, None]
-    raw = rans.varint_encode(tables[real])  # row-major: each candidate's table, in order
-    ends = np.cumsum(np.add.reduceat(_table_bytes(tables, widths), starts))
+    values = np.concatenate([t.ravel() for _, t in pairs])
+    raw = rans.varint_encode(values)  # each table's varints, in order
+    ends = np.cumsum([int(rans.varint_lengths(t).sum()) for _, t in pairs])
     out = []
-    for c, a, b, r in zip(cands, np.concatenate([[0], ends[:-1]]), ends, starts, strict=True):
+    for (c, t), a, b in zip(pairs, np.concatenate([[0], ends[:-1]]), ends, strict=True):
         ids = c.ids.astype(np.uint8).tobytes() if c.ids is not None else None
-        size = rans.side_size(raw[a:b]) + (rans.side_size(ids) if ids is not None else 0)
-        out.append(SideData(tables[r : r + c.counts.shape[0], : c.counts.shape[1]], raw[a:b], ids, size))
+        out.append(SideData(t, raw[a:b], ids))
     return out
 
 
@@ -530,19 +539,18 @@ def _choose_group(
     # Their counts are exact (no sampling below BIG_SYMBOLS), so the encoder reuses what the
     # winner's measurement made.
     best = {j: (*finalists[j][0], None) for j in jobs if streams[j].big}
-    start = dict(zip(jobs, bounds, strict=False))
+    small = [
+        (j, a + i, q) for j, a in zip(jobs, bounds, strict=False) if not streams[j].big for _, i, q in finalists[j]
+    ]
+    sides = dict(zip(small, side_data_many([(flat[i], s.table(q, i, flat[i])) for _, i, q in small]), strict=True))
     for r in range(max(len(f) for f in finalists.values())):
-        measure = [
-            (j, a + i, q)
-            for j, a in zip(jobs, bounds, strict=False)
-            if not streams[j].big
-            for _, i, q in finalists[j][r : r + 1]
-            if j not in best or float(fixed[q, a + i]) < best[j][0]
-        ]
-        sides = side_data_many([(flat[i], PRECS[q]) for _, i, q in measure])
-        for (j, i, q), side in zip(measure, sides, strict=True):
-            got = (float(fixed[q, i]) + side.nbytes, i - start[j], q, side)
-            best[j] = min(best.get(j, got), got, key=lambda b: b[:3])
+        for j, a in zip(jobs, bounds, strict=False):
+            for _, i, q in finalists[j][r : r + 1] if not streams[j].big else ():
+                if j in best and float(fixed[q, a + i]) >= best[j][0]:
+                    continue  # even free side data could not beat its best so far
+                side = sides[j, a + i, q]
+                got = (float(fixed[q, a + i]) + side.nbytes, i, q, side)
+                best[j] = min(best.get(j, got), got, key=lambda b: b[:3])
     out = {}
     for j, a in zip(jobs, bounds, strict=False):
         cost, i, q, side = best[j]
