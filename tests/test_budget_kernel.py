@@ -214,3 +214,38 @@ def test_fallback_warns_once_on_big_streams(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once: a second big stream is quiet
         assert np.array_equal(rans.ilv_decode(data, ctx, freq, 8, 64, len(sym)), sym)
+
+
+@kernel
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    items=st.integers(4, 700),
+    nsym=st.sampled_from([2, 3, 15, 16, 17, 255, 1000]),
+    ks=st.sampled_from([(2,), (2, 4, 8, 16), (4, 16), (2, 4, 8, 16, 32)]),
+    iters=st.sampled_from([0, 1, 4, 8]),
+)
+def test_kernel_kmeans_equals_numpy_reference(seed, items, nsym, ks, iters):
+    """The compiled k-means gives the numpy batch's classes, class for class (sampled
+    problems, coarse bins, ties, empty classes, no iterations), or declines."""
+    from recurnorm.budget import cluster
+
+    rng = np.random.default_rng(seed)
+    spread = rng.exponential(3, size=(items, 1)) * (1 + (np.arange(items) % 3 == 0))[:, None]
+    hist = rng.poisson(spread * rng.exponential(1, size=(1, nsym))).astype(np.float32)
+    ks = tuple(k for k in ks if k < items) or (2,)
+    want = cluster._kmeans([hist], list(ks), iters)[0]
+    got = rans.kernel_kmeans(hist, ks, iters, cluster.KMEANS_ITEMS, cluster.KMEANS_BINS, 1024.0, 0.5)
+    assert got is not None and np.array_equal(got, want)
+
+
+@kernel
+def test_kernel_kmeans_declines_past_exact_float32_sums():
+    """Counts whose float32 sums the reference would round: the kernel declines and
+    cluster_many runs the numpy reference (same classes as without the kernel)."""
+    from recurnorm.budget import cluster
+
+    hist = np.full((8, 4), 3e6, dtype=np.float32)  # total 9.6e7 > 2**24
+    hist[::2, 0] = 1.0
+    assert rans.kernel_kmeans(hist, (2,), 4, cluster.KMEANS_ITEMS, cluster.KMEANS_BINS, 1024.0, 0.5) is None
+    assert np.array_equal(cluster.cluster_many([hist], [[2]])[0][0], cluster._kmeans([hist], [2], 4)[0][0])

@@ -6,7 +6,8 @@
  * this module is not built; tests check that both give identical bytes and
  * accept or reject the same streams.
  *
- * Also the context search's exact-integer histograms (search.axis_histograms).
+ * Also the context search's exact-integer histograms (search.axis_histograms) and its
+ * k-means (cluster._kmeans, for one problem where every sum is an exact float32 integer).
  *
  * Only the Python C API and the buffer protocol: no numpy headers, so the module
  * builds wherever Python's headers and a C compiler are present. The GIL is
@@ -14,6 +15,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -324,10 +326,216 @@ static PyObject *counts(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ----------------------------------------------------------------- k-means
+ * kmeans(hist: f32[items*nsym], items, nsym, ks: i64[S], iters, sample_items, bins,
+ *        length_scale, prior, out: i64[S*items]) -> bool
+ * cluster._kmeans for one problem, step for step (coarse bins, spread-ranked start, k-means
+ * on a strided sample by integer code lengths, every item assigned, classes renumbered by
+ * first appearance). The reference's float32 sums are exact when every count total stays
+ * under 2^24; otherwise this returns False, writes nothing, and the caller runs numpy. */
+typedef struct { float key; Py_ssize_t idx; } keyed;
+
+static int by_key(const void *a, const void *b) {
+    const keyed *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+#define EXACT_F32 16777216.0 /* 2^24 */
+
+/* Code lengths [C, B] of every class of every slot from the class members' coarse counts.
+ * Counts and lengths are integers held in int64: exact, as the reference's float64 sums. */
+static void code_lengths(const int64_t *X, Py_ssize_t ns, Py_ssize_t B, const int64_t *ids, const int64_t *ks,
+                         Py_ssize_t S, double scale, double prior, int64_t *L) {
+    Py_ssize_t base = 0;
+    for (Py_ssize_t s = 0; s < S; s++) {
+        int64_t *Ls = L + base * B;
+        memset(Ls, 0, sizeof(int64_t) * ks[s] * B);
+        for (Py_ssize_t j = 0; j < ns; j++) {
+            int64_t *row = Ls + ids[s * ns + j] * B;
+            for (Py_ssize_t b = 0; b < B; b++) row[b] += X[j * B + b];
+        }
+        for (int64_t c = 0; c < ks[s]; c++) {
+            int64_t *row = Ls + c * B;
+            double tot = 0;
+            for (Py_ssize_t b = 0; b < B; b++) tot += (double)row[b] + prior;
+            for (Py_ssize_t b = 0; b < B; b++) row[b] = (int64_t)rint(-log2(((double)row[b] + prior) / tot) * scale);
+        }
+        base += ks[s];
+    }
+}
+
+/* Each item's cheapest class in every slot (the lowest index on ties). Costs are sums of
+ * integer products below 2^53, exact in double whatever the order; LT is L transposed
+ * ([B, C]) so that one item's costs of every class accumulate side by side. */
+static void assign_items(const int64_t *X, Py_ssize_t n, Py_ssize_t B, const int64_t *L, Py_ssize_t C,
+                         const int64_t *ks, Py_ssize_t S, double *LT, double *cost, int64_t *out) {
+    for (Py_ssize_t c = 0; c < C; c++)
+        for (Py_ssize_t b = 0; b < B; b++) LT[b * C + c] = (double)L[c * B + b];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t *x = X + i * B;
+        for (Py_ssize_t c = 0; c < C; c++) cost[c] = 0;
+        for (Py_ssize_t b = 0; b < B; b++) {
+            const double xb = (double)x[b], *lt = LT + b * C;
+            for (Py_ssize_t c = 0; c < C; c++) cost[c] += lt[c] * xb;
+        }
+        Py_ssize_t base = 0;
+        for (Py_ssize_t s = 0; s < S; s++) {
+            int64_t arg = 0;
+            for (int64_t c = 1; c < ks[s]; c++)
+                if (cost[base + c] < cost[base + arg]) arg = c;
+            out[s * n + i] = arg;
+            base += ks[s];
+        }
+    }
+}
+
+static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const int64_t *ks, Py_ssize_t S, int iters,
+                      Py_ssize_t sample_items, Py_ssize_t bins, double scale, double prior, int64_t *out) {
+    int ok = 0;
+    Py_ssize_t C = 0, B;
+    for (Py_ssize_t s = 0; s < S; s++) C += ks[s];
+    const Py_ssize_t step = n / sample_items > 1 ? n / sample_items : 1, ns = (n + step - 1) / step;
+    int64_t *col = calloc(nsym, sizeof(int64_t)), *X = calloc(n * bins, sizeof(int64_t));
+    float *colf = calloc(nsym, sizeof(float)), *distf = malloc(sizeof(double) * nsym);
+    int64_t *XS = calloc(ns * bins, sizeof(int64_t)), *L = calloc(C * bins, sizeof(int64_t));
+    double *cost = malloc(sizeof(double) * C), *LT = malloc(sizeof(double) * C * bins);
+    keyed *order = malloc(sizeof(keyed) * n);
+    Py_ssize_t *edge = malloc(sizeof(Py_ssize_t) * (bins + 1));
+    Py_ssize_t *rank = malloc(sizeof(Py_ssize_t) * n);
+    int64_t *start = malloc(sizeof(int64_t) * S * n), *ids = malloc(sizeof(int64_t) * S * ns);
+    int64_t *next = malloc(sizeof(int64_t) * S * ns), *label = malloc(sizeof(int64_t) * C);
+    if (!col || !colf || !distf || !X || !XS || !L || !cost || !LT || !order || !edge || !rank || !start || !ids || !next ||
+        !label) {
+        ok = -1;
+        goto done;
+    }
+    /* Counts (integers) are added in float32 by the reference: exact while the total
+     * stays under 2^24, and then these float sums are exact too (and vectorize). */
+    for (Py_ssize_t i = 0; i < n; i++)
+        for (Py_ssize_t v = 0; v < nsym; v++) colf[v] += hist[i * nsym + v];
+    double total_f = 0;
+    for (Py_ssize_t v = 0; v < nsym; v++) total_f += colf[v];
+    if (!(total_f < EXACT_F32)) goto done;
+    int64_t total = (int64_t)total_f;
+    for (Py_ssize_t v = 0; v < nsym; v++) col[v] = (int64_t)colf[v];
+    /* coarse bins: runs of adjacent symbols of about equal mass (cluster.coarse_bins) */
+    Py_ssize_t nb = 0;
+    if (nsym <= bins) {
+        for (Py_ssize_t v = 0; v < nsym; v++) edge[nb++] = v;
+    } else {
+        edge[nb++] = 0;
+        for (Py_ssize_t j = 1; j < bins; j++) {
+            const double target = (double)total * (double)j / (double)bins;
+            int64_t mass = 0;
+            Py_ssize_t cut = 0;
+            while (cut < nsym && (double)(mass + col[cut]) <= target) mass += col[cut++];
+            if (cut > edge[nb - 1] && cut < nsym) edge[nb++] = cut;
+        }
+    }
+    B = nb;
+    edge[nb] = nsym;
+    /* spread-ranked start (cluster.spread_order): spread around the global mode, float32 */
+    Py_ssize_t mode = 0;
+    for (Py_ssize_t v = 1; v < nsym; v++)
+        if (col[v] > col[mode]) mode = v;
+    for (Py_ssize_t v = 0; v < nsym; v++) distf[v] = (double)(v > mode ? v - mode : mode - v);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float *h = hist + i * nsym;
+        /* integer sums below 2^53: exact in double in any order, so four independent lanes */
+        double acc[4] = {0, 0, 0, 0};
+        Py_ssize_t v = 0;
+        for (; v + 4 <= nsym; v += 4)
+            for (int u = 0; u < 4; u++) acc[u] += (double)h[v + u] * distf[v + u];
+        for (; v < nsym; v++) acc[0] += (double)h[v] * distf[v];
+        const double num = acc[0] + acc[1] + acc[2] + acc[3];
+        int64_t tot = 0;
+        for (Py_ssize_t b = 0; b < B; b++) {
+            double run = 0;
+            for (v = edge[b]; v < edge[b + 1]; v++) run += (double)h[v];
+            X[i * B + b] = (int64_t)run;
+            tot += (int64_t)run;
+        }
+        if (num >= EXACT_F32) goto done;
+        order[i].key = (float)num / (tot > 1 ? (float)tot : 1.0f);
+        order[i].idx = i;
+    }
+    qsort(order, n, sizeof(keyed), by_key);
+    for (Py_ssize_t r = 0; r < n; r++) rank[order[r].idx] = r;
+    for (Py_ssize_t s = 0; s < S; s++)
+        for (Py_ssize_t i = 0; i < n; i++) start[s * n + i] = (int64_t)rank[i] * ks[s] / n;
+    for (Py_ssize_t j = 0; j < ns; j++) {
+        memcpy(XS + j * B, X + j * step * B, sizeof(int64_t) * B);
+        for (Py_ssize_t s = 0; s < S; s++) ids[s * ns + j] = start[s * n + j * step];
+    }
+    int have_lengths = 0;
+    for (int it = 0; it < iters; it++) {
+        code_lengths(XS, ns, B, ids, ks, S, scale, prior, L);
+        have_lengths = 1;
+        assign_items(XS, ns, B, L, C, ks, S, LT, cost, next);
+        if (!memcmp(next, ids, sizeof(int64_t) * S * ns)) break;
+        memcpy(ids, next, sizeof(int64_t) * S * ns);
+    }
+    if (ns == n) memcpy(out, ids, sizeof(int64_t) * S * n);
+    else if (!have_lengths) memcpy(out, start, sizeof(int64_t) * S * n);
+    else assign_items(X, n, B, L, C, ks, S, LT, cost, out);
+    for (Py_ssize_t s = 0; s < S; s++) { /* classes renumbered by first appearance (cluster._relabel) */
+        int64_t seen = 0;
+        for (int64_t c = 0; c < ks[s]; c++) label[c] = -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t *o = out + s * n + i;
+            if (label[*o] < 0) label[*o] = seen++;
+            *o = label[*o];
+        }
+    }
+    ok = 1;
+done:
+    free(col); free(colf); free(distf); free(X); free(XS); free(L); free(cost); free(LT); free(order); free(edge);
+    free(rank); free(start); free(ids); free(next); free(label);
+    return ok;
+}
+
+static PyObject *kmeans(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *hist_o, *ks_o, *out_o;
+    Py_ssize_t n, nsym, sample_items, bins;
+    int iters;
+    double scale, prior;
+    if (!PyArg_ParseTuple(args, "OnnOinnddO", &hist_o, &n, &nsym, &ks_o, &iters, &sample_items, &bins, &scale,
+                          &prior, &out_o))
+        return NULL;
+    if (n < 1 || nsym < 1 || nsym > MAX_NSYM || sample_items < 1 || bins < 1 || iters < 0) {
+        PyErr_SetString(PyExc_ValueError, "kmeans: arguments out of range");
+        return NULL;
+    }
+    Py_buffer hb, kb, ob;
+    if (get_buffer(hist_o, &hb, "hist", 0) < 0) return NULL;
+    if (get_buffer(ks_o, &kb, "ks", 0) < 0) { PyBuffer_Release(&hb); return NULL; }
+    if (get_buffer(out_o, &ob, "out", 1) < 0) { PyBuffer_Release(&hb); PyBuffer_Release(&kb); return NULL; }
+    const Py_ssize_t S = kb.len / 8;
+    const int64_t *ks = kb.buf;
+    const char *err = NULL;
+    if (hb.len / 4 / nsym != n || hb.len != 4 * n * nsym || ob.len != 8 * S * n || S < 1)
+        err = "kmeans: buffer sizes disagree";
+    for (Py_ssize_t s = 0; s < S && !err; s++)
+        if (ks[s] < 1 || ks[s] > MAX_K) err = "kmeans: class count out of range";
+    int ok = 0;
+    if (!err) {
+        Py_BEGIN_ALLOW_THREADS
+        ok = kmeans_run(hb.buf, n, nsym, ks, S, iters, sample_items, bins, scale, prior, ob.buf);
+        Py_END_ALLOW_THREADS
+        if (ok < 0) err = "kmeans: out of memory";
+    }
+    if (err) PyErr_SetString(ok < 0 ? PyExc_MemoryError : PyExc_ValueError, err);
+    PyBuffer_Release(&hb); PyBuffer_Release(&kb); PyBuffer_Release(&ob);
+    if (err) return NULL;
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
     {"counts", counts, METH_VARARGS, "Counts of (context, symbol) pairs added to out (i64): (sym u16, ctx u8|None, nsym, k, out)."},
     {"encode", ilv_encode, METH_VARARGS, "Interleaved rANS encode: (sym u16, ctx u8|None, freq u32, nsym, prec, lanes) -> bytes."},
     {"decode", ilv_decode, METH_VARARGS, "Interleaved rANS decode into out (u16): (data, ctx u8|None, freq u32, nsym, prec, lanes, out)."},
+    {"kmeans", kmeans, METH_VARARGS, "cluster._kmeans for one problem into out (i64): (hist f32, items, nsym, ks i64, iters, sample_items, bins, length_scale, prior, out) -> False where float32 sums would not be exact."},
     {"histograms", histograms, METH_VARARGS, "Per-row or per-column symbol counts added to out (f32): (sym u16, rows, cols, nsym, axis, stride, out)."},
     {NULL, NULL, 0, NULL},
 };

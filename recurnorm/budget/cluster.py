@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import rans
+
 KMEANS_ITEMS = 128  # cluster on at most this many items, then assign all
 KMEANS_BINS = 16  # k-means compares items over at most this many symbol bins
 LENGTH_BITS = 10  # code lengths in 1/1024 bits (integers: exact sums)
@@ -180,9 +182,21 @@ def cluster_many(hists: list[np.ndarray], kss: list, iters: int = 4) -> list[lis
         if len(ks):
             batches.setdefault(tuple(sorted(set(ks))), []).append(p)
     for slots, members in batches.items():
-        for p, got in zip(members, _kmeans([hists[p] for p in members], list(slots), iters), strict=True):
-            out[p] = [got[slots.index(k)] for k in kss[p]]
+        done = {p: got for p in members if (got := _kmeans_compiled(hists[p], slots, iters)) is not None}
+        rest = [p for p in members if p not in done]
+        done.update(zip(rest, _kmeans([hists[p] for p in rest], list(slots), iters) if rest else [], strict=True))
+        for p in members:
+            out[p] = [done[p][slots.index(k)] for k in kss[p]]
     return out
+
+
+def _kmeans_compiled(hist: np.ndarray, slots, iters: int) -> np.ndarray | None:
+    """_kmeans of one problem in the compiled kernel (the same classes; problems are
+    independent of their batch), or None where the numpy reference must run: no kernel, or
+    counts past float32's exact integers."""
+    if not rans.has_kernel() or len(hist) == 0:
+        return None
+    return rans.kernel_kmeans(hist, slots, iters, KMEANS_ITEMS, KMEANS_BINS, float(1 << LENGTH_BITS), _LOG_PRIOR)
 
 
 def cluster_items(hist: np.ndarray, ks, iters: int = 4) -> list[np.ndarray]:

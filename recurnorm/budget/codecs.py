@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
@@ -62,17 +63,30 @@ def _probe(raw: bytes, quick) -> float:
     return got * n / (3 * ZSTD_PROBE)
 
 
-def _order0_bytes(raw: bytes) -> float:
-    """The order-0 bound of raw's bytes, in bytes."""
-    return rans.entropy_bits(np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)) / 8
+class LaidOut:
+    """One layout's bytes of a stream, and what the quick gates learn of them (each once:
+    deflate, lzma and zstd ask the same questions of the same bytes)."""
 
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
 
-def _literal_context_bytes(raw: bytes) -> float:
-    """The entropy of raw's bytes given the top 3 bits of the byte before (lzma's literal
-    context at its default lc=3), in bytes."""
-    b = np.frombuffer(raw, dtype=np.uint8)
-    pairs = np.bincount((b[:-1] >> 5).astype(np.intp) << 8 | b[1:], minlength=8 * 256).reshape(8, 256)
-    return sum(rans.entropy_bits(row) for row in pairs) / 8
+    @cached_property
+    def order0(self) -> float:
+        """The order-0 bound of the bytes, in bytes."""
+        return rans.entropy_bits(np.bincount(np.frombuffer(self.raw, dtype=np.uint8), minlength=256)) / 8
+
+    @cached_property
+    def repeats(self) -> bool:
+        """Whether a zstd-1 pass finds repetition (it lands under ZSTD_REPEATS x order-0)."""
+        return _probe(self.raw, _zstd1().compress) < ZSTD_REPEATS * self.order0
+
+    @cached_property
+    def literal_context(self) -> float:
+        """The entropy of each byte given the top 3 bits of the one before (lzma's literal
+        context at its default lc=3), in bytes."""
+        b = np.frombuffer(self.raw, dtype=np.uint8)
+        pairs = rans.context_counts(b[1:], b[:-1] >> 5, 8, 256)
+        return sum(rans.entropy_bits(row) for row in pairs) / 8
 
 
 def _deflate1(raw: bytes) -> bytes:
@@ -124,6 +138,13 @@ class StreamContext:
     effort: str = "normal"  # encoder only: how hard codecs search ("normal" or "max")
     version: int = 2  # decoder only: the artifact's format version
     plans: dict[str, Any] = field(default_factory=dict)  # encoder only: each codec's prepare() result
+    laid: dict[tuple[str, int], LaidOut] = field(default_factory=dict)  # encoder only: see laid_out
+
+    def laid_out(self, arr: np.ndarray, layout: str, offset: int) -> LaidOut:
+        """arr's bytes in one layout, made once for every codec that races on them."""
+        if (layout, offset) not in self.laid:
+            self.laid[layout, offset] = LaidOut(layout_bytes(arr, self.dtype, layout, offset))
+        return self.laid[layout, offset]
 
     @property
     def numel(self) -> int:
@@ -393,32 +414,30 @@ class Compressed(Codec):
 
     def candidates(self, arr, ctx, best):
         out = []
-        tries = [
-            (layout, offset, layout_bytes(arr, ctx.dtype, layout, offset)) for layout, offset in self._layouts(arr, ctx)
-        ]
+        tries = [(layout, offset, ctx.laid_out(arr, layout, offset)) for layout, offset in self._layouts(arr, ctx)]
         quick: dict[str, float] = {}
         if ctx.effort != "max":
-            big = [i for i, (_, _, raw) in enumerate(tries) if len(raw) > QUICK_MIN]
-            quick = {tries[i][0]: _probe(tries[i][2], _deflate1) for i in big} if len(big) > 1 else {}
+            big = [i for i, (_, _, laid) in enumerate(tries) if len(laid.raw) > QUICK_MIN]
+            quick = {tries[i][0]: _probe(tries[i][2].raw, _deflate1) for i in big} if len(big) > 1 else {}
             if quick:  # several layouts (floats): the slow run on the one deflate-1 favours only
                 keep = min(big, key=lambda i: quick[tries[i][0]])
                 tries = [t for i, t in enumerate(tries) if i == keep or i not in big]
-        for layout, offset, raw in tries:
+        for layout, offset, laid in tries:
             params = {"layout": layout, "offset": offset}
-            out += [(data, params) for data in self._tries(raw, ctx, best, quick.get(layout))]
+            out += [(data, params) for data in self._tries(laid, ctx, best, quick.get(layout))]
         # Kept for the lzma race (it runs next and must not deflate the same bytes again).
         ctx.plans[self.name] = [(len(data), params) for data, params in out]
         return out
 
-    def _tries(self, raw: bytes, ctx: StreamContext, best: int, quick: float | None) -> list[bytes]:
+    def _tries(self, laid: LaidOut, ctx: StreamContext, best: int, quick: float | None) -> list[bytes]:
         """The compressed forms of one layout's bytes worth racing: none where quick passes
         say the slow run cannot win."""
-        if ctx.effort != "max" and len(raw) > QUICK_MIN and self._loses(raw, best, quick):
+        if ctx.effort != "max" and len(laid.raw) > QUICK_MIN and self._loses(laid, best, quick):
             return []
-        return [compress.compress(self.compressor, raw)]
+        return [compress.compress(self.compressor, laid.raw)]
 
     @staticmethod
-    def _loses(raw: bytes, best: int, quick: float | None = None) -> bool:
+    def _loses(laid: LaidOut, best: int, quick: float | None = None) -> bool:
         """Whether quick passes say the slow run cannot win: a zstd-1 pass finds no
         repetition (only LZ matches take a compressor under its bytes' order-0 floor) and
         that floor is no better than the best so far; or, on big streams, quick deflate
@@ -427,16 +446,14 @@ class Compressed(Codec):
 
         zstd-1 is 15-20x quicker than deflate-1 on codes (where deflate-9's lazy matching
         crawls): one pass over a small stream, slices of a big one."""
-        order0 = _order0_bytes(raw)
-        big = len(raw) > 4 * ZSTD_PROBE
-        if order0 * (1.0 if big else NOREP_FLOOR) >= best:
-            rep = _probe(raw, _zstd1().compress)
-            if rep >= ZSTD_REPEATS * order0:
-                return True
+        order0 = laid.order0
+        big = len(laid.raw) > 4 * ZSTD_PROBE
+        if order0 * (1.0 if big else NOREP_FLOOR) >= best and not laid.repeats:
+            return True
         if not big:
             return False
         if quick is None:
-            quick = _probe(raw, _deflate1)
+            quick = _probe(laid.raw, _deflate1)
         return quick > best * DEFLATE_PROBE_MARGIN or (quick >= ZSTD_REPEATS * order0 and order0 >= best)
 
     @staticmethod
@@ -483,15 +500,14 @@ class Deflate(Compressed, name="deflate"):
 
     compressor = compress.DEFLATE
 
-    def _tries(self, raw, ctx, best, quick):
+    def _tries(self, laid, ctx, best, quick):
         if ctx.scales is None:  # not quantized codes: float words, where level 9's matches pay
-            return super()._tries(raw, ctx, best, quick)
-        if ctx.effort == "max" or len(raw) < LITERALS_PROBE_MIN:
-            return [compress.deflate(raw), compress.deflate_literals(raw)]
-        order0 = _order0_bytes(raw)
-        if _probe(raw, _zstd1().compress) < ZSTD_REPEATS * order0:  # repetition: matches pay
-            return super()._tries(raw, ctx, best, quick)
-        return [] if order0 >= best else [compress.deflate_literals(raw)]
+            return super()._tries(laid, ctx, best, quick)
+        if ctx.effort == "max" or len(laid.raw) < LITERALS_PROBE_MIN:
+            return [compress.deflate(laid.raw), compress.deflate_literals(laid.raw)]
+        if laid.repeats:  # matches pay
+            return super()._tries(laid, ctx, best, quick)
+        return [] if laid.order0 >= best else [compress.deflate_literals(laid.raw)]
 
 
 class Lzma(Compressed, name="lzma"):
@@ -510,8 +526,8 @@ class Lzma(Compressed, name="lzma"):
         if not tries:  # deflate's probe already lost clearly: lzma lands near it on such bytes
             return []
         size, params = min(tries, key=lambda c: c[0])
-        raw = layout_bytes(arr, ctx.dtype, params["layout"], params["offset"])
-        if size > best * (self.LZMA_RACE_BIG if len(raw) > self.BIG_RAW else self.LZMA_RACE):
+        laid = ctx.laid_out(arr, params["layout"], params["offset"])
+        if size > best * (self.LZMA_RACE_BIG if len(laid.raw) > self.BIG_RAW else self.LZMA_RACE):
             return []
         # Quantized codes (they have scales) with no repetition for lzma to find, and deflate
         # either leads the race (lzma then lands above it: 1% on 16K int8 codes) or trails the
@@ -519,15 +535,18 @@ class Lzma(Compressed, name="lzma"):
         # literal contexts (the previous byte's top bits) to use. Not float words: there lzma
         # finds 2-9% under deflate (bf16 and fp32 passthrough tensors of a trained model),
         # repetition or not.
-        if ctx.scales is not None and best < NO_RACE:
-            order0 = _order0_bytes(raw)
-            if size >= ZSTD_REPEATS * order0 and (
+        if (
+            ctx.scales is not None
+            and best < NO_RACE
+            and size >= ZSTD_REPEATS * laid.order0
+            and (
                 (raced and size <= best)
                 or size * LZMA_NOREP_GAIN >= best
-                or _literal_context_bytes(raw) >= LZMA_CONTEXT_GAIN * order0
-            ):
-                return []
-        return [(compress.compress(self.compressor, raw), params)]
+                or laid.literal_context >= LZMA_CONTEXT_GAIN * laid.order0
+            )
+        ):
+            return []
+        return [(compress.compress(self.compressor, laid.raw), params)]
 
 
 class Zstd(Compressed, name="zstd"):
@@ -539,22 +558,21 @@ class Zstd(Compressed, name="zstd"):
     def candidates(self, arr, ctx, best):
         quick = []
         for layout, offset in self._layouts(arr, ctx):
-            raw = layout_bytes(arr, ctx.dtype, layout, offset)
-            if len(raw) > 4 * ZSTD_PROBE and _zstd_probe(raw) > best * ZSTD_PROBE_MARGIN:
+            laid = ctx.laid_out(arr, layout, offset)
+            if len(laid.raw) > 4 * ZSTD_PROBE and _zstd_probe(laid.raw) > best * ZSTD_PROBE_MARGIN:
                 continue  # a slice at the fast level already loses clearly: skip the full runs
-            data = zstandard.ZstdCompressor(level=ZSTD_QUICK_LEVEL).compress(raw)
-            quick.append((data, {"layout": layout, "offset": offset}, raw))
+            data = zstandard.ZstdCompressor(level=ZSTD_QUICK_LEVEL).compress(laid.raw)
+            quick.append((data, {"layout": layout, "offset": offset}, laid))
         out = [(data, params) for data, params, _ in quick]
         if ctx.effort == "max":  # every layout at the slow level
-            return out + [(compress.compress(self.compressor, raw), params) for _, params, raw in quick]
+            return out + [(compress.compress(self.compressor, laid.raw), params) for _, params, laid in quick]
         if not quick:
             return out
-        data, params, raw = min(quick, key=lambda q: len(q[0]))  # first layout on ties
+        data, params, laid = min(quick, key=lambda q: len(q[0]))  # first layout on ties
         if len(data) > best * ZSTD_SLOW_RACE:
             return out
-        order0 = _order0_bytes(raw)
-        if len(data) < ZSTD_REPEATS * order0 or order0 < ZSTD_DENSE * len(raw):
-            out.append((compress.compress(self.compressor, raw), params))
+        if len(data) < ZSTD_REPEATS * laid.order0 or laid.order0 < ZSTD_DENSE * len(laid.raw):
+            out.append((compress.compress(self.compressor, laid.raw), params))
         return out
 
 

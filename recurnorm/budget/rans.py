@@ -41,6 +41,18 @@ def kernel_histograms(sym16: np.ndarray, rows: int, cols: int, nsym: int, axis: 
     return hist
 
 
+def kernel_kmeans(
+    hist: np.ndarray, slots, iters: int, sample_items: int, bins: int, length_scale: float, prior: float
+) -> np.ndarray | None:
+    """[len(slots), items] classes of cluster._kmeans for one problem, in the kernel; None
+    where its float32 sums would not be exact integers (the numpy reference then runs)."""
+    h = np.ascontiguousarray(hist, dtype=np.float32)
+    ks = np.ascontiguousarray(slots, dtype=np.int64)
+    out = np.empty((len(ks), len(h)), dtype=np.int64)
+    done = _ransc.kmeans(h, len(h), h.shape[1], ks, iters, sample_items, bins, length_scale, prior, out)
+    return out if done else None
+
+
 _FALLBACK_NOTE_UNITS = 1 << 20  # say once why coding is slow, past this many units
 
 
