@@ -9,6 +9,7 @@ scales, which the rans scale-bucket context uses as side information.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, ClassVar
@@ -93,8 +94,14 @@ def _deflate1(raw: bytes) -> bytes:
     return compress.deflate(raw, 1)
 
 
+_local = threading.local()
+
+
 def _zstd1() -> zstandard.ZstdCompressor:
-    return zstandard.ZstdCompressor(level=1)
+    """A zstd-1 compressor, one per thread (making one costs more than probing 16 KB)."""
+    if not hasattr(_local, "zstd1"):
+        _local.zstd1 = zstandard.ZstdCompressor(level=1)
+    return _local.zstd1
 
 
 def _zstd_probe(raw: bytes) -> float:

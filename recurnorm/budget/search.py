@@ -176,7 +176,7 @@ class Stream:
     def total(self, t: int) -> np.ndarray:
         """Exact counts of the units of t symbols."""
         if t not in self._totals:
-            self._totals[t] = np.bincount(self.tuples(t), minlength=self.nsym**t)
+            self._totals[t] = rans.context_counts(self.tuples(t), None, 1, self.nsym**t)[0]
         return self._totals[t]
 
     def histograms(self, family: str) -> tuple[np.ndarray, float]:
