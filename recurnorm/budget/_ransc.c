@@ -365,27 +365,27 @@ static void code_lengths(const int64_t *X, Py_ssize_t ns, Py_ssize_t B, const in
     }
 }
 
-/* Each item's cheapest class in every slot (the lowest index on ties). Costs are sums of
- * integer products below 2^53, exact in double whatever the order; LT is L transposed
- * ([B, C]) so that one item's costs of every class accumulate side by side. */
-static void assign_items(const int64_t *X, Py_ssize_t n, Py_ssize_t B, const int64_t *L, Py_ssize_t C,
-                         const int64_t *ks, Py_ssize_t S, double *LT, double *cost, int64_t *out) {
-    for (Py_ssize_t c = 0; c < C; c++)
-        for (Py_ssize_t b = 0; b < B; b++) LT[b * C + c] = (double)L[c * B + b];
+/* Each item's cheapest class in every slot (the lowest index on ties): integer costs, as
+ * the reference's exact float64 products and sums (below 2^53). Two partial sums per class
+ * keep the multiply-adds independent (integers: the order cannot change a sum). */
+static void assign_items(const int64_t *X, Py_ssize_t n, Py_ssize_t B, const int64_t *L, const int64_t *ks,
+                         Py_ssize_t S, int64_t *out) {
     for (Py_ssize_t i = 0; i < n; i++) {
         const int64_t *x = X + i * B;
-        for (Py_ssize_t c = 0; c < C; c++) cost[c] = 0;
-        for (Py_ssize_t b = 0; b < B; b++) {
-            const double xb = (double)x[b], *lt = LT + b * C;
-            for (Py_ssize_t c = 0; c < C; c++) cost[c] += lt[c] * xb;
-        }
-        Py_ssize_t base = 0;
+        const int64_t *l = L;
         for (Py_ssize_t s = 0; s < S; s++) {
-            int64_t arg = 0;
-            for (int64_t c = 1; c < ks[s]; c++)
-                if (cost[base + c] < cost[base + arg]) arg = c;
+            int64_t arg = 0, best = 0;
+            for (int64_t c = 0; c < ks[s]; c++, l += B) {
+                int64_t s0 = 0, s1 = 0;
+                Py_ssize_t b = 0;
+                for (; b + 1 < B; b += 2) {
+                    s0 += l[b] * x[b];
+                    s1 += l[b + 1] * x[b + 1];
+                }
+                if (b < B) s0 += l[b] * x[b];
+                if (c == 0 || s0 + s1 < best) { best = s0 + s1; arg = c; }
+            }
             out[s * n + i] = arg;
-            base += ks[s];
         }
     }
 }
@@ -399,13 +399,12 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     int64_t *col = calloc(nsym, sizeof(int64_t)), *X = calloc(n * bins, sizeof(int64_t));
     float *colf = calloc(nsym, sizeof(float)), *distf = malloc(sizeof(double) * nsym);
     int64_t *XS = calloc(ns * bins, sizeof(int64_t)), *L = calloc(C * bins, sizeof(int64_t));
-    double *cost = malloc(sizeof(double) * C), *LT = malloc(sizeof(double) * C * bins);
     keyed *order = malloc(sizeof(keyed) * n);
     Py_ssize_t *edge = malloc(sizeof(Py_ssize_t) * (bins + 1));
     Py_ssize_t *rank = malloc(sizeof(Py_ssize_t) * n);
     int64_t *start = malloc(sizeof(int64_t) * S * n), *ids = malloc(sizeof(int64_t) * S * ns);
     int64_t *next = malloc(sizeof(int64_t) * S * ns), *label = malloc(sizeof(int64_t) * C);
-    if (!col || !colf || !distf || !X || !XS || !L || !cost || !LT || !order || !edge || !rank || !start || !ids || !next ||
+    if (!col || !colf || !distf || !X || !XS || !L || !order || !edge || !rank || !start || !ids || !next ||
         !label) {
         ok = -1;
         goto done;
@@ -472,13 +471,13 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     for (int it = 0; it < iters; it++) {
         code_lengths(XS, ns, B, ids, ks, S, scale, prior, L);
         have_lengths = 1;
-        assign_items(XS, ns, B, L, C, ks, S, LT, cost, next);
+        assign_items(XS, ns, B, L, ks, S, next);
         if (!memcmp(next, ids, sizeof(int64_t) * S * ns)) break;
         memcpy(ids, next, sizeof(int64_t) * S * ns);
     }
     if (ns == n) memcpy(out, ids, sizeof(int64_t) * S * n);
     else if (!have_lengths) memcpy(out, start, sizeof(int64_t) * S * n);
-    else assign_items(X, n, B, L, C, ks, S, LT, cost, out);
+    else assign_items(X, n, B, L, ks, S, out);
     for (Py_ssize_t s = 0; s < S; s++) { /* classes renumbered by first appearance (cluster._relabel) */
         int64_t seen = 0;
         for (int64_t c = 0; c < ks[s]; c++) label[c] = -1;
@@ -490,7 +489,7 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     }
     ok = 1;
 done:
-    free(col); free(colf); free(distf); free(X); free(XS); free(L); free(cost); free(LT); free(order); free(edge);
+    free(col); free(colf); free(distf); free(X); free(XS); free(L);  free(order); free(edge);
     free(rank); free(start); free(ids); free(next); free(label);
     return ok;
 }
