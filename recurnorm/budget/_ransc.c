@@ -530,10 +530,75 @@ static PyObject *kmeans(PyObject *Py_UNUSED(self), PyObject *args) {
     return PyBool_FromLong(ok);
 }
 
+/* class_sums(hist: f32[items*nsym], items, nsym, ids: i64[S*items], ks: i64[S], out: f32[sum(ks)*nsym]) -> bool
+ * Sums of the item histograms in each class of S clusterings (cluster.class_sums_all), in
+ * int64: equal to the reference's float32 sums while the total stays under 2^24; past it,
+ * False (nothing written) and the caller runs numpy. */
+static PyObject *class_sums(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *hist_o, *ids_o, *ks_o, *out_o;
+    Py_ssize_t n, nsym;
+    if (!PyArg_ParseTuple(args, "OnnOOO", &hist_o, &n, &nsym, &ids_o, &ks_o, &out_o)) return NULL;
+    if (n < 0 || nsym < 1 || nsym > MAX_NSYM) {
+        PyErr_SetString(PyExc_ValueError, "class_sums: arguments out of range");
+        return NULL;
+    }
+    Py_buffer hb, ib, kb, ob;
+    if (get_buffer(hist_o, &hb, "hist", 0) < 0) return NULL;
+    if (get_buffer(ids_o, &ib, "ids", 0) < 0) { PyBuffer_Release(&hb); return NULL; }
+    if (get_buffer(ks_o, &kb, "ks", 0) < 0) { PyBuffer_Release(&hb); PyBuffer_Release(&ib); return NULL; }
+    if (get_buffer(out_o, &ob, "out", 1) < 0) {
+        PyBuffer_Release(&hb); PyBuffer_Release(&ib); PyBuffer_Release(&kb);
+        return NULL;
+    }
+    const Py_ssize_t S = kb.len / 8;
+    const int64_t *ks = kb.buf, *ids = ib.buf;
+    const float *hist = hb.buf;
+    float *out = ob.buf;
+    Py_ssize_t C = 0;
+    const char *err = NULL;
+    for (Py_ssize_t s = 0; s < S && !err; s++) {
+        if (ks[s] < 1 || ks[s] > MAX_K) err = "class_sums: class count out of range";
+        C += ks[s];
+    }
+    if (!err && (hb.len != 4 * n * nsym || ib.len != 8 * S * n || ob.len != 4 * C * nsym))
+        err = "class_sums: buffer sizes disagree";
+    for (Py_ssize_t s = 0; s < S && !err; s++)
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (ids[s * n + i] < 0 || ids[s * n + i] >= ks[s]) { err = "class_sums: class id out of range"; break; }
+    int exact = 0;
+    if (!err) {
+        int64_t *sums = calloc(C * nsym + 1, sizeof(int64_t));
+        if (!sums) err = "class_sums: out of memory";
+        else {
+            double total = 0;
+            for (Py_ssize_t i = 0; i < n * nsym; i++) total += hist[i];
+            exact = total >= 0 && total < EXACT_F32;
+            if (exact) {
+                Py_ssize_t base = 0;
+                for (Py_ssize_t s = 0; s < S; s++) {
+                    for (Py_ssize_t i = 0; i < n; i++) {
+                        int64_t *row = sums + (base + ids[s * n + i]) * nsym;
+                        const float *h = hist + i * nsym;
+                        for (Py_ssize_t v = 0; v < nsym; v++) row[v] += (int64_t)h[v];
+                    }
+                    base += ks[s];
+                }
+                for (Py_ssize_t j = 0; j < C * nsym; j++) out[j] = (float)sums[j];
+            }
+            free(sums);
+        }
+    }
+    if (err) PyErr_SetString(PyExc_ValueError, err);
+    PyBuffer_Release(&hb); PyBuffer_Release(&ib); PyBuffer_Release(&kb); PyBuffer_Release(&ob);
+    if (err) return NULL;
+    return PyBool_FromLong(exact);
+}
+
 static PyMethodDef methods[] = {
     {"counts", counts, METH_VARARGS, "Counts of (context, symbol) pairs added to out (i64): (sym u16, ctx u8|None, nsym, k, out)."},
     {"encode", ilv_encode, METH_VARARGS, "Interleaved rANS encode: (sym u16, ctx u8|None, freq u32, nsym, prec, lanes) -> bytes."},
     {"decode", ilv_decode, METH_VARARGS, "Interleaved rANS decode into out (u16): (data, ctx u8|None, freq u32, nsym, prec, lanes, out)."},
+    {"class_sums", class_sums, METH_VARARGS, "Class sums of item histograms into out (f32): (hist f32, items, nsym, ids i64, ks i64, out) -> False past float32's exact integers."},
     {"kmeans", kmeans, METH_VARARGS, "cluster._kmeans for one problem into out (i64): (hist f32, items, nsym, ks i64, iters, sample_items, bins, length_scale, prior, out) -> False where float32 sums would not be exact."},
     {"histograms", histograms, METH_VARARGS, "Per-row or per-column symbol counts added to out (f32): (sym u16, rows, cols, nsym, axis, stride, out)."},
     {NULL, NULL, 0, NULL},

@@ -15,6 +15,11 @@ import numpy as np
 
 from . import rans
 
+# The kernel clusters and sums problems up to this many histogram cells (items x alphabet),
+# where numpy's per-call cost is most of the time; wider ones run in numpy, whose matrix
+# products (BLAS, vector units) beat the kernel's portable scalar loops there (measured:
+# int8 rows and columns of 128-512 items).
+KERNEL_CELLS = 1 << 14
 KMEANS_ITEMS = 128  # cluster on at most this many items, then assign all
 KMEANS_BINS = 16  # k-means compares items over at most this many symbol bins
 LENGTH_BITS = 10  # code lengths in 1/1024 bits (integers: exact sums)
@@ -30,12 +35,19 @@ def axis_histograms(part: np.ndarray, axis: int, nsym: int) -> np.ndarray:
     return hist.reshape(n_items, nsym).astype(np.float32)
 
 
+def _use_kernel(hist: np.ndarray) -> bool:
+    """Whether the kernel takes a problem on these item histograms (see KERNEL_CELLS)."""
+    return rans.has_kernel() and 0 < hist.size <= KERNEL_CELLS
+
+
 def class_sums_all(hist: np.ndarray, ids_list, ks) -> list[np.ndarray]:
     """[k, nsym] sums of the item histograms in each class, for several clusterings at once.
 
     One 0/1 membership matrix product. Histograms hold integer counts (below 2**24), so
     the sums are exact in any order a BLAS adds them: the same on every machine.
     """
+    if _use_kernel(hist) and (got := rans.kernel_class_sums(hist, ids_list, ks)) is not None:
+        return got
     n_items = hist.shape[0]
     first = np.cumsum([0] + list(ks))
     keys = np.concatenate([np.asarray(ids, dtype=np.int64) + a for ids, a in zip(ids_list, first, strict=False)])
@@ -60,6 +72,10 @@ def spread_order(hist: np.ndarray) -> np.ndarray:
 
 def ranked_class_sums(hist: np.ndarray, order: np.ndarray, ks) -> list[np.ndarray]:
     """class_sums of rans.rank_buckets(order, k) for every k at once: runs are contiguous in order."""
+    if _use_kernel(hist):  # the same sums, from each k's ranked classes
+        got = rans.kernel_class_sums(hist, [rans.rank_buckets(order, k) for k in ks], ks)
+        if got is not None:
+            return got
     n = len(order)
     bounds = [-(-np.arange(k + 1) * n // k) for k in ks]  # first rank of each run: ceil(j * n / k)
     cuts = np.unique(np.concatenate(bounds))  # every k's runs are unions of these (non-empty) runs
@@ -194,7 +210,7 @@ def _kmeans_compiled(hist: np.ndarray, slots, iters: int) -> np.ndarray | None:
     """_kmeans of one problem in the compiled kernel (the same classes; problems are
     independent of their batch), or None where the numpy reference must run: no kernel, or
     counts past float32's exact integers."""
-    if not rans.has_kernel() or len(hist) == 0:
+    if not _use_kernel(hist):
         return None
     return rans.kernel_kmeans(hist, slots, iters, KMEANS_ITEMS, KMEANS_BINS, float(1 << LENGTH_BITS), _LOG_PRIOR)
 

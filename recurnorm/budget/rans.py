@@ -53,6 +53,18 @@ def kernel_kmeans(
     return out if done else None
 
 
+def kernel_class_sums(hist: np.ndarray, ids_list, ks) -> list[np.ndarray] | None:
+    """cluster.class_sums_all in the kernel: [k, nsym] float32 class sums per clustering, or
+    None where the reference's float32 sums would round (the numpy reference then runs)."""
+    h = np.ascontiguousarray(hist, dtype=np.float32)
+    ids = np.ascontiguousarray(np.concatenate([np.asarray(i, dtype=np.int64) for i in ids_list]))
+    ks = np.ascontiguousarray(ks, dtype=np.int64)
+    out = np.empty((int(ks.sum()), h.shape[1]), dtype=np.float32)
+    if not _ransc.class_sums(h, h.shape[0], h.shape[1], ids, ks, out):
+        return None
+    return np.split(out, np.cumsum(ks)[:-1])
+
+
 _FALLBACK_NOTE_UNITS = 1 << 20  # say once why coding is slow, past this many units
 
 
