@@ -82,6 +82,11 @@ class LaidOut:
         return _probe(self.raw, _zstd1().compress) < ZSTD_REPEATS * self.order0
 
     @cached_property
+    def literals(self) -> bytes:
+        """The bytes deflated as Huffman-coded literals alone (compress.deflate_literals)."""
+        return compress.deflate_literals(self.raw)
+
+    @cached_property
     def literal_context(self) -> float:
         """The entropy of each byte given the top 3 bits of the one before (lzma's literal
         context at its default lc=3), in bytes."""
@@ -146,6 +151,7 @@ class StreamContext:
     version: int = 2  # decoder only: the artifact's format version
     plans: dict[str, Any] = field(default_factory=dict)  # encoder only: each codec's prepare() result
     laid: dict[tuple[str, int], LaidOut] = field(default_factory=dict)  # encoder only: see laid_out
+    racing: tuple[str, ...] = ()  # encoder only: the codecs encode_best races on this stream
 
     def laid_out(self, arr: np.ndarray, layout: str, offset: int) -> LaidOut:
         """arr's bytes in one layout, made once for every codec that races on them."""
@@ -511,10 +517,10 @@ class Deflate(Compressed, name="deflate"):
         if ctx.scales is None:  # not quantized codes: float words, where level 9's matches pay
             return super()._tries(laid, ctx, best, quick)
         if ctx.effort == "max" or len(laid.raw) < LITERALS_PROBE_MIN:
-            return [compress.deflate(laid.raw), compress.deflate_literals(laid.raw)]
+            return [compress.deflate(laid.raw), laid.literals]
         if laid.repeats:  # matches pay
             return super()._tries(laid, ctx, best, quick)
-        return [] if laid.order0 >= best else [compress.deflate_literals(laid.raw)]
+        return [] if laid.order0 >= best else [laid.literals]
 
 
 class Lzma(Compressed, name="lzma"):
@@ -660,6 +666,8 @@ class Rans(Codec, name="rans"):
             sym, offset, nsym = got
             geo = geometry(ctx)
             c = search.choose(sym, nsym, geo, ctx.effort)
+        if self._loses_to_literals(arr, ctx, c):
+            return []
         # uint8 ids and uint16 units: what the kernel reads (no int64 copies of the stream)
         cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, np.uint8, kc=c.kc)
         nt = nsym**c.t
@@ -679,6 +687,25 @@ class Rans(Codec, name="rans"):
         if c.t > 1:
             params["tuple"] = c.t
         return [(body, params)]
+
+    # Side data packs to at least this share of the search's estimate of it (measured: 0.79-1.0
+    # over every side blob of benchmarks/pack.py's cases, all-MiniLM-L6-v2 included).
+    SIDE_FLOOR = 0.75
+
+    def _loses_to_literals(self, arr, ctx, c: search.Choice) -> bool:
+        """Whether deflate, racing next, beats this plan with Huffman literals even were its
+        side data SIDE_FLOOR of the estimate: small streams of wide alphabets without
+        repetition, where a table costs more than Huffman's redundancy (16K int8 codes). The
+        encode and the side data's compression, most of what such a stream costs, are skipped."""
+        if ctx.effort == "max" or c.side is None or ctx.scales is None or Deflate.name not in ctx.racing:
+            return False
+        laid = ctx.laid_out(arr, *Deflate._layouts(arr, ctx)[-1])
+        floor = c.cost - (1 - self.SIDE_FLOOR) * c.side.nbytes
+        return (
+            floor > laid.order0  # (literals land above the bytes' order-0 bound)
+            and (len(laid.raw) < LITERALS_PROBE_MIN or not laid.repeats)  # deflate then races literals
+            and floor > len(laid.literals)
+        )
 
     def encode(self, arr, ctx):
         cands = self.candidates(arr, ctx, 1 << 62)
@@ -752,6 +779,7 @@ def encode_all(items: list[tuple[np.ndarray, StreamContext]], names=None) -> lis
 def encode_best(arr: np.ndarray, ctx: StreamContext, names=None) -> tuple[str, dict, bytes]:
     """Try each codec and keep the smallest encoding: (codec name, params, bytes)."""
     names = list(names or DEFAULT_CODECS)
+    ctx.racing = tuple(names)
     best: tuple[str, dict, bytes] | None = None
     # raw is the fallback that always works; the others are compared against it.
     for name in sorted(names, key=lambda n: n != "raw"):
