@@ -343,49 +343,49 @@ static int by_key(const void *a, const void *b) {
 
 #define EXACT_F32 16777216.0 /* 2^24 */
 
-/* Code lengths [C, B] of every class of every slot from the class members' coarse counts.
- * Counts and lengths are integers held in int64: exact, as the reference's float64 sums. */
-static void code_lengths(const int64_t *X, Py_ssize_t ns, Py_ssize_t B, const int64_t *ids, const int64_t *ks,
-                         Py_ssize_t S, double scale, double prior, int64_t *L) {
+/* Code lengths of every class of every slot from the class members' coarse counts, into
+ * LT[b * Cp + class] (classes padded to Cp, a multiple of 4, with zero lengths). Counts and
+ * lengths are integers: exact in double, as the reference's float64 sums. */
+static void code_lengths(const double *X, Py_ssize_t ns, Py_ssize_t B, const int64_t *ids, const int64_t *ks,
+                         Py_ssize_t S, double scale, double prior, double *sums, double *LT, Py_ssize_t Cp) {
     Py_ssize_t base = 0;
+    memset(LT, 0, sizeof(double) * B * Cp);
     for (Py_ssize_t s = 0; s < S; s++) {
-        int64_t *Ls = L + base * B;
-        memset(Ls, 0, sizeof(int64_t) * ks[s] * B);
+        memset(sums, 0, sizeof(double) * ks[s] * B);
         for (Py_ssize_t j = 0; j < ns; j++) {
-            int64_t *row = Ls + ids[s * ns + j] * B;
+            double *row = sums + ids[s * ns + j] * B;
             for (Py_ssize_t b = 0; b < B; b++) row[b] += X[j * B + b];
         }
         for (int64_t c = 0; c < ks[s]; c++) {
-            int64_t *row = Ls + c * B;
+            const double *row = sums + c * B;
             double tot = 0;
-            for (Py_ssize_t b = 0; b < B; b++) tot += (double)row[b] + prior;
-            for (Py_ssize_t b = 0; b < B; b++) row[b] = (int64_t)rint(-log2(((double)row[b] + prior) / tot) * scale);
+            for (Py_ssize_t b = 0; b < B; b++) tot += row[b] + prior;
+            for (Py_ssize_t b = 0; b < B; b++) LT[b * Cp + base + c] = rint(-log2((row[b] + prior) / tot) * scale);
         }
         base += ks[s];
     }
 }
 
-/* Each item's cheapest class in every slot (the lowest index on ties): integer costs, as
- * the reference's exact float64 products and sums (below 2^53). Two partial sums per class
- * keep the multiply-adds independent (integers: the order cannot change a sum). */
-static void assign_items(const int64_t *X, Py_ssize_t n, Py_ssize_t B, const int64_t *L, const int64_t *ks,
-                         Py_ssize_t S, int64_t *out) {
+/* Each item's cheapest class in every slot (the lowest index on ties). Costs are sums of
+ * integer products below 2^53, exact in double in any order: four classes accumulate side
+ * by side in registers (the compiler vectorizes them). */
+static void assign_items(const double *X, Py_ssize_t n, Py_ssize_t B, const double *LT, Py_ssize_t Cp,
+                         const int64_t *ks, Py_ssize_t S, double *cost, int64_t *out) {
     for (Py_ssize_t i = 0; i < n; i++) {
-        const int64_t *x = X + i * B;
-        const int64_t *l = L;
+        const double *x = X + i * B;
+        for (Py_ssize_t c0 = 0; c0 < Cp; c0 += 4) {
+            double acc[4] = {0, 0, 0, 0};
+            for (Py_ssize_t b = 0; b < B; b++)
+                for (int u = 0; u < 4; u++) acc[u] += LT[b * Cp + c0 + u] * x[b];
+            for (int u = 0; u < 4; u++) cost[c0 + u] = acc[u];
+        }
+        Py_ssize_t base = 0;
         for (Py_ssize_t s = 0; s < S; s++) {
-            int64_t arg = 0, best = 0;
-            for (int64_t c = 0; c < ks[s]; c++, l += B) {
-                int64_t s0 = 0, s1 = 0;
-                Py_ssize_t b = 0;
-                for (; b + 1 < B; b += 2) {
-                    s0 += l[b] * x[b];
-                    s1 += l[b + 1] * x[b + 1];
-                }
-                if (b < B) s0 += l[b] * x[b];
-                if (c == 0 || s0 + s1 < best) { best = s0 + s1; arg = c; }
-            }
+            int64_t arg = 0;
+            for (int64_t c = 1; c < ks[s]; c++)
+                if (cost[base + c] < cost[base + arg]) arg = c;
             out[s * n + i] = arg;
+            base += ks[s];
         }
     }
 }
@@ -395,17 +395,20 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     int ok = 0;
     Py_ssize_t C = 0, B;
     for (Py_ssize_t s = 0; s < S; s++) C += ks[s];
+    const Py_ssize_t Cp = (C + 3) / 4 * 4;
     const Py_ssize_t step = n / sample_items > 1 ? n / sample_items : 1, ns = (n + step - 1) / step;
-    int64_t *col = calloc(nsym, sizeof(int64_t)), *X = calloc(n * bins, sizeof(int64_t));
-    float *colf = calloc(nsym, sizeof(float)), *distf = malloc(sizeof(double) * nsym);
-    int64_t *XS = calloc(ns * bins, sizeof(int64_t)), *L = calloc(C * bins, sizeof(int64_t));
+    float *colf = calloc(nsym, sizeof(float)), *distf = malloc(sizeof(float) * nsym);
+    double *X = calloc(n * bins, sizeof(double)), *XS = calloc(ns * bins, sizeof(double));
+    double *LT = calloc(Cp * bins, sizeof(double)), *sums = calloc(C * bins, sizeof(double));
+    double *cost = malloc(sizeof(double) * Cp);
+    int64_t *col = calloc(nsym, sizeof(int64_t));
     keyed *order = malloc(sizeof(keyed) * n);
     Py_ssize_t *edge = malloc(sizeof(Py_ssize_t) * (bins + 1));
     Py_ssize_t *rank = malloc(sizeof(Py_ssize_t) * n);
     int64_t *start = malloc(sizeof(int64_t) * S * n), *ids = malloc(sizeof(int64_t) * S * ns);
     int64_t *next = malloc(sizeof(int64_t) * S * ns), *label = malloc(sizeof(int64_t) * C);
-    if (!col || !colf || !distf || !X || !XS || !L || !order || !edge || !rank || !start || !ids || !next ||
-        !label) {
+    if (!col || !colf || !distf || !X || !XS || !LT || !sums || !cost || !order || !edge || !rank || !start ||
+        !ids || !next || !label) {
         ok = -1;
         goto done;
     }
@@ -434,28 +437,31 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     }
     B = nb;
     edge[nb] = nsym;
-    /* spread-ranked start (cluster.spread_order): spread around the global mode, float32 */
+    /* spread-ranked start (cluster.spread_order): spread around the global mode, float32.
+     * Sums of integer products in eight float lanes: exact while under 2^24, and a sum that
+     * reaches 2^24 (where the reference would round: declined) still reads as >= 2^24. */
     Py_ssize_t mode = 0;
     for (Py_ssize_t v = 1; v < nsym; v++)
         if (col[v] > col[mode]) mode = v;
-    for (Py_ssize_t v = 0; v < nsym; v++) distf[v] = (double)(v > mode ? v - mode : mode - v);
+    for (Py_ssize_t v = 0; v < nsym; v++) distf[v] = (float)(v > mode ? v - mode : mode - v);
     for (Py_ssize_t i = 0; i < n; i++) {
         const float *h = hist + i * nsym;
-        /* integer sums below 2^53: exact in double in any order, so four independent lanes */
-        double acc[4] = {0, 0, 0, 0};
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         Py_ssize_t v = 0;
-        for (; v + 4 <= nsym; v += 4)
-            for (int u = 0; u < 4; u++) acc[u] += (double)h[v + u] * distf[v + u];
-        for (; v < nsym; v++) acc[0] += (double)h[v] * distf[v];
-        const double num = acc[0] + acc[1] + acc[2] + acc[3];
-        int64_t tot = 0;
-        for (Py_ssize_t b = 0; b < B; b++) {
-            double run = 0;
-            for (v = edge[b]; v < edge[b + 1]; v++) run += (double)h[v];
-            X[i * B + b] = (int64_t)run;
-            tot += (int64_t)run;
-        }
+        for (; v + 8 <= nsym; v += 8)
+            for (int u = 0; u < 8; u++) acc[u] += h[v + u] * distf[v + u];
+        for (; v < nsym; v++) acc[0] += h[v] * distf[v];
+        const double num = (double)acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7];
         if (num >= EXACT_F32) goto done;
+        double tot = 0;
+        for (Py_ssize_t b = 0; b < B; b++) {
+            float run[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (v = edge[b]; v + 8 <= edge[b + 1]; v += 8)
+                for (int u = 0; u < 8; u++) run[u] += h[v + u];
+            for (; v < edge[b + 1]; v++) run[0] += h[v];
+            X[i * B + b] = (double)run[0] + run[1] + run[2] + run[3] + run[4] + run[5] + run[6] + run[7];
+            tot += X[i * B + b];
+        }
         order[i].key = (float)num / (tot > 1 ? (float)tot : 1.0f);
         order[i].idx = i;
     }
@@ -464,20 +470,20 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     for (Py_ssize_t s = 0; s < S; s++)
         for (Py_ssize_t i = 0; i < n; i++) start[s * n + i] = (int64_t)rank[i] * ks[s] / n;
     for (Py_ssize_t j = 0; j < ns; j++) {
-        memcpy(XS + j * B, X + j * step * B, sizeof(int64_t) * B);
+        memcpy(XS + j * B, X + j * step * B, sizeof(double) * B);
         for (Py_ssize_t s = 0; s < S; s++) ids[s * ns + j] = start[s * n + j * step];
     }
     int have_lengths = 0;
     for (int it = 0; it < iters; it++) {
-        code_lengths(XS, ns, B, ids, ks, S, scale, prior, L);
+        code_lengths(XS, ns, B, ids, ks, S, scale, prior, sums, LT, Cp);
         have_lengths = 1;
-        assign_items(XS, ns, B, L, ks, S, next);
+        assign_items(XS, ns, B, LT, Cp, ks, S, cost, next);
         if (!memcmp(next, ids, sizeof(int64_t) * S * ns)) break;
         memcpy(ids, next, sizeof(int64_t) * S * ns);
     }
     if (ns == n) memcpy(out, ids, sizeof(int64_t) * S * n);
     else if (!have_lengths) memcpy(out, start, sizeof(int64_t) * S * n);
-    else assign_items(X, n, B, L, ks, S, out);
+    else assign_items(X, n, B, LT, Cp, ks, S, cost, out);
     for (Py_ssize_t s = 0; s < S; s++) { /* classes renumbered by first appearance (cluster._relabel) */
         int64_t seen = 0;
         for (int64_t c = 0; c < ks[s]; c++) label[c] = -1;
@@ -489,8 +495,8 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     }
     ok = 1;
 done:
-    free(col); free(colf); free(distf); free(X); free(XS); free(L);  free(order); free(edge);
-    free(rank); free(start); free(ids); free(next); free(label);
+    free(col); free(colf); free(distf); free(X); free(XS); free(LT); free(sums); free(cost); free(order);
+    free(edge); free(rank); free(start); free(ids); free(next); free(label);
     return ok;
 }
 
@@ -530,10 +536,10 @@ static PyObject *kmeans(PyObject *Py_UNUSED(self), PyObject *args) {
     return PyBool_FromLong(ok);
 }
 
-/* class_sums(hist: f32[items*nsym], items, nsym, ids: i64[S*items], ks: i64[S], out: f32[sum(ks)*nsym]) -> bool
- * Sums of the item histograms in each class of S clusterings (cluster.class_sums_all), in
- * int64: equal to the reference's float32 sums while the total stays under 2^24; past it,
- * False (nothing written) and the caller runs numpy. */
+/* class_sums(hist: f32[items*nsym] counts, items, nsym, ids: i64[S*items], ks: i64[S], out: f32[sum(ks)*nsym]) -> bool
+ * Sums of the item histograms in each class of S clusterings (cluster.class_sums_all): equal
+ * to the reference's float32 sums while the total stays under 2^24; past it, False (out
+ * undefined) and the caller runs numpy. */
 static PyObject *class_sums(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *hist_o, *ids_o, *ks_o, *out_o;
     Py_ssize_t n, nsym;
@@ -567,26 +573,21 @@ static PyObject *class_sums(PyObject *Py_UNUSED(self), PyObject *args) {
             if (ids[s * n + i] < 0 || ids[s * n + i] >= ks[s]) { err = "class_sums: class id out of range"; break; }
     int exact = 0;
     if (!err) {
-        int64_t *sums = calloc(C * nsym + 1, sizeof(int64_t));
-        if (!sums) err = "class_sums: out of memory";
-        else {
-            double total = 0;
-            for (Py_ssize_t i = 0; i < n * nsym; i++) total += hist[i];
-            exact = total >= 0 && total < EXACT_F32;
-            if (exact) {
-                Py_ssize_t base = 0;
-                for (Py_ssize_t s = 0; s < S; s++) {
-                    for (Py_ssize_t i = 0; i < n; i++) {
-                        int64_t *row = sums + (base + ids[s * n + i]) * nsym;
-                        const float *h = hist + i * nsym;
-                        for (Py_ssize_t v = 0; v < nsym; v++) row[v] += (int64_t)h[v];
-                    }
-                    base += ks[s];
-                }
-                for (Py_ssize_t j = 0; j < C * nsym; j++) out[j] = (float)sums[j];
+        /* Float sums of integer counts (they vectorize): exact while the total is under 2^24,
+         * which the first clustering's sums then tell exactly (else out is left undefined). */
+        memset(out, 0, sizeof(float) * C * nsym);
+        Py_ssize_t base = 0;
+        for (Py_ssize_t s = 0; s < S; s++) {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                float *row = out + (base + ids[s * n + i]) * nsym;
+                const float *h = hist + i * nsym;
+                for (Py_ssize_t v = 0; v < nsym; v++) row[v] += h[v];
             }
-            free(sums);
+            base += ks[s];
         }
+        double total = 0;
+        for (Py_ssize_t j = 0; j < ks[0] * nsym; j++) total += out[j];
+        exact = total < EXACT_F32;
     }
     if (err) PyErr_SetString(PyExc_ValueError, err);
     PyBuffer_Release(&hb); PyBuffer_Release(&ib); PyBuffer_Release(&kb); PyBuffer_Release(&ob);

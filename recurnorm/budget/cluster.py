@@ -15,11 +15,6 @@ import numpy as np
 
 from . import rans
 
-# The kernel clusters and sums problems up to this many histogram cells (items x alphabet),
-# where numpy's per-call cost is most of the time; wider ones run in numpy, whose matrix
-# products (BLAS, vector units) beat the kernel's portable scalar loops there (measured:
-# int8 rows and columns of 128-512 items).
-KERNEL_CELLS = 1 << 14
 KMEANS_ITEMS = 128  # cluster on at most this many items, then assign all
 KMEANS_BINS = 16  # k-means compares items over at most this many symbol bins
 LENGTH_BITS = 10  # code lengths in 1/1024 bits (integers: exact sums)
@@ -36,8 +31,9 @@ def axis_histograms(part: np.ndarray, axis: int, nsym: int) -> np.ndarray:
 
 
 def _use_kernel(hist: np.ndarray) -> bool:
-    """Whether the kernel takes a problem on these item histograms (see KERNEL_CELLS)."""
-    return rans.has_kernel() and 0 < hist.size <= KERNEL_CELLS
+    """Whether the compiled kernel takes a problem on these item histograms (it declines,
+    returning None, where the reference's float32 sums would round)."""
+    return rans.has_kernel() and hist.size > 0
 
 
 def class_sums_all(hist: np.ndarray, ids_list, ks) -> list[np.ndarray]:
