@@ -420,7 +420,8 @@ def side_data_many(pairs: list[tuple[Candidate, np.ndarray]]) -> list[SideData]:
         return []
     values = np.concatenate([t.ravel() for _, t in pairs])
     raw = rans.varint_encode(values)  # each table's varints, in order
-    ends = np.cumsum([int(rans.varint_lengths(t).sum()) for _, t in pairs])
+    firsts = np.cumsum([0] + [t.size for _, t in pairs[:-1]])
+    ends = np.cumsum(np.add.reduceat(rans.varint_lengths(values), firsts))
     out = []
     for (c, t), a, b in zip(pairs, np.concatenate([[0], ends[:-1]]), ends, strict=True):
         ids = c.ids.astype(np.uint8).tobytes() if c.ids is not None else None
