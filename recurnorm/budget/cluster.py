@@ -68,8 +68,10 @@ def spread_order(hist: np.ndarray) -> np.ndarray:
 
 def ranked_class_sums(hist: np.ndarray, order: np.ndarray, ks) -> list[np.ndarray]:
     """class_sums of rans.rank_buckets(order, k) for every k at once: runs are contiguous in order."""
-    if _use_kernel(hist):  # the same sums, from each k's ranked classes
-        got = rans.kernel_class_sums(hist, [rans.rank_buckets(order, k) for k in ks], ks)
+    if _use_kernel(hist):  # the same sums, from each k's ranked classes (rans.rank_buckets)
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        got = rans.kernel_class_sums(hist, rank[None, :] * np.asarray(ks)[:, None] // len(order), ks)
         if got is not None:
             return got
     n = len(order)

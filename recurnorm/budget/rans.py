@@ -57,7 +57,7 @@ def kernel_class_sums(hist: np.ndarray, ids_list, ks) -> list[np.ndarray] | None
     """cluster.class_sums_all in the kernel: [k, nsym] float32 class sums per clustering, or
     None where the reference's float32 sums would round (the numpy reference then runs)."""
     h = np.ascontiguousarray(hist, dtype=np.float32)
-    ids = np.ascontiguousarray(np.concatenate([np.asarray(i, dtype=np.int64) for i in ids_list]))
+    ids = np.ascontiguousarray(np.concatenate([np.asarray(i, dtype=np.int64) for i in ids_list]).ravel())
     ks = np.ascontiguousarray(ks, dtype=np.int64)
     out = np.empty((int(ks.sum()), h.shape[1]), dtype=np.float32)
     if not _ransc.class_sums(h, h.shape[0], h.shape[1], ids, ks, out):

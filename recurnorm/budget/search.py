@@ -223,12 +223,14 @@ class Stream:
         counts = rans.context_counts(tsym[::us], cvec, k, nt)
         return counts * (tsym.size / len(cvec))
 
-    def class_counts(self, sums: np.ndarray, scale: float) -> np.ndarray:
-        """Row/col class counts (scaled up from the sample) plus the padding codes, which sit
-        in context 0 (positions past numel)."""
-        counts = sums * scale
-        counts[0] = np.maximum(counts[0] + self.total(1) - counts.sum(axis=0), 0)
-        return counts
+    def class_counts(self, sums: list[np.ndarray], scale: float) -> list[np.ndarray]:
+        """Row/col class counts of several clusterings (scaled up from the sample) plus the
+        padding codes, which sit in context 0 (positions past numel): a few array calls for
+        all of them."""
+        counts = np.concatenate(sums) * scale
+        firsts = np.cumsum([0] + [len(c) for c in sums[:-1]])
+        counts[firsts] = np.maximum(counts[firsts] + self.total(1) - np.add.reduceat(counts, firsts, axis=0), 0)
+        return np.split(counts, firsts[1:])
 
 
 def _class_problems(stream: Stream, ks) -> list[tuple[str, np.ndarray, float, list[int]]]:
@@ -274,7 +276,7 @@ def candidates_many(streams: list[Stream], effort: Effort = EFFORTS["normal"]) -
         st = streams[j]
         # Single symbols always (tuples span several columns, so a column's class would
         # describe only a tuple's first symbol): from the histograms, no pass over the stream.
-        counts = [st.class_counts(c, scale) for c in class_sums_all(hist, idsets, kk)]
+        counts = st.class_counts(class_sums_all(hist, idsets, kk), scale)
         out[j] += [Candidate(variant, k, 1, c, ids) for k, c, ids in zip(kk, counts, idsets, strict=True)]
         if st.t > 1:
             counts = [st.unit_counts(st.t, variant, k, ids) for k, ids in zip(kk, idsets, strict=True)]
