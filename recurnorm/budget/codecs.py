@@ -694,13 +694,15 @@ class Rans(Codec, name="rans"):
 
     def _loses_to_literals(self, arr, ctx, c: search.Choice) -> bool:
         """Whether deflate, racing next, beats this plan with Huffman literals even were its
-        side data SIDE_FLOOR of the estimate: small streams of wide alphabets without
+        side data SIDE_FLOOR of the estimate and its header and flush free: small streams of wide alphabets without
         repetition, where a table costs more than Huffman's redundancy (16K int8 codes). The
         encode and the side data's compression, most of what such a stream costs, are skipped."""
         if ctx.effort == "max" or c.side is None or ctx.scales is None or Deflate.name not in ctx.racing:
             return False
         laid = ctx.laid_out(arr, *Deflate._layouts(arr, ctx)[-1])
-        floor = c.cost - (1 - self.SIDE_FLOOR) * c.side.nbytes
+        # The estimate's header and flush bytes are upper bounds (a small stream's header is a
+        # few bytes; the last states carry some of the payload): the floor takes them off.
+        floor = c.cost - search.HEADER_BYTES - 4 * c.lanes - (1 - self.SIDE_FLOOR) * c.side.nbytes
         return (
             floor > laid.order0  # (literals land above the bytes' order-0 bound)
             and (len(laid.raw) < LITERALS_PROBE_MIN or not laid.repeats)  # deflate then races literals
