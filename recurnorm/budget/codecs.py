@@ -792,4 +792,8 @@ def encode_best(arr: np.ndarray, ctx: StreamContext, names=None) -> tuple[str, d
                 best = (name, params, data)
     if best is None:
         best = ("raw", {}, Raw().encode(arr, ctx)[0])
+    # The stream's laid-out bytes and plans (a copy of its symbols) served this race only:
+    # freed now, so that a model's streams are not all held at once.
+    ctx.laid.clear()
+    ctx.plans.clear()
     return best
