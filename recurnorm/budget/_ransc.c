@@ -401,13 +401,12 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     double *X = calloc(n * bins, sizeof(double)), *XS = calloc(ns * bins, sizeof(double));
     double *LT = calloc(Cp * bins, sizeof(double)), *sums = calloc(C * bins, sizeof(double));
     double *cost = malloc(sizeof(double) * Cp);
-    int64_t *col = calloc(nsym, sizeof(int64_t));
     keyed *order = malloc(sizeof(keyed) * n);
     Py_ssize_t *edge = malloc(sizeof(Py_ssize_t) * (bins + 1));
     Py_ssize_t *rank = malloc(sizeof(Py_ssize_t) * n);
     int64_t *start = malloc(sizeof(int64_t) * S * n), *ids = malloc(sizeof(int64_t) * S * ns);
     int64_t *next = malloc(sizeof(int64_t) * S * ns), *label = malloc(sizeof(int64_t) * C);
-    if (!col || !colf || !distf || !X || !XS || !LT || !sums || !cost || !order || !edge || !rank || !start ||
+    if (!colf || !distf || !X || !XS || !LT || !sums || !cost || !order || !edge || !rank || !start ||
         !ids || !next || !label) {
         ok = -1;
         goto done;
@@ -419,8 +418,7 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     double total_f = 0;
     for (Py_ssize_t v = 0; v < nsym; v++) total_f += colf[v];
     if (!(total_f < EXACT_F32)) goto done;
-    int64_t total = (int64_t)total_f;
-    for (Py_ssize_t v = 0; v < nsym; v++) col[v] = (int64_t)colf[v];
+    const double total = total_f;
     /* coarse bins: runs of adjacent symbols of about equal mass (cluster.coarse_bins) */
     Py_ssize_t nb = 0;
     if (nsym <= bins) {
@@ -428,10 +426,10 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     } else {
         edge[nb++] = 0;
         for (Py_ssize_t j = 1; j < bins; j++) {
-            const double target = (double)total * (double)j / (double)bins;
-            int64_t mass = 0;
+            const double target = total * (double)j / (double)bins;
+            double mass = 0; /* integer sums of exact float counts: exact */
             Py_ssize_t cut = 0;
-            while (cut < nsym && (double)(mass + col[cut]) <= target) mass += col[cut++];
+            while (cut < nsym && mass + colf[cut] <= target) mass += colf[cut++];
             if (cut > edge[nb - 1] && cut < nsym) edge[nb++] = cut;
         }
     }
@@ -442,7 +440,7 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
      * reaches 2^24 (where the reference would round: declined) still reads as >= 2^24. */
     Py_ssize_t mode = 0;
     for (Py_ssize_t v = 1; v < nsym; v++)
-        if (col[v] > col[mode]) mode = v;
+        if (colf[v] > colf[mode]) mode = v;
     for (Py_ssize_t v = 0; v < nsym; v++) distf[v] = (float)(v > mode ? v - mode : mode - v);
     for (Py_ssize_t i = 0; i < n; i++) {
         const float *h = hist + i * nsym;
@@ -495,7 +493,7 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     }
     ok = 1;
 done:
-    free(col); free(colf); free(distf); free(X); free(XS); free(LT); free(sums); free(cost); free(order);
+    free(colf); free(distf); free(X); free(XS); free(LT); free(sums); free(cost); free(order);
     free(edge); free(rank); free(start); free(ids); free(next); free(label);
     return ok;
 }

@@ -71,10 +71,8 @@ def spread_order(hist: np.ndarray) -> np.ndarray:
 
 def ranked_class_sums(hist: np.ndarray, order: np.ndarray, ks) -> list[np.ndarray]:
     """class_sums of rans.rank_buckets(order, k) for every k at once: runs are contiguous in order."""
-    if _use_kernel(hist):  # the same sums, from each k's ranked classes (rans.rank_buckets)
-        rank = np.empty(len(order), dtype=np.int64)
-        rank[order] = np.arange(len(order))
-        got = rans.kernel_class_sums(hist, rank[None, :] * np.asarray(ks)[:, None] // len(order), ks)
+    if _use_kernel(hist):  # the same sums, from each k's ranked classes
+        got = rans.kernel_class_sums(hist, rans.rank_buckets(order, list(ks)), ks)
         if got is not None:
             return got
     n = len(order)
@@ -121,9 +119,7 @@ def _relabel(ids: np.ndarray, kmax: int) -> np.ndarray:
 
 def _ranked_start(hist: np.ndarray, slots: np.ndarray) -> np.ndarray:
     """[S, items] spread-ranked classes: rans.rank_buckets(spread_order(hist), k) for each k."""
-    rank = np.empty(len(hist), dtype=np.int64)
-    rank[spread_order(hist)] = np.arange(len(hist))
-    return rank[None, :] * slots[:, None] // max(len(hist), 1)
+    return rans.rank_buckets(spread_order(hist), slots)
 
 
 def _kmeans(hists: list[np.ndarray], slots: list[int], iters: int) -> list[np.ndarray]:

@@ -513,13 +513,21 @@ class Deflate(Compressed, name="deflate"):
 
     compressor = compress.DEFLATE
 
+    @staticmethod
+    def races_literals(laid: LaidOut, ctx: StreamContext) -> bool:
+        """Whether deflate races these bytes' Huffman literals (and so lands at or under them
+        where they could win): quantized codes, at max effort or below LITERALS_PROBE_MIN
+        always, else where the zstd-1 pass finds no repetition. Float words and codes with
+        repetition get level 9's matches instead."""
+        return ctx.scales is not None and (
+            ctx.effort == "max" or len(laid.raw) < LITERALS_PROBE_MIN or not laid.repeats
+        )
+
     def _tries(self, laid, ctx, best, quick):
-        if ctx.scales is None:  # not quantized codes: float words, where level 9's matches pay
+        if not self.races_literals(laid, ctx):
             return super()._tries(laid, ctx, best, quick)
         if ctx.effort == "max" or len(laid.raw) < LITERALS_PROBE_MIN:
             return [compress.deflate(laid.raw), laid.literals]
-        if laid.repeats:  # matches pay
-            return super()._tries(laid, ctx, best, quick)
         return [] if laid.order0 >= best else [laid.literals]
 
 
@@ -697,15 +705,15 @@ class Rans(Codec, name="rans"):
         side data SIDE_FLOOR of the estimate and its header and flush free: small streams of wide alphabets without
         repetition, where a table costs more than Huffman's redundancy (16K int8 codes). The
         encode and the side data's compression, most of what such a stream costs, are skipped."""
-        if ctx.effort == "max" or c.side is None or ctx.scales is None or Deflate.name not in ctx.racing:
+        if ctx.effort == "max" or c.side is None or Deflate.name not in ctx.racing:
             return False
         laid = ctx.laid_out(arr, *Deflate._layouts(arr, ctx)[-1])
         # The estimate's header and flush bytes are upper bounds (a small stream's header is a
         # few bytes; the last states carry some of the payload): the floor takes them off.
         floor = c.cost - search.HEADER_BYTES - 4 * c.lanes - (1 - self.SIDE_FLOOR) * c.side.nbytes
         return (
-            floor > laid.order0  # (literals land above the bytes' order-0 bound)
-            and (len(laid.raw) < LITERALS_PROBE_MIN or not laid.repeats)  # deflate then races literals
+            floor > laid.order0  # (literals land above the bytes' order-0 bound: no need to make them)
+            and Deflate.races_literals(laid, ctx)
             and floor > len(laid.literals)
         )
 

@@ -255,11 +255,16 @@ def scale_order(scales: np.ndarray) -> np.ndarray:
     return np.argsort(np.where(np.isfinite(a), a, 0.0), kind="stable")
 
 
-def rank_buckets(order: np.ndarray, k: int) -> np.ndarray:
-    """Bucket id per item: its rank in `order` cut into k equal-count runs (rank * k // n)."""
-    ids = np.empty(len(order), dtype=np.int64)
-    ids[order] = np.arange(len(order)) * k // max(len(order), 1)
-    return ids
+def rank_buckets(order: np.ndarray, k) -> np.ndarray:
+    """Bucket id per item: its rank in `order` cut into k equal-count runs (rank * k // n);
+    for a sequence of ks, one row of ids per k."""
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return (
+        rank * np.asarray(k, dtype=np.int64)[..., None] // max(len(order), 1)
+        if np.ndim(k)
+        else rank * k // max(len(order), 1)
+    )
 
 
 def scale_buckets(scales: np.ndarray, k: int) -> np.ndarray:
