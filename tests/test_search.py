@@ -69,6 +69,38 @@ def test_cluster_items_separates_groups_by_any_difference():
     assert all(np.array_equal(a, b) for a, b in zip(again, (ids2, ids4), strict=True))
 
 
+def _first_round(codes):
+    ctx = _ctx(codes)
+    sym, _, nsym = codecs.Rans().symbols(codes)
+    streams = [search.Stream(sym, nsym, codecs.geometry(ctx))]
+    cands, later = search.candidates_many(streams)
+    pools = {0: cands[0]}
+    return streams, pools, search.deeper(pools, search._rough_by_job(streams, pools), later)
+
+
+def test_more_classes_are_tried_only_where_the_second_k_paid():
+    """Columns of 8 spreads: 4 classes beat 2, so 8 and 16 are tried too, and the search
+    lands on 8 (past the first round). No structure: 4 classes lose to 2, and no more are
+    tried; every other family stops where its second k lost."""
+    rng = np.random.default_rng(5)
+    spread = np.geomspace(0.4, 6.0, 8)[rng.integers(0, 8, 512)]
+    codes = np.clip(np.round(rng.normal(size=(128, 512)) * spread), -7, 7).astype(np.int8)
+    streams, pools, more = _first_round(codes)
+    assert sorted({c.k for c in pools[0] if c.variant == "col"}) == [2, 4]
+    assert more.get((0, "col")) == [8, 16]
+    choice = search.choose(streams[0].sym, streams[0].nsym, streams[0].geo)
+    assert (choice.variant, choice.k) == ("col", 8)
+
+    flat = np.clip(np.round(rng.normal(size=(128, 512)) * 2), -7, 7).astype(np.int8)
+    _, pools, more = _first_round(flat)
+    assert {c.variant for c in pools[0]} >= {"row", "col"} and more == {}
+    # max effort sweeps nothing: every k in the first round
+    ctx = _ctx(flat)
+    sym, _, nsym = codecs.Rans().symbols(flat)
+    cands, later = search.candidates_many([search.Stream(sym, nsym, codecs.geometry(ctx))], search.EFFORTS["max"])
+    assert later == {} and sorted({c.k for c in cands[0] if c.variant == "col"}) == [2, 4, 8, 16, 32]
+
+
 def test_choose_finds_column_classes_and_estimates_its_bytes():
     rng = np.random.default_rng(4)
     w = rng.normal(size=(256, 512)) * np.where(rng.random(512) < 0.5, 0.3, 2.0)
@@ -218,7 +250,7 @@ def test_grid_context_finds_row_and_column_structure_together():
     assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes.reshape(1, -1))
     # Better than either axis alone, by more than the grid's extra tables and ids.
     stream = search.Stream(sym, nsym, codecs.geometry(ctx))
-    alone = search.candidates_many([stream])[0]
+    alone = search.candidates_many([stream], search.EFFORTS["max"])[0][0]  # every k of each axis
     best_axis = min(
         search.score([c], stream.units, search.PRECS, False).total().min() for c in alone if c.variant in ("row", "col")
     )

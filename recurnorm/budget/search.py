@@ -10,7 +10,9 @@ streams are searched together: their clusterings run as padded batches and
 their candidates are scored in the same arrays, vectorized across k and table
 precisions, because on small tensors numpy's per-call overhead, not
 arithmetic, is what a search spends. A first pass ranks every candidate by
-ideal code lengths; the leaders are scored at every precision, and the
+ideal code lengths, each family (scale, row, col) at its first two k; a
+family tries its larger k only where the second k beat the first (`deeper`).
+The leaders are scored at every precision, and the
 finalists get their side data (tables, class ids) made for real, which the
 encoder then writes as is. `EFFORTS` sets how wide it looks.
 
@@ -37,6 +39,7 @@ SEARCH_SAMPLE = 1 << 20  # the context search looks at about this many positions
 TUPLE_SYMBOLS = 1 << 20  # from here on small alphabets code joint tuples
 CLUSTER_MAX_CELLS = 1 << 23  # items x alphabet for the histogram matrix
 HEADER_BYTES = 8  # the compact header's two varints, about
+SWEEP_FIRST = 2  # class counts each context family tries before `deeper` looks at the trend
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class Effort:
     kmeans_iters: int
     per_symbol: int  # contexts are tried on streams of at least this many codes per alphabet symbol
     all_grids: bool  # grid contexts from every row k x column k (else the `grids` most promising)
+    sweep: bool  # each family's first SWEEP_FIRST ks, the rest only where more classes paid (else all)
     grids: int = 3
 
 
@@ -70,6 +74,7 @@ EFFORTS = {
         kmeans_iters=4,
         per_symbol=128,
         all_grids=False,
+        sweep=True,
     ),
     # The last bytes under a hard cap: every k everywhere, every candidate scored fully.
     "max": Effort(
@@ -81,6 +86,7 @@ EFFORTS = {
         kmeans_iters=8,
         per_symbol=0,
         all_grids=True,
+        sweep=False,
     ),
 }
 
@@ -233,44 +239,83 @@ class Stream:
         return np.split(counts, firsts[1:])
 
 
-def _class_problems(stream: Stream, ks) -> list[tuple[str, np.ndarray, float, list[int]]]:
-    """(variant, item histograms, sample factor, class counts) of each row/col clustering."""
-    geo = stream.geo
+def _families(st: Stream, ks) -> dict[str, list[int]]:
+    """The class counts k each context family (scale, row, col) can take on this stream."""
+    geo, out = st.geo, {}
+    G, scales = geo.code_rows, geo.scales
+    if scales is not None and G >= 4 and len(scales) == G and G * st.nsym <= CLUSTER_MAX_CELLS:
+        out["scale"] = [k for k in ks if k < G]
     numel = geo.rows * geo.cols
-    if numel == 0 or numel > stream.sym.size or not geo.matrix:
-        return []
-    out = []
+    if numel == 0 or numel > st.sym.size or not geo.matrix:
+        return out
     for variant, n_items in (("row", geo.rows), ("col", geo.cols)):
-        if n_items < 4 or n_items * stream.nsym > CLUSTER_MAX_CELLS or n_items > 255 * 4096:
+        if n_items >= 4 and n_items * st.nsym <= CLUSTER_MAX_CELLS and n_items <= 255 * 4096:
+            out[variant] = [k for k in ks if k < n_items]
+    return {f: kk for f, kk in out.items() if kk}
+
+
+def candidates_many(
+    streams: list[Stream], effort: Effort = EFFORTS["normal"]
+) -> tuple[list[list[Candidate]], dict[tuple[int, str], list[int]]]:
+    """Every stream's first candidates: order-0, and each context family (scale buckets,
+    row/col classes) at its first class counts; with the class counts held back for
+    `deeper` (every k at once where the effort does not sweep)."""
+    out, first, later = [], {}, {}
+    for j, st in enumerate(streams):
+        out.append([Candidate("none", 1, st.t, st.total(st.t)[None, :].astype(np.float64))])
+        if st.sym.size < max(MIN_CONTEXT_SYMBOLS, effort.per_symbol * st.nsym) or st.nsym < 2:
             continue
-        hist, scale = stream.histograms(variant)
-        out.append((variant, hist, scale, [k for k in ks if k < n_items]))
+        size = st.sym.size
+        ks = effort.big_ks if size >= BIG_SYMBOLS else effort.small_ks if size < MID_SYMBOLS else effort.ks
+        for family, kk in _families(st, ks).items():
+            cut = SWEEP_FIRST if effort.sweep else len(kk)
+            first[j, family] = kk[:cut]
+            if kk[cut:]:
+                later[j, family] = kk[cut:]
+    for j, cands in family_candidates(streams, first, effort).items():
+        out[j] += cands
+    return out, later
+
+
+def deeper(
+    pools: dict[int, list[Candidate]], rough: dict[int, np.ndarray], later: dict[tuple[int, str], list[int]]
+) -> dict[tuple[int, str], list[int]]:
+    """The held-back class counts of the families where more classes paid: their second k
+    ranked under their first. Code length against table cost is near convex in k, so where
+    doubling k already lost, more classes lose too (measured: no family of a benchmark case
+    whose chosen k or grid axis lay past such a loss)."""
+
+    def best(j: int, family: str, k: int) -> float:
+        return min(r for c, r in zip(pools[j], rough[j], strict=True) if c.variant == family and c.k == k)
+
+    out = {}
+    for (j, family), kk in later.items():
+        tried = sorted({c.k for c in pools.get(j, ()) if c.variant == family})
+        if len(tried) >= 2 and best(j, family, tried[1]) < best(j, family, tried[0]):
+            out[j, family] = kk
     return out
 
 
-def candidates_many(streams: list[Stream], effort: Effort = EFFORTS["normal"]) -> list[list[Candidate]]:
-    """Every context worth scoring, per stream: order-0, scale buckets, row/col classes.
-
-    The row/col clusterings of all streams run as one batch (cluster_many).
-    """
-    out, problems = [], []
-    for j, st in enumerate(streams):
-        sym, nsym, geo, t = st.sym, st.nsym, st.geo, st.t
-        cands = [Candidate("none", 1, t, st.total(t)[None, :].astype(np.float64))]
-        out.append(cands)
-        if sym.size < max(MIN_CONTEXT_SYMBOLS, effort.per_symbol * nsym) or nsym < 2:
-            continue
-        ks = effort.big_ks if sym.size >= BIG_SYMBOLS else effort.small_ks if sym.size < MID_SYMBOLS else effort.ks
-        G, scales = geo.code_rows, geo.scales
-        if scales is not None and G >= 4 and len(scales) == G and G * nsym <= CLUSTER_MAX_CELLS:
-            kk = [k for k in ks if k < G]
-            if t == 1:
-                ghist, scale = st.histograms("scale")
-                sums = ranked_class_sums(ghist, geo.scale_order, kk)
-                cands += [Candidate("scale", k, t, c * scale) for k, c in zip(kk, sums, strict=True)]
-            else:
-                cands += [Candidate("scale", k, t, st.unit_counts(t, "scale", k, None)) for k in kk]
-        problems += [(j, *prob) for prob in _class_problems(st, ks) if prob[3]]
+def family_candidates(
+    streams: list[Stream], wanted: dict[tuple[int, str], list[int]], effort: Effort
+) -> dict[int, list[Candidate]]:
+    """Candidates of the (stream, family) pairs asked for, at the ks asked for. The row/col
+    clusterings of all of them run as one batch (cluster_many)."""
+    out: dict[int, list[Candidate]] = {j: [] for j, _ in wanted}
+    if not wanted:
+        return out
+    problems = []
+    for (j, family), kk in wanted.items():
+        st = streams[j]
+        if family != "scale":
+            hist, scale = st.histograms(family)
+            problems.append((j, family, hist, scale, kk))
+        elif st.t == 1:
+            ghist, scale = st.histograms("scale")
+            sums = ranked_class_sums(ghist, st.geo.scale_order, kk)
+            out[j] += [Candidate("scale", k, 1, c * scale) for k, c in zip(kk, sums, strict=True)]
+        else:
+            out[j] += [Candidate("scale", k, st.t, st.unit_counts(st.t, "scale", k, None)) for k in kk]
     clusterings = cluster_many([p[2] for p in problems], [p[4] for p in problems], effort.kmeans_iters)
     for (j, variant, hist, scale, kk), idsets in zip(problems, clusterings, strict=True):
         st = streams[j]
@@ -508,14 +553,21 @@ def grid_candidates(stream: Stream, cands: list[Candidate], rough: np.ndarray, h
 
 
 def _choose_group(
-    streams: list[Stream], cands: list[list[Candidate]], group: list[int], how: Effort
+    streams: list[Stream],
+    cands: list[list[Candidate]],
+    later: dict[tuple[int, str], list[int]],
+    group: list[int],
+    how: Effort,
 ) -> dict[int, Choice]:
     """Choices for streams whose unit alphabets are about as wide: scored together."""
-    # First pass by ideal code lengths (it also picks the grids to try); every precision for
-    # the leaders only.
+    # First pass by ideal code lengths (it also says where more classes are worth trying,
+    # and picks the grids to try); every precision for the leaders only.
     leaders = {j: cands[j] for j in group}
     pools = {j: cands[j] for j in group if len(cands[j]) > 1}
     rough = _rough_by_job(streams, pools)
+    more = family_candidates(streams, deeper(pools, rough, {f: kk for f, kk in later.items() if f[0] in pools}), how)
+    for j, scores in _rough_by_job(streams, more).items():
+        pools[j], rough[j] = pools[j] + more[j], np.concatenate([rough[j], scores])
     grids = {j: g for j in pools if (g := grid_candidates(streams[j], pools[j], rough[j], how))}
     for j, scores in _rough_by_job(streams, grids).items():
         pools[j], rough[j] = pools[j] + grids[j], np.concatenate([rough[j], scores])
@@ -570,13 +622,13 @@ def plan(jobs: list[tuple[np.ndarray, int, Geometry]], effort: str = "normal") -
     """
     how = EFFORTS[effort]
     streams = [Stream(sym, nsym, geo) for sym, nsym, geo in jobs]
-    cands = candidates_many(streams, how)
+    cands, later = candidates_many(streams, how)
     groups: dict[int, list[int]] = {}
     for j, st in enumerate(streams):  # unit alphabets of about one width share a padded array
         groups.setdefault((st.nsym**st.t - 1).bit_length(), []).append(j)
     out: dict[int, Choice] = {}
     for group in groups.values():
-        out.update(_choose_group(streams, cands, group, how))
+        out.update(_choose_group(streams, cands, later, group, how))
     return [out[j] for j in range(len(streams))]
 
 
