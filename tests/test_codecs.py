@@ -44,6 +44,33 @@ def test_zstd_packed_layouts(layout_span):
         assert np.array_equal(out, arr), layout
 
 
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "int64", "uint64"])
+def test_packed_layouts_at_the_ends_of_each_dtype(dtype):
+    """Packing works in byte arithmetic (wrapping modulo 256): codes at a dtype's extremes,
+    offsets past int64 included, pack to the symbols' defined bytes and unpack exactly."""
+    info = np.iinfo(dtype)
+    for layout in ("trit5", "bits2", "nib4", "pack6", "byte"):
+        lay = codecs.LAYOUTS[layout]
+        span = min(lay.capacity, info.max - info.min + 1)
+        for lo in (int(info.min), int(info.max) - span + 1):
+            sym = np.random.default_rng(span).integers(0, span, size=(2, 37))
+            arr = (sym.astype(object) + lo).astype(dtype)
+            raw = codecs.layout_bytes(arr, dtype, layout, lo)
+            flat = [int(v) for v in sym.ravel()]
+            if layout == "trit5":
+                flat += [0] * (-len(flat) % 5)
+                want = bytes(sum(v * 3**j for j, v in enumerate(flat[i : i + 5])) for i in range(0, len(flat), 5))
+            else:
+                per, bits = (1, 8) if layout == "byte" else (lay.per, lay.bits)
+                flat += [0] * (-len(flat) % per)
+                words = [
+                    sum(v << (bits * j) for j, v in enumerate(flat[i : i + per])) for i in range(0, len(flat), per)
+                ]
+                want = b"".join(w.to_bytes(per * bits // 8, "little") for w in words)
+            assert raw == want, (layout, lo)
+            assert np.array_equal(lay.unpack(raw, lo, _ctx(arr)), arr), (layout, lo)
+
+
 def test_scales_byte_grouped():
     s = np.abs(np.random.default_rng(0).normal(size=4096)).astype(np.float16)
     ctx = _ctx(s, kind="scales")

@@ -296,7 +296,11 @@ class Packed(Layout):
     """Integer codes as symbols (code - offset) packed tighter than a byte each."""
 
     def pack(self, arr, dtype, offset):
-        return self.pack_symbols(np.asarray(arr).ravel().astype(np.int64) - offset)
+        # Symbols lie in [0, capacity <= 256): byte arithmetic, which wraps modulo 256, gives
+        # them exactly, with no int64 copy of the stream.
+        sym = np.asarray(arr).ravel().astype(np.uint8)
+        sym -= np.uint8(offset % 256)
+        return self.pack_symbols(sym)
 
     def unpack(self, raw, offset, ctx):
         return _symbols_to_array(self.unpack_symbols(raw, ctx.numel), offset, ctx)
@@ -319,8 +323,11 @@ class Trits(Packed):
     def pack_symbols(self, sym):
         padded = np.zeros(-(-len(sym) // 5) * 5, dtype=np.uint8)
         padded[: len(sym)] = sym
-        p = padded.reshape(-1, 5).astype(np.uint16)
-        return (p @ np.array([1, 3, 9, 27, 81], dtype=np.uint16)).astype(np.uint8).tobytes()
+        p = padded.reshape(-1, 5)
+        out = p[:, 4] * np.uint8(81)  # at most 242: byte arithmetic holds it
+        for j in (3, 2, 1, 0):
+            out += p[:, j] * np.uint8(3**j)
+        return out.tobytes()
 
     def unpack_symbols(self, raw, n):
         b = np.frombuffer(raw, dtype=np.uint8)
@@ -341,11 +348,14 @@ class Bits(Packed):
 
     def pack_symbols(self, sym):
         per, bits = self.per, self.bits
-        padded = np.zeros(-(-len(sym) // per) * per, dtype=np.uint32)
+        wide = np.uint8 if per * bits == 8 else np.uint32  # a byte holds nib4's and bits2's words
+        padded = np.zeros(-(-len(sym) // per) * per, dtype=wide)
         padded[: len(sym)] = sym
-        words = np.zeros(len(padded) // per, dtype=np.uint32)
-        for j in range(per):
-            words |= padded[j::per] << np.uint32(bits * j)
+        words = padded[::per].copy()
+        for j in range(1, per):
+            words |= padded[j::per] << wide(bits * j)
+        if wide is np.uint8:
+            return words.tobytes()
         return words.astype("<u4").view(np.uint8).reshape(-1, 4)[:, : per * bits // 8].tobytes()
 
     def unpack_symbols(self, raw, n):
