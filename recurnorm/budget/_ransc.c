@@ -7,7 +7,8 @@
  * accept or reject the same streams.
  *
  * Also the context search's exact-integer histograms (search.axis_histograms) and its
- * k-means (cluster._kmeans, for one problem where every sum is an exact float32 integer).
+ * k-means (cluster._kmeans, for one problem where every sum is an exact float32 integer),
+ * and deflate blocks of Huffman-coded literals (huffman.py).
  *
  * Only the Python C API and the buffer protocol: no numpy headers, so the module
  * builds wherever Python's headers and a C compiler are present. The GIL is
@@ -593,12 +594,246 @@ static PyObject *class_sums(PyObject *Py_UNUSED(self), PyObject *args) {
     return PyBool_FromLong(exact);
 }
 
+/* ----------------------------------------------------------------- Huffman literals
+ * huffman_literals(counts: i64[256]) -> int, the bits of the block
+ * huffman_literals(counts: i64[256], raw) -> bytes, the block
+ * huffman.py's deflate block of Huffman-coded literals, step for step (its docstring says
+ * how: code lengths, the run-length coded header, canonical codes). counts must be raw's. */
+#define HL_LIT 257 /* 256 literals and the end of block */
+#define HL_SEQ 258 /* ... and one empty distance code length */
+static const int HL_CL_ORDER[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15};
+
+typedef struct { int64_t count; int sym; } hl_leaf;
+
+static int hl_by_count(const void *a, const void *b) {
+    const hl_leaf *x = a, *y = b;
+    if (x->count != y->count) return x->count < y->count ? -1 : 1;
+    return x->sym - y->sym;
+}
+
+/* huffman.code_lengths: two-queue Huffman over the used symbols by (count, symbol), depths
+ * past `limit` folded back by JPEG Annex K.3, lengths handed out least frequent first. */
+static void hl_code_lengths(const int64_t *counts, int n, int limit, uint8_t *lengths) {
+    hl_leaf used[HL_LIT];
+    int64_t weight[2 * HL_LIT];
+    int parent[2 * HL_LIT], depth[2 * HL_LIT], bl_count[2 * HL_LIT + 16];
+    int m = 0;
+    memset(lengths, 0, n);
+    for (int s = 0; s < n; s++)
+        if (counts[s] > 0) used[m++] = (hl_leaf){counts[s], s};
+    if (m == 0) return;
+    if (m == 1) {
+        lengths[used[0].sym] = 1;
+        lengths[used[0].sym == 0 ? 1 : 0] = 1;
+        return;
+    }
+    qsort(used, m, sizeof(hl_leaf), hl_by_count);
+    for (int i = 0; i < m; i++) weight[i] = used[i].count;
+    int leaf = 0, inner = 0;
+    for (int node = m; node < 2 * m - 1; node++) {
+        weight[node] = 0;
+        for (int t = 0; t < 2; t++) {
+            int child;
+            if (leaf < m && (inner >= node - m || weight[leaf] <= weight[m + inner])) child = leaf++;
+            else child = m + inner++;
+            parent[child] = node;
+            weight[node] += weight[child];
+        }
+    }
+    depth[2 * m - 2] = 0;
+    int top = 0;
+    for (int node = 2 * m - 3; node >= 0; node--) {
+        depth[node] = depth[parent[node]] + 1;
+        if (node < m && depth[node] > top) top = depth[node];
+    }
+    const int span = top > limit ? top : limit;
+    memset(bl_count, 0, sizeof(int) * (span + 1));
+    for (int i = 0; i < m; i++) bl_count[depth[i]]++;
+    for (int i = top; i > limit; i--)
+        while (bl_count[i] > 0) {
+            int j = i - 2;
+            while (bl_count[j] == 0) j--;
+            bl_count[i] -= 2;
+            bl_count[i - 1] += 1;
+            bl_count[j + 1] += 2;
+            bl_count[j] -= 1;
+        }
+    int k = 0;
+    for (int len = limit; len >= 1; len--)
+        for (int c = 0; c < bl_count[len]; c++) lengths[used[k++].sym] = (uint8_t)len;
+}
+
+/* huffman.canonical_codes: RFC 1951 3.2.2 codes, bit-reversed (written LSB first). */
+static void hl_codes(const uint8_t *lengths, int n, uint32_t *codes) {
+    int bl_count[17] = {0}, next_code[17] = {0};
+    for (int s = 0; s < n; s++) bl_count[lengths[s]]++;
+    bl_count[0] = 0;
+    for (int bits = 1, code = 0; bits <= 16; bits++) {
+        code = (code + bl_count[bits - 1]) << 1;
+        next_code[bits] = code;
+    }
+    for (int s = 0; s < n; s++) {
+        const int len = lengths[s];
+        uint32_t c = len ? (uint32_t)next_code[len]++ : 0, r = 0;
+        for (int b = 0; b < len; b++) r |= ((c >> b) & 1u) << (len - 1 - b);
+        codes[s] = r;
+    }
+}
+
+typedef struct { uint8_t sym, extra; } hl_run;
+
+/* huffman._runs: the code-length sequence run-length coded, greedily. */
+static int hl_runs(const uint8_t *seq, int n, hl_run *out) {
+    int count = 0;
+    for (int i = 0; i < n;) {
+        const uint8_t v = seq[i];
+        int run = 1;
+        while (i + run < n && seq[i + run] == v) run++;
+        i += run;
+        if (v == 0) {
+            while (run >= 11) {
+                const int r = run < 138 ? run : 138;
+                out[count++] = (hl_run){18, (uint8_t)(r - 11)};
+                run -= r;
+            }
+            if (run >= 3) {
+                out[count++] = (hl_run){17, (uint8_t)(run - 3)};
+                run = 0;
+            }
+        } else {
+            out[count++] = (hl_run){v, 0};
+            run--;
+            while (run >= 3) {
+                const int r = run < 6 ? run : 6;
+                out[count++] = (hl_run){16, (uint8_t)(r - 3)};
+                run -= r;
+            }
+        }
+        while (run-- > 0) out[count++] = (hl_run){v, 0};
+    }
+    return count;
+}
+
+typedef struct {
+    uint8_t lit[HL_LIT], cl[19];
+    uint32_t lit_codes[HL_LIT], cl_codes[19];
+    hl_run runs[HL_SEQ];
+    int nruns, hclen;
+    int64_t bits;
+} hl_plan;
+
+static void hl_make_plan(const int64_t *counts, hl_plan *p) {
+    int64_t freq[HL_LIT], cl_freq[19] = {0};
+    uint8_t seq[HL_SEQ];
+    memcpy(freq, counts, sizeof(int64_t) * 256);
+    freq[256] = 1;
+    hl_code_lengths(freq, HL_LIT, 15, p->lit);
+    memcpy(seq, p->lit, HL_LIT);
+    seq[HL_LIT] = 0;
+    p->nruns = hl_runs(seq, HL_SEQ, p->runs);
+    for (int r = 0; r < p->nruns; r++) cl_freq[p->runs[r].sym]++;
+    hl_code_lengths(cl_freq, 19, 7, p->cl);
+    p->hclen = 4;
+    for (int i = 0; i < 19; i++)
+        if (p->cl[HL_CL_ORDER[i]]) p->hclen = i + 1 > p->hclen ? i + 1 : p->hclen;
+    hl_codes(p->lit, HL_LIT, p->lit_codes);
+    hl_codes(p->cl, 19, p->cl_codes);
+    int64_t bits = 3 + 5 + 5 + 4 + 3 * p->hclen;
+    for (int r = 0; r < p->nruns; r++) {
+        const int sym = p->runs[r].sym;
+        bits += p->cl[sym] + (sym == 16 ? 2 : sym == 17 ? 3 : sym == 18 ? 7 : 0);
+    }
+    for (int s = 0; s < HL_LIT; s++) bits += freq[s] * p->lit[s];
+    p->bits = bits;
+}
+
+typedef struct { uint8_t *out; Py_ssize_t pos; uint64_t acc; int nbits; } hl_writer;
+
+static inline void hl_put(hl_writer *w, uint32_t value, int width) {
+    w->acc |= (uint64_t)value << w->nbits;
+    w->nbits += width;
+    if (w->nbits >= 32) {
+        for (int b = 0; b < 4; b++) w->out[w->pos++] = (uint8_t)(w->acc >> (8 * b));
+        w->acc >>= 32;
+        w->nbits -= 32;
+    }
+}
+
+static PyObject *huffman_literals(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *counts_o, *raw_o = NULL;
+    if (!PyArg_ParseTuple(args, "O|O", &counts_o, &raw_o)) return NULL;
+    Py_buffer cb, rb = {0};
+    if (get_buffer(counts_o, &cb, "counts", 0) < 0) return NULL;
+    if (cb.len != 8 * 256) {
+        PyBuffer_Release(&cb);
+        PyErr_SetString(PyExc_ValueError, "huffman_literals: counts must be 256 int64");
+        return NULL;
+    }
+    const int64_t *counts = cb.buf;
+    int64_t total = 0;
+    for (int s = 0; s < 256; s++) {
+        if (counts[s] < 0 || counts[s] > ((int64_t)1 << 40)) {
+            PyBuffer_Release(&cb);
+            PyErr_SetString(PyExc_ValueError, "huffman_literals: count out of range");
+            return NULL;
+        }
+        total += counts[s];
+    }
+    hl_plan plan;
+    hl_make_plan(counts, &plan);
+    if (raw_o == NULL) {
+        PyBuffer_Release(&cb);
+        return PyLong_FromLongLong(plan.bits);
+    }
+    if (get_buffer(raw_o, &rb, "raw", 0) < 0) { PyBuffer_Release(&cb); return NULL; }
+    const uint8_t *raw = rb.buf;
+    const Py_ssize_t n = rb.len;
+    int64_t seen[256] = {0};
+    for (Py_ssize_t i = 0; i < n; i++) seen[raw[i]]++;
+    const int same = total == n && !memcmp(seen, counts, sizeof(seen));
+    PyBuffer_Release(&cb);
+    if (!same) {
+        PyBuffer_Release(&rb);
+        PyErr_SetString(PyExc_ValueError, "huffman_literals: counts are not raw's");
+        return NULL;
+    }
+    const Py_ssize_t nbytes = (Py_ssize_t)((plan.bits + 7) / 8);
+    PyObject *res = PyBytes_FromStringAndSize(NULL, nbytes + 8); /* slack: the writer stores 4 bytes at a time */
+    if (!res) { PyBuffer_Release(&rb); return NULL; }
+    hl_writer w = {(uint8_t *)PyBytes_AS_STRING(res), 0, 0, 0};
+    hl_put(&w, 1, 1); /* BFINAL */
+    hl_put(&w, 2, 2); /* BTYPE: dynamic Huffman */
+    hl_put(&w, 0, 5); /* HLIT: 257 literal/length codes */
+    hl_put(&w, 0, 5); /* HDIST: one distance code */
+    hl_put(&w, (uint32_t)(plan.hclen - 4), 4);
+    for (int i = 0; i < plan.hclen; i++) hl_put(&w, plan.cl[HL_CL_ORDER[i]], 3);
+    for (int r = 0; r < plan.nruns; r++) {
+        const int sym = plan.runs[r].sym;
+        hl_put(&w, plan.cl_codes[sym], plan.cl[sym]);
+        if (sym >= 16) hl_put(&w, plan.runs[r].extra, sym == 16 ? 2 : sym == 17 ? 3 : 7);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) hl_put(&w, plan.lit_codes[raw[i]], plan.lit[raw[i]]);
+    Py_END_ALLOW_THREADS
+    hl_put(&w, plan.lit_codes[256], plan.lit[256]);
+    while (w.nbits > 0) { w.out[w.pos++] = (uint8_t)w.acc; w.acc >>= 8; w.nbits -= 8; }
+    PyBuffer_Release(&rb);
+    if (w.pos != nbytes) {
+        Py_DECREF(res);
+        PyErr_SetString(PyExc_RuntimeError, "huffman_literals: block size differs from its plan");
+        return NULL;
+    }
+    if (_PyBytes_Resize(&res, nbytes) < 0) return NULL;
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"counts", counts, METH_VARARGS, "Counts of (context, symbol) pairs added to out (i64): (sym u16, ctx u8|None, nsym, k, out)."},
     {"encode", ilv_encode, METH_VARARGS, "Interleaved rANS encode: (sym u16, ctx u8|None, freq u32, nsym, prec, lanes) -> bytes."},
     {"decode", ilv_decode, METH_VARARGS, "Interleaved rANS decode into out (u16): (data, ctx u8|None, freq u32, nsym, prec, lanes, out)."},
     {"class_sums", class_sums, METH_VARARGS, "Class sums of item histograms into out (f32): (hist f32, items, nsym, ids i64, ks i64, out) -> False past float32's exact integers."},
     {"kmeans", kmeans, METH_VARARGS, "cluster._kmeans for one problem into out (i64): (hist f32, items, nsym, ks i64, iters, sample_items, bins, length_scale, prior, out) -> False where float32 sums would not be exact."},
+    {"huffman_literals", huffman_literals, METH_VARARGS, "huffman.py's block of Huffman-coded literals: (counts i64[256]) -> bits; (counts, raw) -> bytes."},
     {"histograms", histograms, METH_VARARGS, "Per-row or per-column symbol counts added to out (f32): (sym u16, rows, cols, nsym, axis, stride, out)."},
     {NULL, NULL, 0, NULL},
 };

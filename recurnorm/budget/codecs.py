@@ -72,9 +72,14 @@ class LaidOut:
         self.raw = raw
 
     @cached_property
+    def counts(self) -> np.ndarray:
+        """How often each byte value occurs."""
+        return np.bincount(np.frombuffer(self.raw, dtype=np.uint8), minlength=256)
+
+    @cached_property
     def order0(self) -> float:
         """The order-0 bound of the bytes, in bytes."""
-        return rans.entropy_bits(np.bincount(np.frombuffer(self.raw, dtype=np.uint8), minlength=256)) / 8
+        return rans.entropy_bits(self.counts) / 8
 
     @cached_property
     def repeats(self) -> bool:
@@ -82,9 +87,14 @@ class LaidOut:
         return _probe(self.raw, _zstd1().compress) < ZSTD_REPEATS * self.order0
 
     @cached_property
+    def literals_size(self) -> int:
+        """Bytes of `literals`, exactly, from the counts alone."""
+        return compress.deflate_literals_size(self.counts)
+
+    @cached_property
     def literals(self) -> bytes:
         """The bytes deflated as Huffman-coded literals alone (compress.deflate_literals)."""
-        return compress.deflate_literals(self.raw)
+        return compress.deflate_literals(self.raw, self.counts)
 
     @cached_property
     def literal_context(self) -> float:
@@ -436,7 +446,6 @@ class Compressed(Codec):
     LZMA_RACE_BIG, BIG_RAW = 1.0, 1 << 18
 
     def candidates(self, arr, ctx, best):
-        out = []
         tries = [(layout, offset, ctx.laid_out(arr, layout, offset)) for layout, offset in self._layouts(arr, ctx)]
         quick: dict[str, float] = {}
         if ctx.effort != "max":
@@ -445,19 +454,24 @@ class Compressed(Codec):
             if quick:  # several layouts (floats): the slow run on the one deflate-1 favours only
                 keep = min(big, key=lambda i: quick[tries[i][0]])
                 tries = [t for i, t in enumerate(tries) if i == keep or i not in big]
+        sized = []
         for layout, offset, laid in tries:
             params = {"layout": layout, "offset": offset}
-            out += [(data, params) for data in self._tries(laid, ctx, best, quick.get(layout))]
-        # Kept for the lzma race (it runs next and must not deflate the same bytes again).
-        ctx.plans[self.name] = [(len(data), params) for data, params in out]
-        return out
+            sized += [(size, data, params) for size, data in self._tries(laid, ctx, best, quick.get(layout))]
+        # Sizes kept for the lzma race (it runs next and must not deflate the same bytes again).
+        ctx.plans[self.name] = [(size, params) for size, _, params in sized]
+        return [(data, params) for _, data, params in sized if data is not None]
 
-    def _tries(self, laid: LaidOut, ctx: StreamContext, best: int, quick: float | None) -> list[bytes]:
-        """The compressed forms of one layout's bytes worth racing: none where quick passes
-        say the slow run cannot win."""
+    def _tries(
+        self, laid: LaidOut, ctx: StreamContext, best: int, quick: float | None
+    ) -> list[tuple[int, bytes | None]]:
+        """(size, bytes) of the compressed forms of one layout's bytes worth racing: none where
+        quick passes say the slow run cannot win. A form whose size is known without making
+        it, and cannot beat `best`, comes without its bytes (None)."""
         if ctx.effort != "max" and len(laid.raw) > QUICK_MIN and self._loses(laid, best, quick):
             return []
-        return [compress.compress(self.compressor, laid.raw)]
+        data = compress.compress(self.compressor, laid.raw)
+        return [(len(data), data)]
 
     @staticmethod
     def _loses(laid: LaidOut, best: int, quick: float | None = None) -> bool:
@@ -518,8 +532,10 @@ class Deflate(Compressed, name="deflate"):
     Quantized codes where a zstd-1 pass finds no repetition are coded as Huffman literals
     only (compress.deflate_literals): level 9's matches there cost more than they save
     (0.2-7% larger on every such codes stream of benchmarks/pack.py's cases) and its match
-    search is most of deflate's time. Where the order-0 bound of those bytes already loses
-    to the best so far, literals cannot win (they land at 1.0035-1.02 of it, measured)."""
+    search is most of deflate's time. The literals' size follows from the byte counts, so
+    they are made only where they beat the best so far; where the order-0 bound of those
+    bytes already loses to it, they cannot (they land at 1.0035-1.02 of it, measured), and
+    lzma is not raced either."""
 
     compressor = compress.DEFLATE
 
@@ -536,9 +552,12 @@ class Deflate(Compressed, name="deflate"):
     def _tries(self, laid, ctx, best, quick):
         if not self.races_literals(laid, ctx):
             return super()._tries(laid, ctx, best, quick)
+        size = laid.literals_size
+        literals = (size, laid.literals if size < best else None)
         if ctx.effort == "max" or len(laid.raw) < LITERALS_PROBE_MIN:
-            return [compress.deflate(laid.raw), laid.literals]
-        return [] if laid.order0 >= best else [laid.literals]
+            matched = compress.deflate(laid.raw)
+            return [(len(matched), matched), literals]
+        return [] if laid.order0 >= best else [literals]
 
 
 class Lzma(Compressed, name="lzma"):
@@ -722,9 +741,9 @@ class Rans(Codec, name="rans"):
         # few bytes; the last states carry some of the payload): the floor takes them off.
         floor = c.cost - search.HEADER_BYTES - 4 * c.lanes - (1 - self.SIDE_FLOOR) * c.side.nbytes
         return (
-            floor > laid.order0  # (literals land above the bytes' order-0 bound: no need to make them)
+            floor > laid.order0  # (literals land above the bytes' order-0 bound)
             and Deflate.races_literals(laid, ctx)
-            and floor > len(laid.literals)
+            and floor > laid.literals_size
         )
 
     def encode(self, arr, ctx):
