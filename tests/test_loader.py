@@ -36,7 +36,7 @@ def _state() -> dict:
         "vec": torch.randn(50, generator=g),
         "ids": torch.arange(300).reshape(3, 100) - 7,
         "mask": torch.rand(37, generator=g) > 0.5,
-        "small": (torch.arange(200) * 7 % 200).to(torch.int16),  # 200 values in int16: the byte layout
+        "small": (torch.arange(400) * 7 % 200).to(torch.int16),  # 200 values in int16: the byte layout
     }
     return state
 

@@ -577,6 +577,8 @@ class Lzma(Compressed, name="lzma"):
             return []
         size, params = min(tries, key=lambda c: c[0])
         laid = ctx.laid_out(arr, params["layout"], params["offset"])
+        if len(laid.raw) < compress.LZMA_MIN_BYTES:
+            return []
         if size > best * (self.LZMA_RACE_BIG if len(laid.raw) > self.BIG_RAW else self.LZMA_RACE):
             return []
         # Quantized codes (they have scales) with no repetition for lzma to find, and deflate
