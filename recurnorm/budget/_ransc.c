@@ -80,11 +80,13 @@ static PyObject *ilv_encode(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     cum = malloc(sizeof(uint32_t) * k * nsym);
     x = malloc(sizeof(uint32_t) * lanes);
-    words = malloc(sizeof(uint16_t) * (n ? n : 1)); /* at most one word per unit */
+    /* At most one word per unit, and a spare slot in front: the branchless renormalization
+     * below stores a word before it knows whether to keep it. */
+    words = malloc(sizeof(uint16_t) * (n + 1));
     if (!cum || !x || !words) { PyErr_NoMemory(); goto done; }
     cumulate(freq, k, nsym, m, cum, filled);
     Py_ssize_t steps = (n + lanes - 1) / lanes;
-    uint16_t *p = words + n; /* written backwards: the decoder reads forward */
+    uint16_t *const end = words + n + 1, *p = end; /* written backwards: the decoder reads forward */
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t j = 0; j < lanes; j++) x[j] = RANS_L;
     const uint32_t top = 32 - prec;
@@ -99,13 +101,18 @@ static PyObject *ilv_encode(PyObject *Py_UNUSED(self), PyObject *args) {
             uint32_t f = freq[c * nsym + s];
             if (f == 0 || !filled[c]) { err = "encode: symbol has zero frequency or its row does not sum to 2**prec"; break; }
             uint32_t xs = x[j];
-            if ((xs >> top) >= f) { *--p = (uint16_t)xs; xs >>= 16; }
+            /* Renormalize without a branch (whether a word goes out is a coin toss to the
+             * predictor): store the low word, keep it only if the state overflows. */
+            const uint32_t emit = (xs >> top) >= f;
+            p[-1] = (uint16_t)xs;
+            p -= emit;
+            xs >>= emit << 4;
             x[j] = (xs / f) * m + xs % f + cum[c * nsym + s];
         }
     }
     Py_END_ALLOW_THREADS
     if (err) goto done;
-    Py_ssize_t nw = words + n - p;
+    Py_ssize_t nw = end - p;
     result = PyBytes_FromStringAndSize(NULL, 4 * lanes + 2 * nw);
     if (!result) goto done;
     uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
