@@ -16,7 +16,7 @@ from ..errors import ArtifactError, CheckpointError, OverCapError, QuantError
 from ..quant.qtensor import QTensor
 from . import codecs as codecs_mod
 from . import format as fmt
-from . import validate
+from . import heap, validate
 from .codecs import DTYPES, StreamContext
 from .rans import order0_bits
 from .search import EFFORTS
@@ -71,6 +71,7 @@ def pack_qtensors(
     """
     if effort not in EFFORTS:
         raise QuantError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
+    heap.settle()  # temporaries from the heap, not fresh pages (heap.py)
     metadata = dict(metadata or {})
     try:
         fmt.dumps(metadata)
