@@ -71,6 +71,22 @@ def test_packed_layouts_at_the_ends_of_each_dtype(dtype):
             assert np.array_equal(lay.unpack(raw, lo, _ctx(arr)), arr), (layout, lo)
 
 
+def test_deflate9_skips_codes_whose_zstd1_pass_lands_far_above_the_best():
+    """Codes with repetition (so not Huffman literals): deflate-9 runs only where the zstd-1
+    pass, already made, is within 1/ZSTD1_FLOOR of the best so far."""
+    rng = np.random.default_rng(7)
+    codes = np.tile(rng.integers(-3, 4, 4096), 4).astype(np.int8).reshape(16, 1024)  # repeats 4x
+    ctx = _ctx(codes, scales=np.ones(16, np.float16))
+    laid = ctx.laid_out(codes, *codecs.Deflate._layouts(codes, ctx)[-1])
+    assert laid.repeats and len(laid.raw) >= codecs.LITERALS_PROBE_MIN
+    far = int(laid.zstd1 * codecs.ZSTD1_FLOOR)
+    assert codecs.Deflate().candidates(codes, ctx, far) == []
+    ((data, params),) = codecs.Deflate().candidates(codes, ctx, int(2 * laid.zstd1))
+    assert np.array_equal(codecs.Deflate().decode(data, params, ctx), codes)
+    ctx.effort = "max"  # max effort races it anyway
+    assert codecs.Deflate().candidates(codes, ctx, far)
+
+
 def test_scales_byte_grouped():
     s = np.abs(np.random.default_rng(0).normal(size=4096)).astype(np.float16)
     ctx = _ctx(s, kind="scales")

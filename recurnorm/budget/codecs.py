@@ -82,9 +82,14 @@ class LaidOut:
         return rans.entropy_bits(self.counts) / 8
 
     @cached_property
+    def zstd1(self) -> float:
+        """The bytes' size under zstd-1 (extrapolated from slices on big streams)."""
+        return _probe(self.raw, _zstd1().compress)
+
+    @cached_property
     def repeats(self) -> bool:
         """Whether a zstd-1 pass finds repetition (it lands under ZSTD_REPEATS x order-0)."""
-        return _probe(self.raw, _zstd1().compress) < ZSTD_REPEATS * self.order0
+        return self.zstd1 < ZSTD_REPEATS * self.order0
 
     @cached_property
     def literals_size(self) -> int:
@@ -134,6 +139,11 @@ NOREP_FLOOR = 0.985
 # than a constant stream's matches do under deflate).
 LITERALS_PROBE_MIN = 1 << 12
 QUICK_MIN = 1 << 15  # below this many bytes a full deflate-9 costs under a millisecond: no probe
+# ... but quantized codes with repetition, whose zstd-1 pass (made for the literals' gate) lands
+# far above the best so far, are not deflated: deflate-9 landed at 0.94-1.10 of zstd-1 on the
+# three codes streams of benchmarks/pack.py's cases it ran on (the tiny models' int4 and ternary
+# embeddings, where rans leads by 25-30% and deflate-9 cost 0.2-0.3 ms, and MiniLM's ternary one).
+ZSTD1_FLOOR = 0.75
 # On codes where deflate found no repetition, lzma lands within 0.5% of deflate or above
 # it, except where deflate's Huffman codes a skewed alphabet badly (int4 nibbles,
 # heavy-tailed int8: lzma 1-5% under deflate) or lzma's rep-matches find 2-D structure
@@ -469,6 +479,13 @@ class Compressed(Codec):
         quick passes say the slow run cannot win. A form whose size is known without making
         it, and cannot beat `best`, comes without its bytes (None)."""
         if ctx.effort != "max" and len(laid.raw) > QUICK_MIN and self._loses(laid, best, quick):
+            return []
+        if (
+            ctx.effort != "max"
+            and ctx.scales is not None
+            and len(laid.raw) >= LITERALS_PROBE_MIN
+            and laid.zstd1 * ZSTD1_FLOOR >= best
+        ):
             return []
         data = compress.compress(self.compressor, laid.raw)
         return [(len(data), data)]
