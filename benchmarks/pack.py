@@ -177,8 +177,10 @@ def anchor_bytes(qts: dict[str, QTensor]) -> dict[str, int]:
     return tot
 
 
-MIN_TIMED_S = 1.0  # quick cases repeat until this much time is spent: a best of 3 runs of
-# 10 ms is mostly the shared machine's noise (it varied 15-20% between runs of the tiny cases)
+MIN_TIMED_S = 3.0  # quick cases repeat until this much time is spent: a best of 3 runs of
+# 10 ms is mostly the shared machine's noise (it varied 15-20% between runs of the tiny cases),
+# and its slow spells last about a second (per-second bests of the tiny int8 pack: 20-22 MB/s,
+# with one second at 17)
 
 
 def _best_time(fn, repeats: int) -> tuple[float, object, float]:
