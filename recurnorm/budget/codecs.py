@@ -480,10 +480,10 @@ class Compressed(Codec):
         it, and cannot beat `best`, comes without its bytes (None)."""
         if ctx.effort != "max" and len(laid.raw) > QUICK_MIN and self._loses(laid, best, quick):
             return []
-        if (
+        if (  # small codes: the zstd-1 pass the literals' gate made says enough
             ctx.effort != "max"
             and ctx.scales is not None
-            and len(laid.raw) >= LITERALS_PROBE_MIN
+            and LITERALS_PROBE_MIN <= len(laid.raw) <= QUICK_MIN
             and laid.zstd1 * ZSTD1_FLOOR >= best
         ):
             return []

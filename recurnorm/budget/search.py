@@ -509,6 +509,12 @@ def _rough_by_job(streams: list[Stream], per_job: dict[int, list[Candidate]]) ->
     return {j: first[a:b] for j, a, b in zip(jobs, bounds, bounds[1:], strict=False)}
 
 
+def _extend(streams, pools: dict[int, list[Candidate]], rough: dict[int, np.ndarray], extra) -> None:
+    """Add more candidates to the streams' pools, with their first-pass scores (one call)."""
+    for j, scores in _rough_by_job(streams, extra).items():
+        pools[j], rough[j] = pools[j] + extra[j], np.concatenate([rough[j], scores])
+
+
 def grid_candidates(stream: Stream, cands: list[Candidate], rough: np.ndarray, how: Effort) -> list[Candidate]:
     """Row class x column class contexts (single symbols), from the row and column
     clusterings already made.
@@ -565,12 +571,9 @@ def _choose_group(
     leaders = {j: cands[j] for j in group}
     pools = {j: cands[j] for j in group if len(cands[j]) > 1}
     rough = _rough_by_job(streams, pools)
-    more = family_candidates(streams, deeper(pools, rough, {f: kk for f, kk in later.items() if f[0] in pools}), how)
-    for j, scores in _rough_by_job(streams, more).items():
-        pools[j], rough[j] = pools[j] + more[j], np.concatenate([rough[j], scores])
+    _extend(streams, pools, rough, family_candidates(streams, deeper(pools, rough, later), how))
     grids = {j: g for j in pools if (g := grid_candidates(streams[j], pools[j], rough[j], how))}
-    for j, scores in _rough_by_job(streams, grids).items():
-        pools[j], rough[j] = pools[j] + grids[j], np.concatenate([rough[j], scores])
+    _extend(streams, pools, rough, grids)
     for j, pool in pools.items():
         leaders[j] = [pool[i] for i in np.argsort(rough[j], kind="stable")[: how.leaders]]
     jobs, flat, units, big, bounds = _flat(streams, leaders)
