@@ -173,12 +173,11 @@ def block(raw: bytes, counts=None) -> bytes:
     if (k := _kernel()) is not None:
         return k.huffman_literals(counts, raw)
     lit, fields, bits = _plan(counts)
-    codes = canonical_codes(lit)
-    values = np.array([v for v, _ in fields] + [codes[END]], dtype=np.uint64)
-    widths = np.array([w for _, w in fields] + [lit[END]], dtype=np.int64)
-    # the literals between the header and the end code
-    values = np.concatenate([values[:-1], np.array(codes[:END], dtype=np.uint64)[b], values[-1:]])
-    widths = np.concatenate([widths[:-1], np.array(lit[:END], dtype=np.int64)[b], widths[-1:]])
+    codes = np.array(canonical_codes(lit), dtype=np.uint64)
+    lengths = np.array(lit, dtype=np.int64)
+    # the header, the literals, the end code
+    values = np.concatenate([np.array([v for v, _ in fields], dtype=np.uint64), codes[b], codes[END:]])
+    widths = np.concatenate([np.array([w for _, w in fields], dtype=np.int64), lengths[b], lengths[END:]])
     return _pack_bits(values, widths, bits)
 
 
