@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from recurnorm.budget import pack_qtensors, rnpk_load, unpack
-from recurnorm.budget.loader import loader_source
+from recurnorm.budget.loader import compact_loader, loader_source
 from recurnorm.export.pack import export_qtensors
 from recurnorm.export.policy import ExportPolicy
 
@@ -141,7 +141,7 @@ def main() -> None:
     ckpts = args.ckpt or (
         [] if args.quick else [os.path.dirname(f) for f in sorted(glob.glob("runs/*/model.safetensors"))]
     )
-    compact, readable = (len(loader_source(compact=c).encode()) for c in (True, False))
+    compact, readable = len(compact_loader()), len(loader_source().encode())
     print(f"loader: compact {compact:,} bytes (target <= 4,000), readable {readable:,} (target <= 16,000)")
     head = (
         f"{'case':<24} {'artifact':>11} {'+loader':>11} {'baseline':>11} {'brotli-11':>11} "

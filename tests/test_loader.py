@@ -15,7 +15,7 @@ from helpers import IMPORT_BLOCKER, embedding_like, joint_like
 
 from recurnorm.budget import format as fmt
 from recurnorm.budget import pack_qtensors, read_artifact, unpack
-from recurnorm.budget.loader import loader_source, minify
+from recurnorm.budget.loader import compact_loader, loader_source, minified_loader
 from recurnorm.cli.main import main
 from recurnorm.export.pack import export_qtensors
 from recurnorm.export.policy import ExportPolicy
@@ -135,7 +135,7 @@ def test_the_matrix_covers_every_portable_codec_layout_and_context(artifacts):
 @pytest.mark.slow  # the numpy loader decodes every codec layout in a child
 @pytest.mark.parametrize("compact", [False, True])
 def test_loader_alone_equals_unpack_bit_for_bit(artifacts, tmp_path, compact):
-    (tmp_path / "rnpk_load.py").write_text(loader_source(compact=compact), encoding="utf-8")
+    (tmp_path / "rnpk_load.py").write_bytes(compact_loader() if compact else loader_source().encode())
     script = IMPORT_BLOCKER + textwrap.dedent(f"""
         import glob, os, torch
         sys.path.insert(0, {str(tmp_path)!r})
@@ -161,13 +161,20 @@ def test_loader_alone_equals_unpack_bit_for_bit(artifacts, tmp_path, compact):
 
 
 def test_compact_form_is_the_same_program_smaller():
+    from recurnorm.codewrap import same_program
+    from recurnorm.codewrap.selfextract import read
+
     readable = loader_source()
-    compact = loader_source(compact=True)
-    assert len(compact.encode()) <= 4000 < 0.4 * len(readable.encode())  # the shipping target
-    assert "exec(" in compact and compact.isascii()
+    compact = compact_loader()
+    assert len(compact) <= 4000 < 0.4 * len(readable.encode())  # the shipping target
+    # It is the file `recurnorm wrap` writes (latin-1 literal, lzma), holding the minified loader.
+    payload, _ = read(compact)
+    assert compact.startswith(b"#coding:latin1\n") and payload.codec == "lzma"
+    assert payload.files == (("rnpk_load.py", minified_loader()),)
     # The minified program keeps its public API and compiles.
-    small = minify(readable)
+    small = minified_loader()
     compile(small, "rnpk_load_min.py", "exec")
+    assert not same_program(readable, small, False)[0]  # renamed: the same behaviour, not the same AST
     assert "def load(src,max_bytes=" in small and "def decode(src,max_bytes=" in small
     assert len(small) < len(readable)
 
@@ -221,7 +228,7 @@ def test_cli_loader_writes_both_forms_and_pack_verify_inspect_count_it(tmp_path)
     r = runner.invoke(main, ["loader", "-o", str(readable)])
     assert r.exit_code == 0 and readable.read_text() == loader_source()
     r = runner.invoke(main, ["loader", "--compact", "-o", str(compact), "--json"])
-    assert r.exit_code == 0 and compact.read_text() == loader_source(compact=True)
+    assert r.exit_code == 0 and compact.read_bytes() == compact_loader()
     assert runner.invoke(main, ["loader", "-o", str(readable)]).exit_code == 2  # no clobber
     assert runner.invoke(main, ["loader", "-o", str(readable), "--force"]).exit_code == 0
     ckpt = tmp_path / "ckpt.safetensors"
@@ -243,7 +250,7 @@ def test_cli_loader_writes_both_forms_and_pack_verify_inspect_count_it(tmp_path)
     r = runner.invoke(main, ["verify", str(art), "--loader", str(compact), "--max-bytes", str(art.stat().st_size + n)])
     assert r.exit_code == 0
     r = runner.invoke(main, ["inspect", str(art)])
-    assert r.exit_code == 0 and f"(loader {len(loader_source(compact=True).encode()):,})" in r.output
+    assert r.exit_code == 0 and f"(loader {len(compact_loader()):,})" in r.output
 
 
 def test_verify_with_a_loader_refuses_what_the_loader_cannot_read():

@@ -1,8 +1,10 @@
-"""The byte cap: artifact bytes plus the UTF-8 bytes of the code that ships with it."""
+"""The byte cap: artifact bytes plus the bytes of the code that ships with it."""
 
 from __future__ import annotations
 
+import io
 import stat
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,9 +14,9 @@ DEFAULT_MAX_BYTES = 16_000_000  # decimal, as the challenge counts it
 
 
 def code_bytes(paths: list[str | Path], limit: int | None = None) -> int:
-    """UTF-8 byte count of the code files (a directory counts its .py files).
-
-    Regular files only (`/dev/zero` or a FIFO would never end); a file over `limit` bytes
+    """Byte count of the code files (a directory counts its .py files), each of which must
+    decode as Python reads it: UTF-8, or the encoding it declares (`recurnorm wrap` writes
+    latin-1). Regular files only (`/dev/zero` or a FIFO would never end); a file over `limit` bytes
     (the cap: it cannot fit anyway) is counted by its size, not read."""
     total = 0
     for p in paths:
@@ -30,9 +32,9 @@ def code_bytes(paths: list[str | Path], limit: int | None = None) -> int:
                     continue
                 with open(f, "rb") as fh:
                     data = fh.read(st.st_size + 1)
-                data.decode("utf-8")
+                data.decode(tokenize.detect_encoding(io.BytesIO(data).readline)[0])
                 total += len(data)
-            except (OSError, UnicodeDecodeError) as exc:
+            except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as exc:
                 raise ConfigError(f"code file {f}: {exc}") from None
     return total
 

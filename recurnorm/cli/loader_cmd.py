@@ -18,7 +18,10 @@ import click
     help="where to write the loader",
 )
 @click.option(
-    "--compact", is_flag=True, help="minified, lzma + base85 + exec: the same loader in the fewest bytes (for the cap)"
+    "--compact",
+    is_flag=True,
+    help="minified and self-extracting (lzma in a latin-1 literal, as `recurnorm wrap` writes): "
+    "the same loader in the fewest bytes, for the cap",
 )
 @click.option("--force", is_flag=True, help="overwrite OUT")
 @click.option("--json", "as_json", is_flag=True, help="print {path, bytes, compact} as JSON")
@@ -33,13 +36,13 @@ def loader(out, compact, force, as_json):
     and count it against the cap: recurnorm pack/verify ... --loader rnpk_load.py.
     It reads what `recurnorm pack` writes by default (format 2, portable codecs).
     """
-    from ..budget.loader import loader_source
-    from ..io import atomic_write_text, check_writable
+    from ..budget.loader import compact_loader, loader_source
+    from ..io import atomic_write_bytes, check_writable
 
     check_writable(out, force)
-    text = loader_source(compact=compact)
-    atomic_write_text(out, text)
-    size = len(text.encode("utf-8"))
+    data = compact_loader() if compact else loader_source().encode("utf-8")
+    atomic_write_bytes(out, data)
+    size = len(data)
     if as_json:
         click.echo(json.dumps({"path": str(out), "bytes": size, "compact": compact}, sort_keys=True))
     else:

@@ -26,6 +26,7 @@ COMMANDS = {
     "inspect": "pack_cmd:inspect",
     "plan": "plan_cmd:plan",
     "loader": "loader_cmd:loader",
+    "wrap": "wrap_cmd:wrap",
     "roundtrip": "roundtrip_cmd:roundtrip",
     "demo": "roundtrip_cmd:demo",
     "shard": "shard_cmd:shard",

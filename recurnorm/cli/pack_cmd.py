@@ -465,9 +465,9 @@ def inspect(
         policy = policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
         packed = pack_checkpoint(target, policy)
         data, rows, metadata = packed.data, packed.rows, packed.metadata
-    from ..budget.loader import loader_source
+    from ..budget.loader import compact_loader
 
-    budget = Budget(max_bytes=max_bytes, loader=loader or len(loader_source(compact=True).encode()))
+    budget = Budget(max_bytes=max_bytes, loader=loader or len(compact_loader()))
     try:
         cap = budget.check(len(data), rows)
     except OverCapError as exc:

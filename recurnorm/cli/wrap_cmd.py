@@ -1,0 +1,122 @@
+"""wrap: a program as one small self-extracting file (the counted code), and its check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ..errors import DataError
+
+
+def _read_source(path: Path) -> str:
+    """The file's text as Python reads it (UTF-8 or its declared encoding)."""
+    import io
+    import tokenize
+
+    try:
+        data = path.read_bytes()
+        return data.decode(tokenize.detect_encoding(io.BytesIO(data).readline)[0])
+    except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as exc:
+        raise DataError(f"{path}: {exc}") from None
+
+
+@click.command()
+@click.argument("src", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), help="the wrapped file to write")
+@click.option(
+    "--check",
+    "check_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="instead of writing: prove that this wrapped file runs SRC (compares ASTs; exit 1 when it does not)",
+)
+@click.option(
+    "--loader",
+    is_flag=True,
+    help="put the standalone loader in the same payload: `import rnpk_load` works with no second file",
+)
+@click.option(
+    "--codec",
+    type=click.Choice(["auto", "lzma", "brotli"]),
+    default="auto",
+    show_default=True,
+    help="auto: lzma, or brotli when SRC imports brotli and it is smaller",
+)
+@click.option(
+    "--join-lines",
+    is_flag=True,
+    help="put each block's statements on one line (`a;b`): smaller, but tracebacks' line numbers are no longer SRC's",
+)
+@click.option("--remove-asserts", is_flag=True, help="drop assert statements (as `python -O` would)")
+@click.option(
+    "--ascii",
+    is_flag=True,
+    help="base85 instead of a latin-1 literal (+25%%): for a program that reads its own file as UTF-8",
+)
+@click.option("--force", is_flag=True, help="overwrite OUT")
+@click.option("--json", "as_json", is_flag=True, help="print what was written (or checked) as JSON")
+def wrap(src, out, check_path, loader, codec, join_lines, remove_asserts, ascii, force, as_json):
+    """Write SRC as one self-extracting Python file that runs exactly SRC: the counted code
+    of a Parameter Golf submission, in as few bytes as the standard library allows.
+
+    \b
+    recurnorm wrap train_gpt.py --loader -o submission/train_gpt.py
+    recurnorm wrap --check submission/train_gpt.py train_gpt.py
+    recurnorm verify final_model.rnpk --code submission/train_gpt.py
+
+    Comments, docstrings and other literal statements and blank space go (and asserts with
+    --remove-asserts); every line stays where it was unless --join-lines. The result is
+    compressed (lzma; brotli when SRC imports it) into one latin-1 string literal and run
+    with SRC's `__name__`, sys.argv and `__file__` (the wrapped file's path); tracebacks
+    name SRC's file name and lines. Relative imports are refused. The written file is
+    checked against SRC before this command returns; --check repeats that proof later.
+    """
+    from ..budget.loader import MODULE, minified_loader
+    from ..codewrap import check, wrap
+    from ..io import atomic_write_bytes, check_writable
+
+    source = _read_source(src)
+    if check_path is not None:
+        if out is not None:
+            raise click.UsageError("--check reads a wrapped file; it writes nothing (drop -o)")
+        try:
+            result = check(check_path.read_bytes(), source, src.name, {MODULE: minified_loader()})
+        except DataError as exc:
+            if as_json:
+                click.echo(json.dumps({"ok": False, "error": str(exc)}, sort_keys=True))
+                click.get_current_context().exit(exc.exit_code)
+            raise DataError(f"{check_path}: {exc}") from None
+        if as_json:
+            click.echo(json.dumps(result.to_dict(), sort_keys=True))
+            return
+        click.echo(
+            f"{check_path} runs {src}: the same program modulo {', '.join(result.transformations)}; "
+            f"line numbers {'kept' if result.line_numbers_kept else 'not kept'}; {result.codec}"
+            + (f"; modules {', '.join(result.modules)} (this recurnorm's)" if result.modules else "")
+        )
+        return
+    if out is None:
+        raise click.UsageError("give -o OUT (the wrapped file), or --check OUT to check one")
+    check_writable(out, force, [src])
+    result = wrap(
+        source,
+        src.name,
+        modules=[(MODULE, minified_loader())] if loader else [],
+        codec=codec,
+        keep_lines=not join_lines,
+        remove_asserts=remove_asserts,
+        ascii=ascii,
+    )
+    atomic_write_bytes(out, result.data)
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if as_json:
+        click.echo(json.dumps({"path": str(out), **result.to_dict()}, sort_keys=True))
+        return
+    click.echo(
+        f"wrote {out} ({len(result.data):,} bytes: {src} {result.source_bytes:,} bytes, minified "
+        f"{result.minified_bytes:,}{' with ' + ', '.join(result.modules) if result.modules else ''}, {result.codec}"
+        f"{', ascii' if ascii else ''}; line numbers {'joined' if join_lines else 'kept'}; "
+        f"checked against {src.name}); count it with --code {out} on pack and verify"
+    )

@@ -1,0 +1,195 @@
+"""wrap and check: a program (and modules it imports) as one self-extracting file, and the
+proof that a wrapped file holds a given source modulo the documented transformations."""
+
+from __future__ import annotations
+
+import ast
+import time
+from dataclasses import dataclass, field
+
+from ..errors import DataError
+from . import selfextract
+from .minify import minify, normalize_newlines, parse, removable
+
+_READS = {"open", "read_text", "read_bytes"}
+
+
+@dataclass
+class Wrapped:
+    """A wrapped file's bytes and what went into them."""
+
+    data: bytes
+    codec: str
+    source_bytes: int  # the program as given (UTF-8)
+    minified_bytes: int  # everything in the payload, before compression
+    keep_lines: bool
+    remove_asserts: bool
+    modules: list[str]
+    seconds: float
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "bytes": len(self.data),
+            "codec": self.codec,
+            "source_bytes": self.source_bytes,
+            "minified_bytes": self.minified_bytes,
+            "keep_lines": self.keep_lines,
+            "remove_asserts": self.remove_asserts,
+            "modules": self.modules,
+            "seconds": round(self.seconds, 3),
+            "warnings": self.warnings,
+        }
+
+
+@dataclass
+class Checked:
+    """What `check` proved: the program equals the source modulo `transformations`."""
+
+    program: str
+    codec: str
+    ascii: bool
+    transformations: list[str]
+    line_numbers_kept: bool
+    modules: list[str]
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": True,
+            "program": self.program,
+            "codec": self.codec,
+            "ascii": self.ascii,
+            "transformations": self.transformations,
+            "line_numbers_kept": self.line_numbers_kept,
+            "modules": self.modules,
+        }
+
+
+def _normalized(tree: ast.Module, remove_asserts: bool) -> ast.Module:
+    """The tree without the statements minify may drop (blocks left empty stay empty)."""
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                setattr(node, name, [s for s in block if not removable(s, remove_asserts)])
+    return tree
+
+
+def same_program(a: str, b: str, remove_asserts: bool, names: tuple[str, str] = ("a", "b")) -> tuple[bool, bool]:
+    """Whether two sources are one program modulo minify's transformations, and whether
+    every statement and expression sits on the same line in both."""
+    ta = _normalized(parse(normalize_newlines(a), names[0]), remove_asserts)
+    tb = _normalized(parse(normalize_newlines(b), names[1]), remove_asserts)
+    if ast.dump(ta) != ast.dump(tb):
+        return False, False
+    pairs = zip(ast.walk(ta), ast.walk(tb), strict=True)  # the same trees: the same walk
+    lines = all(getattr(x, "lineno", None) == getattr(y, "lineno", None) for x, y in pairs)
+    return True, lines
+
+
+def _refuse_relative_imports(tree: ast.Module, filename: str) -> None:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            what = "." * node.level + (node.module or "")
+            raise DataError(
+                f"{filename}: line {node.lineno}: relative import from {what!r}: a wrapped file runs on its own, "
+                "outside any package; import it absolutely (and ship it), or paste it into the program"
+            )
+
+
+def _self_reads(tree: ast.Module) -> list[int]:
+    """Lines where the program opens or reads its own file (`__file__`)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in _READS and any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(node)):
+                lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def _imports(tree: ast.Module, module: str) -> bool:
+    return any(
+        isinstance(n, ast.Import)
+        and any(a.name.split(".")[0] == module for a in n.names)
+        or isinstance(n, ast.ImportFrom)
+        and (n.module or "").split(".")[0] == module
+        and not n.level
+        for n in ast.walk(tree)
+    )
+
+
+def wrap(
+    source: str,
+    filename: str = "train_gpt.py",
+    *,
+    modules: list[tuple[str, str]] = (),
+    codec: str = "auto",
+    keep_lines: bool = True,
+    remove_asserts: bool = False,
+    ascii: bool = False,
+) -> Wrapped:
+    """`source` (a program named `filename`) minified, compressed and written as one Python
+    file that runs it. `modules` are (name, source) pairs, already minified, that the file
+    puts in sys.modules first. codec "auto" is lzma, or brotli when the program imports
+    brotli and it is smaller. The result is checked against the source before it returns."""
+    t0 = time.perf_counter()
+    source = normalize_newlines(source)
+    tree = parse(source, filename)
+    _refuse_relative_imports(tree, filename)
+    program = minify(source, keep_lines=keep_lines, remove_asserts=remove_asserts, filename=filename)
+    allowed = ["lzma", "brotli"] if _imports(tree, "brotli") else ["lzma"]
+    if codec not in ("auto", *selfextract.CODECS):
+        raise DataError(f"unknown codec {codec!r} (auto, {', '.join(selfextract.CODECS)})")
+    if codec not in ("auto", *allowed):
+        raise DataError(f"{filename} does not import {codec}: the wrapped file could not count on it (use lzma)")
+    choices = allowed if codec == "auto" else [codec]
+    files = (*((n, t) for n, t in modules), (filename, program))
+    data = min(
+        (selfextract.make(selfextract.Payload(files, c, ascii)) for c in choices),
+        key=len,
+    )
+    payload, _ = selfextract.read(data)
+    ok, lines = same_program(source, payload.program[1], remove_asserts, (filename, "the payload"))
+    if not ok or (keep_lines and not lines):  # minify's bug, never the user's: refuse to write it
+        raise DataError(f"{filename}: the minified program differs from the source; please report this")
+    warnings = [
+        f"{filename}: line {n} reads the program's own file (__file__): in the wrapped file that is the wrapper, "
+        + ("latin-1 bytes (read it with encoding='latin-1', or wrap with --ascii)" if not ascii else "not the source")
+        for n in _self_reads(tree)
+    ]
+    return Wrapped(
+        data=data,
+        codec=payload.codec,
+        source_bytes=len(source.encode("utf-8")),
+        minified_bytes=sum(len(t.encode("utf-8")) for _, t in files),
+        keep_lines=keep_lines,
+        remove_asserts=remove_asserts,
+        modules=[n for n, _ in modules],
+        seconds=time.perf_counter() - t0,
+        warnings=warnings,
+    )
+
+
+def check(data: bytes, source: str, filename: str = "the source", modules: dict[str, str] | None = None) -> Checked:
+    """Prove that the wrapped file `data` runs `source`: its stub is exactly the one wrap
+    writes, and its program's AST equals the source's once comments, layout and literal
+    statements are set aside (and asserts, when the payload has none left). `modules`
+    (name -> expected source) are compared the same way. DataError says what differs."""
+    payload, _ = selfextract.read(data)
+    name, program = payload.program
+    transformations = ["comments", "blank space", "docstrings and other literal statements"]
+    ok, lines = same_program(source, program, False, (filename, "the payload"))
+    if not ok:
+        ok, lines = same_program(source, program, True, (filename, "the payload"))
+        if not ok:
+            raise DataError(f"the wrapped program ({name}) is not {filename}: their code differs")
+        transformations.append("asserts")
+    for mod, text in payload.files[:-1]:
+        want = (modules or {}).get(mod)
+        if want is None:
+            raise DataError(f"the wrapped file carries a module {mod!r} this check was not given")
+        if not same_program(want, text, False, (mod, "the payload"))[0]:
+            raise DataError(f"the wrapped module {mod!r} differs from this recurnorm's {mod}")
+    return Checked(name, payload.codec, payload.ascii, transformations, lines, [m for m, _ in payload.files[:-1]])
