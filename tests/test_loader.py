@@ -170,7 +170,7 @@ def test_compact_form_is_the_same_program_smaller():
     # It is the file `recurnorm wrap` writes (latin-1 literal, lzma), holding the minified loader.
     payload, _ = read(compact)
     assert compact.startswith(b"#coding:latin1\n") and payload.codec == "lzma"
-    assert payload.files == (("rnpk_load.py", minified_loader()),)
+    assert payload.files == (("<rnpk_load.py>", minified_loader()),)
     # The minified program keeps its public API and compiles.
     small = minified_loader()
     compile(small, "rnpk_load_min.py", "exec")

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..codewrap import Payload, minify_renamed
+from ..codewrap.api import program_name
 from ..codewrap.selfextract import make
 
 SOURCE = Path(__file__).with_name("rnpk_load.py")
@@ -36,7 +37,7 @@ def minified_loader() -> str:
 def compact_loader() -> bytes:
     """The compact loader file's bytes: the minified loader as a self-extracting file
     (latin-1: write these bytes as they are)."""
-    return make(Payload(((f"{MODULE}.py", minified_loader()),), "lzma", ascii=False))
+    return make(Payload(((program_name(f"{MODULE}.py"), minified_loader()),), "lzma", ascii=False))
 
 
 def loader_problem(data: bytes, manifest: dict) -> str | None:

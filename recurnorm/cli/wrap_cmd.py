@@ -69,7 +69,7 @@ def wrap(src, out, check_path, loader, codec, join_lines, remove_asserts, ascii,
     --remove-asserts); every line stays where it was unless --join-lines. The result is
     compressed (lzma; brotli when SRC imports it) into one latin-1 string literal and run
     with SRC's `__name__`, sys.argv and `__file__` (the wrapped file's path); tracebacks
-    name SRC's file name and lines. Relative imports are refused. The written file is
+    name `<SRC>` and SRC's line numbers. Relative imports are refused. The written file is
     checked against SRC before this command returns; --check repeats that proof later.
     """
     from ..budget.loader import MODULE, minified_loader

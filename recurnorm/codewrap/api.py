@@ -120,6 +120,11 @@ def _imports(tree: ast.Module, module: str) -> bool:
     )
 
 
+def program_name(filename: str) -> str:
+    """The name a wrapped program is compiled under (tracebacks show it): `<filename>`."""
+    return f"<{filename}>"
+
+
 def wrap(
     source: str,
     filename: str = "train_gpt.py",
@@ -145,7 +150,10 @@ def wrap(
     if codec not in ("auto", *allowed):
         raise DataError(f"{filename} does not import {codec}: the wrapped file could not count on it (use lzma)")
     choices = allowed if codec == "auto" else [codec]
-    files = (*((n, t) for n, t in modules), (filename, program))
+    # `<name>`: Python before 3.13 prints a traceback's lines from the file of that name when
+    # it finds one, ignoring linecache: the wrapper itself, were it named so (its second line
+    # is the compressed bytes). A name in angle brackets is never looked up on disk.
+    files = (*((n, t) for n, t in modules), (program_name(filename), program))
     data = min(
         (selfextract.make(selfextract.Payload(files, c, ascii)) for c in choices),
         key=len,

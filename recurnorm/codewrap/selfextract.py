@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import base64
 import lzma
+import warnings
 from dataclasses import dataclass
 
 from ..errors import DataError
@@ -134,7 +135,9 @@ def read(data: bytes, where: str = "the wrapped file") -> tuple[Payload, bytes]:
     ascii = not data.startswith(_LATIN1.encode())
     text = data.decode("ascii" if ascii else "latin-1", errors="replace")
     try:
-        tree = ast.parse(text)
+        with warnings.catch_warnings():  # a damaged literal may hold an invalid escape
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text)
     except (SyntaxError, ValueError) as exc:
         raise DataError(f"{where}: not Python ({exc})") from None
     literals = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
