@@ -15,6 +15,7 @@ import builtins
 import io
 import itertools
 import keyword
+import re
 import string
 import tokenize
 from collections.abc import Iterable
@@ -100,7 +101,40 @@ def _needs_space(prev: tuple, text: str) -> bool:
     ptype, ptext = prev[0], prev[1]
     if _word(ptext[-1]) and (_word(text[0]) or text[0] in "'\""):
         return True  # two names, a keyword and a number, a name and a prefixed string
-    return ptype == tokenize.NUMBER and text[0] == "."  # `1 .real`
+    return ptype == tokenize.NUMBER and (text[0] == "." or _word(text[0]))  # `1 .real`, `1. if`
+
+
+def _number(text: str) -> str:
+    """The shortest spelling of the same number: `0.0` -> `.0`, `1e-06` -> `1e-6`, no `_`."""
+    t = text.replace("_", "")
+    if t[-1] in "jJ":
+        return t
+    value = ast.literal_eval(t)
+    spellings = [t, str(value) if isinstance(value, int) else repr(value)]
+    if isinstance(value, float):
+        for x in list(spellings):
+            x = re.sub(r"e([+-]?)0+(?=\d)", r"e\1", x).replace("e+", "e")
+            x = x[1:] if x.startswith("0.") else x
+            spellings.append(x[:-1] if x.endswith(".0") else x)
+    return min((x for x in spellings if _reads_as(x, value)), key=len)
+
+
+def _reads_as(text: str, value: object) -> bool:
+    try:
+        got = ast.literal_eval(text)
+    except (SyntaxError, ValueError):
+        return False
+    return type(got) is type(value) and got == value
+
+
+def _string(text: str, quote: str) -> str:
+    """The string with `quote` as its delimiter where only the delimiter changes (no quote
+    inside, not triple-quoted, not an f-string, whose insides are code)."""
+    head = len(text) - len(text.lstrip("bBrRuUfF"))
+    body, q = text[head + 1 : -1], text[head]
+    if q == quote or "f" in text[:head].lower() or text[head : head + 3] == q * 3 or quote in body:
+        return text
+    return text[:head] + quote + body + quote
 
 
 # The first tokens of compound statements (`match` and `case` also start simple ones, e.g.
@@ -110,7 +144,7 @@ _COMPOUND |= {"match", "case"}
 _NOT_CALLS = set(keyword.kwlist) | {"match", "case", "_", "type"}  # a name whose `(` may open a tuple
 
 
-def _lines(source: str, remove_asserts: bool, keep_lines: bool, filename: str):
+def _lines(source: str, remove_asserts: bool, keep_lines: bool, quote: str, filename: str):
     """The program's logical lines as (first row, block depth, text, kind), comments and
     dropped statements gone, tokens respaced. A line's text keeps its own line breaks
     (inside brackets, after a backslash, inside strings) at the source's rows, or only
@@ -155,6 +189,10 @@ def _lines(source: str, remove_asserts: bool, keep_lines: bool, filename: str):
             out.append(" ")
         if ttype == tokenize.OP and text in ")]}" and units[-1][1] == "," and (brackets[-1][0] > 1 or brackets[-1][1]):
             out[units[-1][2]] = ""  # a trailing comma that makes no tuple
+        if ttype == tokenize.NUMBER:
+            text = _number(text)
+        elif ttype == tokenize.STRING:
+            text = _string(text, quote)
         units.append((ttype, text, len(out)))
         out.append(text)
         row = max(row, end[0])  # a string over several lines
@@ -169,12 +207,23 @@ def _lines(source: str, remove_asserts: bool, keep_lines: bool, filename: str):
                 brackets[-1][0] += 1
 
 
-def minify(source: str, *, keep_lines: bool = True, remove_asserts: bool = False, filename: str = "<source>") -> str:
+def minify(
+    source: str,
+    *,
+    keep_lines: bool = True,
+    remove_asserts: bool = False,
+    quote: str | None = None,
+    filename: str = "<source>",
+) -> str:
     """The same program, smaller: no comments, docstrings or literal statements (nor asserts
-    with remove_asserts), one space a block level, spaces only where needed. keep_lines
-    keeps every line where it was (tracebacks name the source's line numbers); without it
-    the statements of a block share lines (`a;b`, `if x:a;b`), pyminify's single-line form."""
-    lines = list(_lines(normalize_newlines(source), remove_asserts, keep_lines, filename))
+    with remove_asserts), one space a block level, spaces only where needed, numbers in
+    their shortest spelling and strings between one kind of quote (`quote`, by default the
+    source's more common one; the same AST). keep_lines keeps every line where it was
+    (tracebacks name the source's line numbers); without it the statements of a block
+    share lines (`a;b`, `if x:a;b`), pyminify's single-line form."""
+    source = normalize_newlines(source)
+    quote = quote or ('"' if source.count('"') >= source.count("'") else "'")
+    lines = list(_lines(source, remove_asserts, keep_lines, quote, filename))
     if keep_lines:
         out, row = [], 1
         for first, indent, text, _ in lines:
@@ -275,4 +324,4 @@ def minify_renamed(source: str, public: set[str], foreign_attrs: set[str] = froz
     if len(plain) > 1:
         plain[0].names = [a for n in plain for a in n.names]
         tree.body = [n for n in tree.body if n not in plain[1:]]
-    return minify(ast.unparse(tree), keep_lines=False)
+    return minify(ast.unparse(tree), keep_lines=False, quote='"')  # most programs' quote, in a shared payload
