@@ -19,6 +19,15 @@ from typing import BinaryIO
 from .errors import OutputExistsError, WriteError
 
 
+def python_text(data: bytes) -> str:
+    """A Python file's bytes as Python reads them: UTF-8, or the encoding it declares
+    (`recurnorm wrap` writes latin-1). UnicodeDecodeError, SyntaxError or LookupError else."""
+    import io
+    import tokenize
+
+    return data.decode(tokenize.detect_encoding(io.BytesIO(data).readline)[0])
+
+
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     """True when both paths exist and name the same file (links and ./ spellings included)."""
     try:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import stat
-import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, OverCapError
+from ..io import python_text
 
 DEFAULT_MAX_BYTES = 16_000_000  # decimal, as the challenge counts it
 
@@ -32,7 +31,7 @@ def code_bytes(paths: list[str | Path], limit: int | None = None) -> int:
                     continue
                 with open(f, "rb") as fh:
                     data = fh.read(st.st_size + 1)
-                data.decode(tokenize.detect_encoding(io.BytesIO(data).readline)[0])
+                python_text(data)
                 total += len(data)
             except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as exc:
                 raise ConfigError(f"code file {f}: {exc}") from None

@@ -11,13 +11,10 @@ from ..errors import DataError
 
 
 def _read_source(path: Path) -> str:
-    """The file's text as Python reads it (UTF-8 or its declared encoding)."""
-    import io
-    import tokenize
+    from ..io import python_text
 
     try:
-        data = path.read_bytes()
-        return data.decode(tokenize.detect_encoding(io.BytesIO(data).readline)[0])
+        return python_text(path.read_bytes())
     except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as exc:
         raise DataError(f"{path}: {exc}") from None
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ..errors import DataError
 from . import selfextract
-from .minify import minify, normalize_newlines, parse, removable
+from .minify import blocks, minify, normalize_newlines, parse, removable
 
 _READS = {"open", "read_text", "read_bytes"}
 
@@ -67,11 +67,8 @@ class Checked:
 
 def _normalized(tree: ast.Module, remove_asserts: bool) -> ast.Module:
     """The tree without the statements minify may drop (blocks left empty stay empty)."""
-    for node in ast.walk(tree):
-        for name in ("body", "orelse", "finalbody"):
-            block = getattr(node, name, None)
-            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-                setattr(node, name, [s for s in block if not removable(s, remove_asserts)])
+    for block in list(blocks(tree)):
+        block[:] = [s for s in block if not removable(s, remove_asserts)]
     return tree
 
 

@@ -38,6 +38,8 @@ def parse(source: str, filename: str) -> ast.Module:
         return ast.parse(source, filename)
     except SyntaxError as exc:
         raise DataError(f"{filename}: line {exc.lineno}: {exc.msg}") from None
+    except ValueError as exc:  # a NUL byte
+        raise DataError(f"{filename}: {exc}") from None
 
 
 def removable(node: ast.stmt, remove_asserts: bool) -> bool:
@@ -48,7 +50,8 @@ def removable(node: ast.stmt, remove_asserts: bool) -> bool:
     return remove_asserts and isinstance(node, ast.Assert)
 
 
-def _blocks(tree: ast.AST) -> Iterable[list[ast.stmt]]:
+def blocks(tree: ast.AST) -> Iterable[list[ast.stmt]]:
+    """Every statement list of the tree (bodies, else and finally blocks), to edit in place."""
     for node in ast.walk(tree):
         for name in ("body", "orelse", "finalbody"):
             block = getattr(node, name, None)
@@ -60,7 +63,7 @@ def _dropped(tree: ast.Module, remove_asserts: bool) -> tuple[list[tuple], set[t
     """The spans ((line, col), (end_line, end_col)) of the statements to drop, and the
     starts of those that must leave a placeholder `0` (their block would be empty)."""
     spans, placeholders = [], set()
-    for block in _blocks(tree):
+    for block in blocks(tree):
         gone = [s for s in block if removable(s, remove_asserts)]
         for s in gone:
             spans.append(((s.lineno, s.col_offset), (s.end_lineno, s.end_col_offset)))
