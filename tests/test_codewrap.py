@@ -426,6 +426,7 @@ def test_minify_keeps_every_line_and_joins_when_asked():
     joined = minify(source, keep_lines=False)
     assert same_program(source, joined, False)[0] and joined.count("\n") < small.count("\n") / 2
     assert "1,2)" in minify("f(1, 2, )\n") and "(1,)" in minify("x = (1, )\n") and "[0,]" in minify("x[0, ]\n")
+    assert minify("(a,) = f()\n") == "(a,)=f()\n"  # a statement's first bracket is no call's
 
 
 STDLIB = [

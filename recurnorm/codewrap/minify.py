@@ -202,7 +202,7 @@ def _lines(source: str, remove_asserts: bool, keep_lines: bool, quote: str, file
         if ttype == tokenize.OP:
             if text in "([{":
                 prev = units[-2] if len(units) > 1 else (None, "")
-                call = text == "(" and (prev[0] == tokenize.NAME and prev[1] not in _NOT_CALLS or prev[1] in ")]")
+                call = text == "(" and (prev[0] == tokenize.NAME and prev[1] not in _NOT_CALLS or prev[1] in (")", "]"))
                 brackets.append([0, call])
             elif text in ")]}":
                 brackets.pop()
