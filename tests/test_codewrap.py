@@ -429,6 +429,12 @@ def test_minify_keeps_every_line_and_joins_when_asked():
     assert minify("(a,) = f()\n") == "(a,)=f()\n"  # a statement's first bracket is no call's
 
 
+def test_numbers_take_their_shortest_spelling():
+    source = "x = (0.0, 1.0, 0.50, 1e-06, 100.0, 1_000.0, 0.0001, 2.5e-05, 1e+20, 3.14, 0x10, 1e999, 2j)\n"
+    assert minify(source) == "x=(.0,1.,.5,1e-6,100.,1000.,.0001,2.5e-5,1e20,3.14,16,1e999,2j)\n"
+    assert same_program(source, minify(source), False) == (True, True)
+
+
 STDLIB = [
     "argparse.py",
     "ast.py",

@@ -117,8 +117,8 @@ def _number(text: str) -> str:
     if isinstance(value, float):
         for x in list(spellings):
             x = re.sub(r"e([+-]?)0+(?=\d)", r"e\1", x).replace("e+", "e")
-            x = x[1:] if x.startswith("0.") else x
-            spellings.append(x[:-1] if x.endswith(".0") else x)
+            x = x[1:] if x.startswith("0.") else x  # `0.0` -> `.0`, kept: `.` alone is no number
+            spellings += [x, x[:-1] if x.endswith(".0") else x]
     return min((x for x in spellings if _reads_as(x, value)), key=len)
 
 
