@@ -209,6 +209,66 @@ SCRIPTS = {
         print("exiting")
         sys.exit(3)
     """,
+    # Python's scope rules, where renaming locals could go wrong (test_scopes.py: which names).
+    "scopes": """
+        counter_total = 100
+
+
+        def closures(values, scale=2):
+            running_total = 0
+            squares = [each_value * each_value for each_value in values if (last_seen := each_value)]
+
+            def add(amount):
+                nonlocal running_total
+                running_total += amount * scale
+                return running_total
+
+            def peek():
+                return running_total + counter_total + last_seen
+
+            class Holder:
+                held_value = len(squares)  # a class attribute keeps its name; `squares` is closures'
+                doubled = [len(squares) * 2 for _ in range(1)]  # the class's names are not the comprehension's
+
+            for item_value in values:
+                add(item_value)
+            try:
+                1 / 0
+            except ZeroDivisionError as problem:
+                kind_of_problem = type(problem).__name__
+            return squares, peek(), Holder.held_value, kind_of_problem, f"{scale=} {running_total=}"
+
+
+        def global_writer():
+            global counter_total
+            local_only = 5
+            counter_total += local_only
+            return counter_total
+
+
+        def dynamic():
+            hidden_value = 42
+            return sorted(k for k in locals()), eval("hidden_value")
+
+
+        def shadows(print_width=3):
+            len_of_list = len([1, 2, 3])  # the builtin `len` stays reachable
+            text_value = "x" * len_of_list * print_width
+            del len_of_list
+            return text_value
+
+
+        def generator_locals(limit):
+            current_index = 0
+            while current_index < limit:
+                yield current_index
+                current_index += 1
+
+
+        match_value = None
+        print(closures([1, 2, 3]))
+        print(global_writer(), dynamic(), shadows(), list(generator_locals(3)))
+    """,
 }
 # What a wrapped program cannot keep: docstrings (Empty.__doc__) and comments (getsource).
 DOCUMENTED = {
@@ -219,6 +279,7 @@ MODES = {
     "default": {},
     "joined": {"keep_lines": False, "remove_asserts": True},
     "ascii": {"ascii": True},
+    "renamed": {"rename_locals": True},
 }
 
 
@@ -453,14 +514,18 @@ STDLIB = [
 ]
 
 
-@pytest.mark.slow  # 14 stdlib modules, two forms each
+@pytest.mark.slow  # 14 stdlib modules, three forms each
 @pytest.mark.parametrize("name", STDLIB)
 def test_minify_on_code_we_did_not_write(name):
-    """CPython's own modules: the same program, line for line, and joined."""
+    """CPython's own modules: the same program, line for line, joined, and with its
+    functions' locals renamed."""
     path = Path(sysconfig.get_paths()["stdlib"]) / name
     source = path.read_text(encoding="utf-8")
     assert same_program(source, minify(source), False) == (True, True)
     assert same_program(source, minify(source, keep_lines=False, remove_asserts=True), True)[0]
+    renamed = minify(source, rename_locals=True)
+    assert same_program(source, renamed, False, rename_locals=True) == (True, True)
+    assert not same_program(source, renamed, False)[0]  # something was renamed
     assert len(minify(source).encode()) < 0.8 * len(source.encode())
 
 

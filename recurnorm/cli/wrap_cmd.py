@@ -47,13 +47,19 @@ def _read_source(path: Path) -> str:
 )
 @click.option("--remove-asserts", is_flag=True, help="drop assert statements (as `python -O` would)")
 @click.option(
+    "--rename-locals",
+    is_flag=True,
+    help="give functions' own local variables short names (never parameters, globals, attributes, or names "
+    "read by locals()/eval/f'{x=}'); --check proves the renaming consistent",
+)
+@click.option(
     "--ascii",
     is_flag=True,
     help="base85 instead of a latin-1 literal (+25%%): for a program that reads its own file as UTF-8",
 )
 @click.option("--force", is_flag=True, help="overwrite OUT")
 @click.option("--json", "as_json", is_flag=True, help="print what was written (or checked) as JSON")
-def wrap(src, out, check_path, loader, codec, join_lines, remove_asserts, ascii, force, as_json):
+def wrap(src, out, check_path, loader, codec, join_lines, remove_asserts, rename_locals, ascii, force, as_json):
     """Write SRC as one self-extracting Python file that runs exactly SRC: the counted code
     of a Parameter Golf submission, in as few bytes as the standard library allows.
 
@@ -63,7 +69,8 @@ def wrap(src, out, check_path, loader, codec, join_lines, remove_asserts, ascii,
     recurnorm verify final_model.rnpk --code submission/train_gpt.py
 
     Comments, docstrings and other literal statements and blank space go (and asserts with
-    --remove-asserts); every line stays where it was unless --join-lines. The result is
+    --remove-asserts; functions' local names with --rename-locals); every line stays where
+    it was unless --join-lines. The result is
     compressed (lzma; brotli when SRC imports it) into one latin-1 string literal and run
     with SRC's `__name__`, sys.argv and `__file__` (the wrapped file's path); tracebacks
     name `<SRC>` and SRC's line numbers. Relative imports are refused. The written file is
@@ -103,6 +110,7 @@ def wrap(src, out, check_path, loader, codec, join_lines, remove_asserts, ascii,
         codec=codec,
         keep_lines=not join_lines,
         remove_asserts=remove_asserts,
+        rename_locals=rename_locals,
         ascii=ascii,
     )
     atomic_write_bytes(out, result.data)
@@ -114,6 +122,7 @@ def wrap(src, out, check_path, loader, codec, join_lines, remove_asserts, ascii,
     click.echo(
         f"wrote {out} ({len(result.data):,} bytes: {src} {result.source_bytes:,} bytes, minified "
         f"{result.minified_bytes:,}{' with ' + ', '.join(result.modules) if result.modules else ''}, {result.codec}"
-        f"{', ascii' if ascii else ''}; line numbers {'joined' if join_lines else 'kept'}; "
+        f"{', ascii' if ascii else ''}; line numbers {'joined' if join_lines else 'kept'}"
+        f"{'; locals renamed' if rename_locals else ''}; "
         f"checked against {src.name}); count it with --code {out} on pack and verify"
     )

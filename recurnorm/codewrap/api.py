@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from ..errors import DataError
 from . import selfextract
 from .minify import blocks, minify, normalize_newlines, parse, removable
+from .scopes import Unsupported, canonical_locals
 
 _READS = {"open", "read_text", "read_bytes"}
 
@@ -24,6 +25,7 @@ class Wrapped:
     minified_bytes: int  # everything in the payload, before compression
     keep_lines: bool
     remove_asserts: bool
+    rename_locals: bool
     modules: list[str]
     seconds: float
     warnings: list[str] = field(default_factory=list)
@@ -36,6 +38,7 @@ class Wrapped:
             "minified_bytes": self.minified_bytes,
             "keep_lines": self.keep_lines,
             "remove_asserts": self.remove_asserts,
+            "rename_locals": self.rename_locals,
             "modules": self.modules,
             "seconds": round(self.seconds, 3),
             "warnings": self.warnings,
@@ -72,11 +75,20 @@ def _normalized(tree: ast.Module, remove_asserts: bool) -> ast.Module:
     return tree
 
 
-def same_program(a: str, b: str, remove_asserts: bool, names: tuple[str, str] = ("a", "b")) -> tuple[bool, bool]:
+def same_program(
+    a: str, b: str, remove_asserts: bool, names: tuple[str, str] = ("a", "b"), rename_locals: bool = False
+) -> tuple[bool, bool]:
     """Whether two sources are one program modulo minify's transformations, and whether
-    every statement and expression sits on the same line in both."""
+    every statement and expression sits on the same line in both. With rename_locals,
+    functions' renamable locals (scopes.py) compare by their scope and order of first use,
+    so a consistent renaming passes and a capture or a collision does not."""
     ta = _normalized(parse(normalize_newlines(a), names[0]), remove_asserts)
     tb = _normalized(parse(normalize_newlines(b), names[1]), remove_asserts)
+    if rename_locals:  # (equal trees have equal canonical forms: one comparison serves)
+        try:
+            ta, tb = canonical_locals(ta), canonical_locals(tb)  # in place: the line walk below still pairs nodes
+        except Unsupported:
+            pass
     if ast.dump(ta) != ast.dump(tb):
         return False, False
     pairs = zip(ast.walk(ta), ast.walk(tb), strict=True)  # the same trees: the same walk
@@ -130,6 +142,7 @@ def wrap(
     codec: str = "auto",
     keep_lines: bool = True,
     remove_asserts: bool = False,
+    rename_locals: bool = False,
     ascii: bool = False,
 ) -> Wrapped:
     """`source` (a program named `filename`) minified, compressed and written as one Python
@@ -140,7 +153,9 @@ def wrap(
     source = normalize_newlines(source)
     tree = parse(source, filename)
     _refuse_relative_imports(tree, filename)
-    program = minify(source, keep_lines=keep_lines, remove_asserts=remove_asserts, filename=filename)
+    program = minify(
+        source, keep_lines=keep_lines, remove_asserts=remove_asserts, rename_locals=rename_locals, filename=filename
+    )
     allowed = ["lzma", "brotli"] if _imports(tree, "brotli") else ["lzma"]
     if codec not in ("auto", *selfextract.CODECS):
         raise DataError(f"unknown codec {codec!r} (auto, {', '.join(selfextract.CODECS)})")
@@ -156,7 +171,7 @@ def wrap(
         key=len,
     )
     payload, _ = selfextract.read(data)
-    ok, lines = same_program(source, payload.program[1], remove_asserts, (filename, "the payload"))
+    ok, lines = same_program(source, payload.program[1], remove_asserts, (filename, "the payload"), rename_locals)
     if not ok or (keep_lines and not lines):  # minify's bug, never the user's: refuse to write it
         raise DataError(f"{filename}: the minified program differs from the source; please report this")
     warnings = [
@@ -171,6 +186,7 @@ def wrap(
         minified_bytes=sum(len(t.encode("utf-8")) for _, t in files),
         keep_lines=keep_lines,
         remove_asserts=remove_asserts,
+        rename_locals=rename_locals,
         modules=[n for n, _ in modules],
         seconds=time.perf_counter() - t0,
         warnings=warnings,
@@ -180,17 +196,20 @@ def wrap(
 def check(data: bytes, source: str, filename: str = "the source", modules: dict[str, str] | None = None) -> Checked:
     """Prove that the wrapped file `data` runs `source`: its stub is exactly the one wrap
     writes, and its program's AST equals the source's once comments, layout and literal
-    statements are set aside (and asserts, when the payload has none left). `modules`
+    statements are set aside (and asserts, when the payload has none left; and functions'
+    own local names, compared by scope and order of first use, when they differ). `modules`
     (name -> expected source) are compared the same way. DataError says what differs."""
     payload, _ = selfextract.read(data)
     name, program = payload.program
     transformations = ["comments", "blank space", "docstrings and other literal statements"]
-    ok, lines = same_program(source, program, False, (filename, "the payload"))
-    if not ok:
-        ok, lines = same_program(source, program, True, (filename, "the payload"))
-        if not ok:
-            raise DataError(f"the wrapped program ({name}) is not {filename}: their code differs")
-        transformations.append("asserts")
+    # the fewest transformations that explain the payload: asserts, then local names
+    for asserts, local_names in ((False, False), (True, False), (False, True), (True, True)):
+        ok, lines = same_program(source, program, asserts, (filename, "the payload"), local_names)
+        if ok:
+            transformations += ["asserts"] * asserts + ["local names"] * local_names
+            break
+    else:
+        raise DataError(f"the wrapped program ({name}) is not {filename}: their code differs")
     for mod, text in payload.files[:-1]:
         want = (modules or {}).get(mod)
         if want is None:

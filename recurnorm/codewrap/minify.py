@@ -11,16 +11,16 @@ it needs an AST, so its output is unparsed and then minified with lines joined.
 from __future__ import annotations
 
 import ast
-import builtins
+import bisect
 import io
 import itertools
 import keyword
 import re
-import string
 import tokenize
 from collections.abc import Iterable
 
 from ..errors import DataError
+from .scopes import Occurrence, Unsupported, local_renames, short_names
 
 _FSTRING_START = getattr(tokenize, "FSTRING_START", None)  # Python >= 3.12 splits f-strings
 _FSTRING_END = getattr(tokenize, "FSTRING_END", None)
@@ -147,14 +147,16 @@ _COMPOUND |= {"match", "case"}
 _NOT_CALLS = set(keyword.kwlist) | {"match", "case", "_", "type"}  # a name whose `(` may open a tuple
 
 
-def _lines(source: str, remove_asserts: bool, keep_lines: bool, quote: str, filename: str):
+def _lines(source: str, remove_asserts: bool, keep_lines: bool, quote: str, filename: str, rename_locals: bool):
     """The program's logical lines as (first row, block depth, text, kind), comments and
     dropped statements gone, tokens respaced. A line's text keeps its own line breaks
     (inside brackets, after a backslash, inside strings) at the source's rows, or only
     those inside strings without keep_lines; kind is
     "simple", "header" (ends with its block's colon) or "compound" (anything else that
     cannot take a `;` after it: a one-line block, a decorator)."""
-    spans, placeholders = _dropped(parse(source, filename), remove_asserts)
+    tree = parse(source, filename)
+    spans, placeholders = _dropped(tree, remove_asserts)
+    renames = _renames(source, tree) if rename_locals else {}
     indent, span_i = 0, 0
     out: list[str] = []  # the current line's pieces
     units: list[tuple] = []  # its (type, text, index in out)
@@ -192,10 +194,12 @@ def _lines(source: str, remove_asserts: bool, keep_lines: bool, quote: str, file
             out.append(" ")
         if ttype == tokenize.OP and text in ")]}" and units[-1][1] == "," and (brackets[-1][0] > 1 or brackets[-1][1]):
             out[units[-1][2]] = ""  # a trailing comma that makes no tuple
-        if ttype == tokenize.NUMBER:
+        if ttype == tokenize.NAME:
+            text = renames.get(start, (text, text))[1]
+        elif ttype == tokenize.NUMBER:
             text = _number(text)
         elif ttype == tokenize.STRING:
-            text = _string(text, quote)
+            text = _string(_renamed_inside(text, start, end, renames), quote)
         units.append((ttype, text, len(out)))
         out.append(text)
         row = max(row, end[0])  # a string over several lines
@@ -215,6 +219,7 @@ def minify(
     *,
     keep_lines: bool = True,
     remove_asserts: bool = False,
+    rename_locals: bool = False,
     quote: str | None = None,
     filename: str = "<source>",
 ) -> str:
@@ -223,10 +228,12 @@ def minify(
     their shortest spelling and strings between one kind of quote (`quote`, by default the
     source's more common one; the same AST). keep_lines keeps every line where it was
     (tracebacks name the source's line numbers); without it the statements of a block
-    share lines (`a;b`, `if x:a;b`), pyminify's single-line form."""
+    share lines (`a;b`, `if x:a;b`), pyminify's single-line form. rename_locals gives
+    functions' and comprehensions' own locals short names (scopes.py says which are safe;
+    parameters, globals, attributes and anything read by name keep theirs)."""
     source = normalize_newlines(source)
     quote = quote or ('"' if source.count('"') >= source.count("'") else "'")
-    lines = list(_lines(source, remove_asserts, keep_lines, quote, filename))
+    lines = list(_lines(source, remove_asserts, keep_lines, quote, filename, rename_locals))
     if keep_lines:
         out, row = [], 1
         for first, indent, text, _ in lines:
@@ -234,6 +241,83 @@ def minify(
             row = first + text.count("\n")
         return "".join(out) + "\n" if out else ""
     return "".join(_joined(lines))
+
+
+def _renames(source: str, tree: ast.Module) -> dict[tuple[int, int], tuple[str, str]]:
+    """Token start (row, column) -> (name, new name) for every occurrence of a renamed
+    local. Each occurrence is found among the tokens (or inside an f-string, whose code
+    stays text); a local with an occurrence that is not where its node says keeps its name."""
+    lines = source.splitlines(keepends=True)
+    units = [(start, ttype, text) for ttype, text, start, _ in _units(source)]
+    starts = [u[0] for u in units]
+    keep: set[tuple[int, str]] = set()
+    while True:
+        kept = len(keep)
+        try:
+            plan = local_renames(tree, keep)
+        except Unsupported:
+            return {}
+        out = {}
+        for key, (new, occurrences) in plan.items():
+            where = [_position(o, lines, units, starts) for o in occurrences]
+            if None in where:
+                keep.add(key)
+            out.update((pos, (key[1], new)) for pos in where)
+        if len(keep) == kept:
+            return out
+
+
+def _position(o: Occurrence, lines: list[str], units: list[tuple], starts: list[tuple]) -> tuple[int, int] | None:
+    """Where the occurrence's name starts, as (row, column in characters); None when the
+    tokens there are not that name."""
+    node, name = o.node, o.name
+    if isinstance(node, ast.ExceptHandler):  # `except E as name`: the name after `as`
+        i = bisect.bisect_left(starts, (node.lineno, 0))
+        while i < len(units) and not (units[i][1] == tokenize.NAME and units[i][2] == "as"):
+            i += 1
+        ok = i + 1 < len(units) and units[i + 1][1] == tokenize.NAME and units[i + 1][2] == name
+        return units[i + 1][0] if ok else None
+    line = lines[node.lineno - 1]
+    pos = (node.lineno, len(line.encode("utf-8")[: node.col_offset].decode("utf-8", "replace")))
+    i = bisect.bisect_right(starts, pos) - 1
+    if i < 0:
+        return None
+    start, ttype, text = units[i]
+    if start == pos:
+        return pos if ttype == tokenize.NAME and text == name else None
+    if ttype != tokenize.STRING or not _fstring(text):
+        return None
+    at = _offset_in(text, start, pos)
+    ok = (
+        text[at : at + len(name)] == name
+        and not _word(text[at - 1])
+        and not _word(text[at + len(name) : at + len(name) + 1] or " ")
+    )
+    return pos if ok else None
+
+
+def _fstring(text: str) -> bool:
+    return "f" in text[: len(text) - len(text.lstrip("bBrRuUfF"))].lower()
+
+
+def _offset_in(text: str, start: tuple[int, int], pos: tuple[int, int]) -> int:
+    """The index in a token's text of source position `pos` (the token starts at `start`)."""
+    rows = text.split("\n")
+    if pos[0] == start[0]:
+        return pos[1] - start[1]
+    if pos[0] - start[0] >= len(rows):
+        return len(text)
+    return sum(len(r) + 1 for r in rows[: pos[0] - start[0]]) + pos[1]
+
+
+def _renamed_inside(text: str, start: tuple[int, int], end: tuple[int, int], renames: dict) -> str:
+    """An f-string's text with the renamed names inside its expressions replaced."""
+    if not renames or not _fstring(text):
+        return text
+    inside = [(_offset_in(text, start, p), old, new) for p, (old, new) in renames.items() if start < p < end]
+    for at, old, new in sorted(inside, reverse=True):
+        text = text[:at] + new + text[at + len(old) :]
+    return text
 
 
 def _joined(lines: list[tuple]):
@@ -262,15 +346,6 @@ def _joined(lines: list[tuple]):
 # --- renaming: the loader's last bytes --------------------------------------------------
 
 
-def _short_names(taken: set[str]):
-    """a, b, ..., Z, aa, ab, ... skipping every name the program already uses."""
-    for size in itertools.count(1):
-        for chars in itertools.product(string.ascii_letters, repeat=size):
-            name = "".join(chars)
-            if name not in taken and not keyword.iskeyword(name) and not hasattr(builtins, name):
-                yield name
-
-
 def rename(tree: ast.Module, public: set[str], foreign_attrs: set[str]) -> None:
     """Shorten the names a reader never sees: module-level private definitions, the fields
     this program stores on its own objects (unless a foreign object, e.g. a numpy array, has
@@ -280,7 +355,7 @@ def rename(tree: ast.Module, public: set[str], foreign_attrs: set[str]) -> None:
     imported = {a.asname or a.name for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
     exposed = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in public]
     kept = imported | public | {"self"} | {a.arg for n in exposed for a in n.args.args + n.args.kwonlyargs}
-    module, fresh = {}, _short_names(kept)
+    module, fresh = {}, short_names(kept)
     for node in tree.body:  # module level: functions, classes, constants
         names = (
             [node.name]
@@ -293,9 +368,9 @@ def rename(tree: ast.Module, public: set[str], foreign_attrs: set[str]) -> None:
         {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
         - foreign_attrs
     )
-    fields = dict(zip(stored, _short_names(attrs | foreign_attrs), strict=False))
+    fields = dict(zip(stored, short_names(attrs | foreign_attrs), strict=False))
     for node in tree.body:
-        local, fresh = {}, _short_names(kept | set(module.values()))
+        local, fresh = {}, short_names(kept | set(module.values()))
         for n in ast.walk(node):
             name = (
                 n.id
