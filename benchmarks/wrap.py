@@ -13,12 +13,15 @@ its root). For each script, side by side:
   +loader     what shipping recurnorm's loader beside it adds the old way: the minified
               loader in its own lzma + base85 wrapper (3,936 B when this benchmark was written)
   wrap        `recurnorm wrap --loader`: program and loader in one payload; line numbers kept
-  wrap -j -a  the same with --join-lines --remove-asserts (what the #1 record's recipe drops)
+  -r          the same with --rename-locals (functions' own locals get short names)
+  -j -a       with --join-lines --remove-asserts (what the #1 record's recipe drops)
+  -j -a -r    all three
 
 ratio = wrap bytes / (record + loader the old way); the target is <= 0.80. Then the seconds
-`wrap` takes (the self-check included; target <= 5 s) and the wrapped file's start-up cost
-over the source's: decompress + compile of the payload against compile of the source (what
-`python train_gpt.py` does on every start; target <= 0.2 s more). Medians of --repeats.
+`wrap` takes (the self-check included; target <= 5 s), for the default and for -j -a -r
+(the slowest), and the wrapped file's start-up cost over the source's: decompress + compile
+of the payload against compile of the source (what `python train_gpt.py` does on every
+start; target <= 0.2 s more). Medians of --repeats.
 
 Needs python-minifier (the records' pyminify), in this run only:
     .venv/bin/pip install python-minifier
@@ -108,35 +111,48 @@ def main() -> None:
     loader_old = old_compact_loader()
     print(f"loader: the old way (minified, lzma + base85) {loader_old:,} B; `recurnorm loader --compact` now ", end="")
     print(f"{len(compact_loader()):,} B")
-    head = f"{'script':<34} {'source':>8} {'record':>7} {'lzma+b85':>8} {'wrap':>7} {'wrap -j -a':>10}"
-    print(head + f" {'ratio':>5} {'ratio -j -a':>11} {'wrap s':>6} {'start +s':>8}")
-    worst = 0.0
+    variants = {
+        "wrap": {},
+        "-r": {"rename_locals": True},
+        "-j -a": {"keep_lines": False, "remove_asserts": True},
+        "-j -a -r": {"keep_lines": False, "remove_asserts": True, "rename_locals": True},
+    }
+    head = f"{'script':<24} {'source':>8} {'record':>7} {'lzma+b85':>8} " + " ".join(f"{k:>8}" for k in variants)
+    print(
+        head
+        + " "
+        + " ".join(f"{'ratio ' + k:>14}" for k in variants)
+        + f" {'wrap s':>6} {'-j-a-r s':>8} {'start +s':>8}"
+    )
+    worst = dict.fromkeys(variants, 0.0)
     for path in scripts:
         source = path.read_text(encoding="utf-8")
         record = record_recipe(source)
         anchor = (record if record is not None else len(source.encode())) + loader_old
         modules = [(MODULE, minified_loader())]
-        seconds, sizes = [], {}
+        seconds, sizes = {k: [] for k in variants}, {}
         for _ in range(args.repeats):
-            for key, opts in (("keep", {}), ("join", {"keep_lines": False, "remove_asserts": True})):
+            for key, opts in variants.items():
                 t0 = time.perf_counter()
-                result = wrap(source, "train_gpt.py", modules=modules, **opts)
-                if key == "keep":
-                    seconds.append(time.perf_counter() - t0)
-                sizes[key] = result.data
-        start = startup_overhead(source, sizes["keep"], args.repeats)
-        ratios = [len(sizes[k]) / anchor for k in ("keep", "join")]
-        worst = max(worst, ratios[1])
+                sizes[key] = wrap(source, "train_gpt.py", modules=modules, **opts).data
+                seconds[key].append(time.perf_counter() - t0)
+        start = startup_overhead(source, sizes["wrap"], args.repeats)
+        ratios = {k: len(sizes[k]) / anchor for k in variants}
+        worst = {k: max(worst[k], ratios[k]) for k in variants}
         print(
-            f"{path.stem[:34]:<34} {len(source.encode()):>8,} "
+            f"{path.stem[:24]:<24} {len(source.encode()):>8,} "
             f"{record if record is not None else len(source.encode()):>7,}{'' if record else '*'}"
-            f"{plain_lzma_b85(source):>{8 if record else 7},} {len(sizes['keep']):>7,} {len(sizes['join']):>10,} "
-            f"{ratios[0]:>5.3f} {ratios[1]:>11.3f} {statistics.median(seconds):>6.2f} {start:>+8.3f}"
+            f"{plain_lzma_b85(source):>{8 if record else 7},} "
+            + " ".join(f"{len(sizes[k]):>8,}" for k in variants)
+            + " "
+            + " ".join(f"{ratios[k]:>14.3f}" for k in variants)
+            + f" {statistics.median(seconds['wrap']):>6.2f} {statistics.median(seconds['-j -a -r']):>8.2f} {start:>+8.3f}"
         )
     print(
         "record = the script's own recipe (* none: the raw code it counts); ratio = wrap / (record + the loader "
-        f"the old way, {loader_old:,} B); target <= 0.80. Worst with -j -a: {worst:.3f}. "
-        "wrap s includes its self-check; start +s = decompress and compile beyond compiling the source."
+        f"the old way, {loader_old:,} B); target <= 0.80. Worst: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in worst.items())
+        + ". wrap s includes its self-check; start +s = decompress and compile beyond compiling the source."
     )
 
 
