@@ -27,6 +27,35 @@ def _split(_ctx, _param, value: str | None) -> str | None:
     return value.strip() if value else value
 
 
+def _steps(_ctx, _param, value: str | None) -> list[int] | None:
+    """'600' or '150,600,2400' -> [150, 600, 2400]."""
+    if value is None:
+        return None
+    from ..errors import ConfigError
+    from ..evaluate.roundtrip import resolve_steps
+
+    try:
+        return resolve_steps(value, 0)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _match_bytes(_ctx, _param, value: str | None) -> int | str | None:
+    """A positive byte count, or a scheme name (lora's rank is matched to it)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        if int(value) < 1:
+            raise click.BadParameter("a byte count must be >= 1")
+        return int(value)
+    from ..model import schemes as registry
+
+    if value not in registry.available():
+        raise click.BadParameter(f"{value!r} is neither a byte count nor a scheme ({', '.join(registry.available())})")
+    return value
+
+
 def _set_threads(threads: int | None) -> None:
     if threads:
         import torch
@@ -66,7 +95,14 @@ def _print_result(result, as_json: bool) -> None:
     "--seeds", type=click.IntRange(min=1), default=1, show_default=True, help="seeds per scheme; claims need >= 3"
 )
 @click.option("--preset", default="tiny", show_default=True, help="training preset")
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="training steps (default: the preset's)")
+@click.option(
+    "--steps",
+    default=None,
+    callback=_steps,
+    metavar="N[,N...]",
+    help="training steps, or several lengths ('150,600,2400'): each trained from scratch with "
+    "its own cosine schedule, seeds paired within a length, plus lengths.png (default: the preset's)",
+)
 @click.option(
     "--out",
     "out_dir",
@@ -90,9 +126,11 @@ def _print_result(result, as_json: bool) -> None:
 )
 @click.option(
     "--match-bytes",
-    type=click.IntRange(min=1),
     default=None,
-    help="choose each scheme's width so its artifact lands within ±3% of N bytes",
+    callback=_match_bytes,
+    metavar="N|SCHEME",
+    help="N: choose each scheme's width so its artifact lands within ±3% of N bytes; "
+    "SCHEME (e.g. norm_gate): choose lora's rank so its artifact lands nearest that scheme's",
 )
 @click.option("--force", is_flag=True, help="overwrite existing outputs")
 @click.option("--json", "as_json", is_flag=True, help="print the results as JSON")
@@ -164,6 +202,21 @@ def roundtrip(
         jobs=jobs,
     )
     _print_result(result, as_json)
+    _fail_on_failures(result)
+
+
+def _fail_on_failures(result) -> None:
+    """Exit non-zero (after the results are printed and written) when any model failed to train."""
+    from ..errors import RecurnormError
+
+    fails = result.config.get("failures") or []
+    if fails:
+        where = "; ".join(f"{f['scheme']}/seed{f['seed']} at {f['steps']} steps: {f['error']}" for f in fails[:3])
+        more = f" (and {len(fails) - 3} more)" if len(fails) > 3 else ""
+        raise RecurnormError(
+            f"{len(fails)} model(s) failed to train, reported in the results and left out of the statistics: "
+            f"{where}{more}"
+        )
 
 
 @click.command()

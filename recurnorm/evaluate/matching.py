@@ -101,3 +101,87 @@ def match_widths(
 ) -> dict[str, WidthMatch]:
     """match_width for every scheme's base config."""
     return {s: match_width(c, quant, target_bytes, quant_options=quant_options) for s, c in configs.items()}
+
+
+# A lora adapter of rank d is no longer low rank; the search stops there.
+MAX_RANK = 256
+
+
+@dataclass
+class RankMatch:
+    """lora's rank chosen so its artifact lands nearest another scheme's (question 1 at equal bytes)."""
+
+    target_scheme: str
+    rank: int
+    estimated_bytes: int  # planner's lora artifact at that rank
+    target_bytes: int  # planner's artifact of target_scheme
+    within_tolerance: bool
+    # Per training length: the trained models' mean artifact bytes, filled in by the roundtrip.
+    actual: dict[str, dict] | None = None
+
+    @property
+    def deviation(self) -> float:
+        """(lora − target) / target from the planner's estimates."""
+        return (self.estimated_bytes - self.target_bytes) / self.target_bytes
+
+    def fill_actual(self, rows, quant: str) -> None:
+        """The trained artifacts' bytes of lora and the target under quant, per training length."""
+        self.actual = {}
+        for steps in sorted({r.steps for r in rows if r.steps is not None}):
+
+            def mean(scheme, steps=steps):
+                got = [r.artifact_bytes for r in rows if r.scheme == scheme and r.quant == quant and r.steps == steps]
+                return round(sum(got) / len(got)) if got else None
+
+            lora, target = mean("lora"), mean(self.target_scheme)
+            dev = (lora - target) / target if lora is not None and target else None
+            self.actual[str(steps)] = {"lora": lora, self.target_scheme: target, "deviation": dev}
+        # The trained artifacts decide: a fresh adapter (B = 0) packs smaller than a trained one.
+        devs = [a["deviation"] for a in self.actual.values() if a["deviation"] is not None]
+        if devs:
+            self.within_tolerance = all(abs(d) <= TOLERANCE for d in devs)
+
+    def to_dict(self) -> dict:
+        """Plain dict for JSON output."""
+        return {**asdict(self), "deviation": self.deviation}
+
+
+def match_rank(
+    configs: dict[str, dict], target_scheme: str, quant: str, quant_options: dict | None = None
+) -> RankMatch:
+    """The lora rank whose artifact under quant is closest to target_scheme's (same width and depth).
+
+    Ranks are whole numbers, so the match is as close as one rank's bytes allow
+    (``within_tolerance`` says whether that is within ±3%).
+    """
+    if "lora" not in configs:
+        raise ConfigError("--match-bytes SCHEME sets lora's rank: add lora to --schemes")
+    if target_scheme not in configs or target_scheme == "lora":
+        raise ConfigError(
+            f"--match-bytes {target_scheme!r}: expected a byte count or another scheme of this run "
+            f"({', '.join(s for s in configs if s != 'lora')})"
+        )
+    target = fresh_artifact_bytes(configs[target_scheme], quant, quant_options=quant_options)
+    lora = configs["lora"]
+
+    def size(rank: int) -> int:
+        cfg = {**lora, "scheme_options": {**lora.get("scheme_options", {}), "rank": rank}}
+        return fresh_artifact_bytes(cfg, quant, quant_options=quant_options)
+
+    # Bytes grow with the rank: walk up until past the target, keep the closer of the last two.
+    best, best_size = 1, size(1)
+    rank = 1
+    while best_size < target and rank < min(MAX_RANK, int(lora.get("d_model", MAX_RANK))):
+        rank += 1
+        got = size(rank)
+        if abs(got - target) < abs(best_size - target):
+            best, best_size = rank, got
+        if got >= target:
+            break
+    return RankMatch(
+        target_scheme=target_scheme,
+        rank=best,
+        estimated_bytes=best_size,
+        target_bytes=target,
+        within_tolerance=abs(best_size - target) <= TOLERANCE * target,
+    )

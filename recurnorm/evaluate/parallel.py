@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ class TrainJob:
     seed: int
     config: dict
     out: str
+    steps: int | None = None  # training length (None: train_kw's)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,14 @@ class JobResult:
     path: str
     elapsed_s: float
     device: str
+    steps: int | None = None
+    error: str | None = None  # set (and no checkpoint) when keep_going caught the job's failure
+
+
+def failure_text(exc: BaseException) -> str:
+    """How a failed training is reported: the error's type and first line."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def job_devices(n_jobs: int) -> list[str]:
@@ -68,6 +78,7 @@ def _run_job(job: TrainJob, data: Any, tokenizer: str | None, train_kw: dict) ->
     device = _DEVICE
     corpus = as_corpus(data, tokenizer)
     t0 = time.perf_counter()
+    kw = dict(train_kw) if job.steps is None else {**train_kw, "steps": job.steps}
     result = train(
         ModelConfig.from_dict(job.config),
         corpus,
@@ -75,10 +86,10 @@ def _run_job(job: TrainJob, data: Any, tokenizer: str | None, train_kw: dict) ->
         pair_init=True,
         progress=False,
         device=device,
-        **train_kw,
+        **kw,
     )
     save_checkpoint(result.model, job.out, force=True)
-    return JobResult(job.scheme, job.seed, job.out, time.perf_counter() - t0, device)
+    return JobResult(job.scheme, job.seed, job.out, time.perf_counter() - t0, device, job.steps)
 
 
 def train_parallel(
@@ -89,8 +100,13 @@ def train_parallel(
     train_kw: dict,
     n_jobs: int,
     on_done: Callable[[JobResult], None] | None = None,
-) -> dict[tuple[str, int], JobResult]:
-    """Run the jobs on n_jobs processes; {(scheme, seed): JobResult}. A failing job raises."""
+    keep_going: bool = False,
+) -> dict[tuple[str, int, int | None], JobResult]:
+    """Run the jobs on n_jobs processes; {(scheme, seed, steps): JobResult}.
+
+    A failing job raises, or with ``keep_going`` becomes a JobResult whose
+    ``error`` says why (the other jobs still run), so a caller can report it.
+    """
     if not jobs:
         return {}
     n = max(1, min(int(n_jobs), len(jobs)))
@@ -106,8 +122,16 @@ def train_parallel(
     ) as pool:
         futures = {pool.submit(_run_job, job, data, tokenizer, train_kw): job for job in jobs}
         for fut in as_completed(futures):
-            res = fut.result()  # re-raises the worker's error (a RecurnormError keeps its type)
-            results[(res.scheme, res.seed)] = res
+            job = futures[fut]
+            try:
+                res = fut.result()  # re-raises the worker's error (a RecurnormError keeps its type)
+            except BrokenProcessPool:
+                raise  # the pool itself died (a worker killed, spawn failed): not this job's training
+            except Exception as exc:
+                if not keep_going:
+                    raise
+                res = JobResult(job.scheme, job.seed, job.out, 0.0, "", job.steps, error=failure_text(exc))
+            results[(res.scheme, res.seed, res.steps)] = res
             if on_done is not None:
                 on_done(res)
     return results

@@ -69,3 +69,70 @@ def plot_roundtrip(
     fig.savefig(buf, format="png")
     plt.close(fig)
     return atomic_write_bytes(path, buf.getvalue())
+
+
+def plot_lengths(
+    aggs: list[dict[str, Any]],
+    path: str | os.PathLike,
+    title: str = "Paired Δbpb vs shared against training length (bar: min..max over seeds; unique in the table)",
+) -> Path:
+    """One panel before export and one after each quantizer: each scheme's paired Δbpb vs shared
+    (mean over seeds, bar = min..max of the per-seed differences) against training steps; a PNG.
+
+    ``unique`` (the upper bound, a whole block per step) is left out: its gap is ten times the
+    others' and would flatten them into one line; the report's table has it.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    quants = list(dict.fromkeys(a["quant"] for a in aggs))
+    schemes = list(dict.fromkeys(a["scheme"] for a in aggs if "vs_shared" in a and a["scheme"] != "unique"))
+    lengths = sorted({a["steps"] for a in aggs if a.get("steps") is not None})
+    panels = [("before export", quants[0] if quants else None, "bpb_pre")]
+    panels += [(f"after {q} export", q, "bpb_post") for q in quants]
+    cmap = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels) + 1.6, 3.8), dpi=90, sharey=True, squeeze=False)
+    # Schemes sit side by side at each length so their bars do not hide each other.
+    spread = 0.06
+    for ax, (label, q, key) in zip(axes[0], panels, strict=True):
+        for i, scheme in enumerate(schemes):
+            xs, ys, lo, hi = [], [], [], []
+            for n in lengths:
+                a = next((a for a in aggs if a["steps"] == n and a["quant"] == q and a["scheme"] == scheme), None)
+                p = (a or {}).get("vs_shared", {}).get(key)
+                if not p or not p.get("n"):
+                    continue
+                xs.append(n * 10 ** (spread * (i - (len(schemes) - 1) / 2) / len(schemes)))
+                ys.append(p["mean"])
+                lo.append(p["mean"] - p["min"])
+                hi.append(p["max"] - p["mean"])
+            if xs:
+                ax.errorbar(
+                    xs,
+                    ys,
+                    yerr=[lo, hi],
+                    color=cmap(i % 10),
+                    marker=MARKERS[i % len(MARKERS)],
+                    ms=5,
+                    capsize=3,
+                    lw=1.2,
+                    label=scheme,
+                )
+        ax.axhline(0.0, color="black", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xticks(lengths)
+        ax.set_xticklabels([f"{n:,}" for n in lengths])
+        ax.minorticks_off()
+        ax.set_xlabel("training steps")
+        ax.set_title(label, fontsize=10)
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("scheme − shared, bpb (lower is better)")
+    axes[0][-1].legend(title="scheme", loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return atomic_write_bytes(path, buf.getvalue())

@@ -23,6 +23,8 @@ from ..io import atomic_write_json, atomic_write_text, check_writable
 MIN_SEEDS = 3
 # Output files of one run, in the order they are written.
 OUTPUT_FILES = ("results.json", "results.csv", "results.md", "roundtrip.png")
+# Written too when a run has several training lengths: paired Δbpb vs shared against length.
+LENGTHS_PNG = "lengths.png"
 # Formats whose codes carry at most ~4 bits: "aggressive compression" in question (4).
 AGGRESSIVE_HINTS = ("int2", "int3", "int4", "int5", "ternary", "nf4", "fp4", "binary")
 
@@ -44,6 +46,8 @@ class Row:
     gap_recovered_post: float | None = None
     # probe name -> {measure: value}; see evaluate.probes
     probes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Training length of the model; rows are compared (paired) only within one length.
+    steps: int | None = None
 
     @property
     def delta_bpb(self) -> float:
@@ -81,10 +85,10 @@ def gap_recovered(bpb_shared: float, bpb_scheme: float, bpb_unique: float) -> fl
 
 def fill_gap_recovered(rows: list[Row]) -> list[Row]:
     """Set gap_recovered_pre/post on every row whose seed and quant also have shared and unique."""
-    by_key = {(r.scheme, r.quant, r.seed): r for r in rows}
+    by_key = {(r.scheme, r.quant, r.seed, r.steps): r for r in rows}
     for r in rows:
-        shared = by_key.get(("shared", r.quant, r.seed))
-        unique = by_key.get(("unique", r.quant, r.seed))
+        shared = by_key.get(("shared", r.quant, r.seed, r.steps))
+        unique = by_key.get(("unique", r.quant, r.seed, r.steps))
         if shared is None or unique is None:
             r.gap_recovered_pre = r.gap_recovered_post = None
             continue
@@ -156,10 +160,14 @@ def _value(row: Row, key: str) -> float | None:
 
 
 def paired_diffs(rows: list[Row], a: str, b: str, quant: str, key: str) -> list[float]:
-    """Per-seed value(a) − value(b) for one quantizer, over seeds where both exist."""
-    va = {r.seed: _value(r, key) for r in rows if r.scheme == a and r.quant == quant}
-    vb = {r.seed: _value(r, key) for r in rows if r.scheme == b and r.quant == quant}
-    return [va[s] - vb[s] for s in sorted(va) if s in vb and va[s] is not None and vb[s] is not None]
+    """Per-seed value(a) − value(b) for one quantizer, over seeds where both exist.
+
+    A pair is one seed at one training length: seed k at 150 steps is never
+    paired with seed k at 2400 (pass one length's rows to get one length's diffs).
+    """
+    va = {(r.steps or 0, r.seed): _value(r, key) for r in rows if r.scheme == a and r.quant == quant}
+    vb = {(r.steps or 0, r.seed): _value(r, key) for r in rows if r.scheme == b and r.quant == quant}
+    return [va[k] - vb[k] for k in sorted(va) if k in vb and va[k] is not None and vb[k] is not None]
 
 
 def _ordered(values) -> list:
@@ -179,8 +187,29 @@ AGG_FIELDS = (
 PAIRED_FIELDS = ("bpb_pre", "bpb_post", "delta_bpb")
 
 
+def lengths_of(rows: list[Row]) -> list[int | None]:
+    """The training lengths present, shortest first (None for rows that predate lengths)."""
+    return sorted(_ordered(r.steps for r in rows), key=lambda n: -1 if n is None else n)
+
+
+def at_length(rows: list[Row], steps: int | None) -> list[Row]:
+    """The rows of one training length."""
+    return [r for r in rows if r.steps == steps]
+
+
 def aggregate(rows: list[Row], min_seeds: int = MIN_SEEDS) -> list[dict[str, Any]]:
-    """Per (scheme, quant): mean ± std over seeds, and paired differences to shared."""
+    """Per (length, quant, scheme): mean ± std over seeds, and paired differences to shared.
+
+    Every statistic is taken within one training length (``Row.steps``).
+    """
+    out = []
+    for steps in lengths_of(rows):
+        for agg in _aggregate_one_length(at_length(rows, steps), min_seeds):
+            out.append({"steps": steps, **agg})
+    return out
+
+
+def _aggregate_one_length(rows: list[Row], min_seeds: int) -> list[dict[str, Any]]:
     out = []
     for quant in _ordered(r.quant for r in rows):
         for scheme in _ordered(r.scheme for r in rows):
@@ -435,14 +464,43 @@ def _q4(rows: list[Row], aggs: list[dict], quants: list[str]) -> dict[str, Any]:
 
 
 def falsification(rows: list[Row], aggs: list[dict] | None = None) -> list[dict[str, Any]]:
-    """The four falsification questions of the seed hypothesis, each answered with its numbers."""
+    """The four falsification questions of the seed hypothesis, each answered with its numbers.
+
+    One answer per question and training length (``steps`` says which), each from that
+    length's rows alone: four entries for a one-length run.
+    """
     aggs = aggregate(rows) if aggs is None else aggs
-    quants = _ordered(r.quant for r in rows)
     answers = []
-    for question, fn in zip(QUESTIONS, (_q1, _q2, _q3, _q4), strict=True):
-        ans = fn(rows, aggs, quants)
-        answers.append({"question": question, **ans})
+    for steps in lengths_of(rows):
+        sub = at_length(rows, steps)
+        sub_aggs = [a for a in aggs if a.get("steps") == steps]
+        quants = _ordered(r.quant for r in sub)
+        for question, fn in zip(QUESTIONS, (_q1, _q2, _q3, _q4), strict=True):
+            ans = fn(sub, sub_aggs, quants)
+            answers.append({"question": question, "steps": steps, **ans})
     return answers
+
+
+def length_changes(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per question: its answer at the shortest and the longest length, and whether it changed."""
+    out = []
+    for question in QUESTIONS:
+        by_len = [a for a in answers if a["question"] == question]
+        if len(by_len) < 2:
+            continue
+        first, last = by_len[0], by_len[-1]
+        out.append(
+            {
+                "question": question,
+                "from_steps": first["steps"],
+                "to_steps": last["steps"],
+                "from": first["answer"],
+                "to": last["answer"],
+                "changed": first["answer"] != last["answer"],
+                "answers": {str(a["steps"]): a["answer"] for a in by_len},
+            }
+        )
+    return out
 
 
 # ------------------------------------------------------------------ writers
@@ -452,6 +510,7 @@ CSV_COLUMNS = (
     "scheme",
     "quant",
     "seed",
+    "steps",
     "d_model",
     "params_shared",
     "params_step_specific",
@@ -484,30 +543,14 @@ def to_csv(rows: list[Row]) -> str:
     return buf.getvalue()
 
 
-def to_markdown(rows: list[Row], aggs: list[dict], answers: list[dict], config: dict) -> str:
-    """The human report: a table per quantizer, then the four questions answered."""
+def _quant_tables(rows: list[Row], aggs: list[dict], heading: str = "##") -> list[str]:
+    """One table per quantizer: every scheme's numbers at one training length."""
     quants = _ordered(r.quant for r in rows)
-    seeds = _ordered(r.seed for r in rows)
-    lines = ["# recurnorm roundtrip", ""]
-    lines.append(
-        f"Data `{config.get('data')}`, preset `{config.get('preset')}`, "
-        f"steps {config.get('steps')}, seeds {seeds}. bpb = validation bits per byte over "
-        "the whole validation split; post = after packing to artifact bytes and unpacking "
-        "into a fresh model. Values are mean ± std over seeds; 'vs shared' is the paired "
-        f"per-seed difference (lower is better); fewer than {MIN_SEEDS} seeds or a spread "
-        "that covers zero is reported as such, never as a win."
-    )
-    if config.get("export_policy"):
-        lines += ["", f"Export policy: {config['export_policy']}."]
-    if config.get("paired"):
-        lines += ["", f"Pairing: {config['paired']}."]
-    if config.get("sources"):
-        lines += ["", "Models: " + "; ".join(f"{k} {v}" for k, v in config["sources"].items()) + "."]
-    lines.append("")
     has_gap = any(r.gap_recovered_pre is not None for r in rows)
     probes = _ordered(p for r in rows for p in r.probes)
+    lines: list[str] = []
     for q in quants:
-        lines += [f"## {q}", ""]
+        lines += [f"{heading} {q}", ""]
         head = [
             "scheme",
             "d",
@@ -547,11 +590,59 @@ def to_markdown(rows: list[Row], aggs: list[dict], answers: list[dict], config: 
                 cells += [fmt_ms(a.get("shuffle", {}).get("delta"), 4, signed=True)]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    if config.get("match_bytes"):
-        lines.append(
-            f"Widths were chosen so each artifact at {quants[0]} lands within ±3% of "
-            f"{config['match_bytes']:,} bytes (column d)."
-        )
+    return lines
+
+
+def _length_label(steps: int | None) -> str:
+    return "steps ?" if steps is None else f"{steps:,} steps"
+
+
+def lengths_table(aggs: list[dict]) -> list[str]:
+    """Paired Δbpb vs shared per scheme against training length: before export, then after each quantizer.
+
+    Each cell is the mean over seeds, the min..max of the per-seed paired
+    differences and the verdict (lower / higher beyond the spread, within noise).
+    """
+    lengths = sorted(_ordered(a["steps"] for a in aggs), key=lambda n: -1 if n is None else n)
+    quants = _ordered(a["quant"] for a in aggs)
+    schemes = _ordered(a["scheme"] for a in aggs if "vs_shared" in a)
+    lines = ["| scheme | measure | " + " | ".join(_length_label(n) for n in lengths) + " |"]
+    lines.append("|---|---|" + "---|" * len(lengths))
+    measures = [("before export", quants[0] if quants else None, "bpb_pre")]
+    measures += [(f"after {q}", q, "bpb_post") for q in quants]
+    for scheme in schemes:
+        for label, q, key in measures:
+            cells = []
+            for n in lengths:
+                a = next(
+                    (a for a in aggs if a["steps"] == n and a["quant"] == q and a["scheme"] == scheme),
+                    None,
+                )
+                cells.append(_fmt_cell((a or {}).get("vs_shared", {}).get(key)))
+            lines.append(f"| {scheme} | {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _fmt_cell(p: dict[str, Any] | None, digits: int = 4) -> str:
+    """'−0.008 [−0.012..−0.004] lower' — mean, min..max of the paired diffs, verdict."""
+    if not p or not p.get("n"):
+        return "—"
+    if p["n"] == 1:
+        return f"{p['mean']:+.{digits}f} (n=1)"
+    return f"{p['mean']:+.{digits}f} [{p['min']:+.{digits}f}..{p['max']:+.{digits}f}] {p['verdict']}"
+
+
+def _notes(rows: list[Row], config: dict, quants: list[str]) -> list[str]:
+    lines: list[str] = []
+    probes = _ordered(p for r in rows for p in r.probes)
+    if config.get("match_bytes") and quants:
+        mb = config["match_bytes"]
+        if isinstance(mb, str):
+            lines.append(_rank_note(config.get("matched_rank") or {}, mb, quants[0]))
+        else:
+            lines.append(
+                f"Widths were chosen so each artifact at {quants[0]} lands within ±3% of {mb:,} bytes (column d)."
+            )
         lines.append("")
     if "fragility" in probes:
         lines.append(
@@ -565,23 +656,142 @@ def to_markdown(rows: list[Row], aggs: list[dict], answers: list[dict], config: 
         )
     if probes:
         lines.append("")
-    lines += ["## The four falsification questions (norm-only seed hypothesis)", ""]
+    return lines
+
+
+def _rank_note(m: dict, target: str, quant: str) -> str:
+    """What --match-bytes SCHEME chose for lora and how close the trained artifacts landed."""
+    rank = m.get("rank")
+    note = (
+        f"lora's rank ({rank}) was chosen so its {quant} artifact lands nearest {target}'s "
+        f"(planner: {fmt_bytes(m.get('estimated_bytes'))} vs {fmt_bytes(m.get('target_bytes'))} bytes)"
+    )
+    actual = m.get("actual") or {}
+    if actual:
+        parts = [
+            f"{int(n):,} steps {fmt_bytes(a.get('lora'))} vs {fmt_bytes(a.get(target))} "
+            f"({fmt(None if a.get('deviation') is None else 100 * a['deviation'], 1, signed=True)}%)"
+            for n, a in actual.items()
+        ]
+        note += "; trained artifacts: " + ", ".join(parts)
+    if rank == 1 and actual and all((a.get("deviation") or 0) > 0.03 for a in actual.values()):
+        note += f"; rank 1 is the smallest lora, so it cannot come closer to {target}'s bytes"
+    return note + "."
+
+
+def _answers(answers: list[dict], heading: str = "**") -> list[str]:
+    lines: list[str] = []
     for ans in answers:
-        lines += [f"**{ans['question']}**", "", ans["answer"] + ".", ""]
+        lines += [f"{heading}{ans['question']}{heading}", "", ans["answer"] + ".", ""]
         lines += [f"- {e}" for e in ans["evidence"]]
+        lines.append("")
+    return lines
+
+
+def _failures(config: dict) -> list[str]:
+    fails = config.get("failures") or []
+    if not fails:
+        return []
+    lines = ["## Training failures", ""]
+    lines.append(
+        f"{len(fails)} model(s) failed to train; their rows are missing and every paired "
+        "statistic of that length uses the seeds that remain:"
+    )
+    lines.append("")
+    for f in fails:
+        lines.append(f"- {_length_label(f.get('steps'))}, {f['scheme']}/seed{f['seed']}: {f['error']}")
+    lines.append("")
+    return lines
+
+
+def to_markdown(rows: list[Row], aggs: list[dict], answers: list[dict], config: dict) -> str:
+    """The human report: a table per quantizer (per training length), then the four questions answered."""
+    quants = _ordered(r.quant for r in rows)
+    seeds = _ordered(r.seed for r in rows)
+    cfg_steps = config.get("steps")
+    wanted = cfg_steps if isinstance(cfg_steps, list) else [cfg_steps] if cfg_steps is not None else []
+    lengths = sorted(set(wanted) | {n for n in lengths_of(rows) if n is not None}) or lengths_of(rows)
+    lines = ["# recurnorm roundtrip", ""]
+    lines.append(
+        f"Data `{config.get('data')}`, preset `{config.get('preset')}`, "
+        f"steps {cfg_steps}, seeds {seeds}. bpb = validation bits per byte over "
+        "the whole validation split; post = after packing to artifact bytes and unpacking "
+        "into a fresh model. Values are mean ± std over seeds; 'vs shared' is the paired "
+        f"per-seed difference (lower is better); fewer than {MIN_SEEDS} seeds or a spread "
+        "that covers zero is reported as such, never as a win."
+    )
+    if len(lengths) > 1:
+        lines += [
+            "",
+            "Training lengths: each length is its own training run from initialization, with the "
+            "preset's warm-up and a cosine schedule that ends at that length (not a checkpoint of a "
+            "longer run, whose learning rate would still be high); seeds are paired within a length only.",
+        ]
+    if config.get("export_policy"):
+        lines += ["", f"Export policy: {config['export_policy']}."]
+    if config.get("paired"):
+        lines += ["", f"Pairing: {config['paired']}."]
+    if config.get("sources"):
+        lines += ["", "Models: " + "; ".join(f"{k} {v}" for k, v in config["sources"].items()) + "."]
+    lines.append("")
+    lines += _failures(config)
+    if len(lengths) <= 1:
+        lines += _quant_tables(rows, aggs)
+        lines += _notes(rows, config, quants)
+        lines += ["## The four falsification questions (norm-only seed hypothesis)", ""]
+        lines += _answers(answers)
+        return "\n".join(lines)
+    lines += ["## Paired Δbpb vs shared against training length", ""]
+    lines.append(
+        "Mean over seeds of the per-seed difference scheme − shared (bpb; negative = better than "
+        "shared), [min..max] of those differences, and the verdict (lower/higher beyond the "
+        "spread, within noise when the spread covers zero)."
+    )
+    lines.append("")
+    lines += lengths_table(aggs) + [""]
+    lines += _notes(rows, config, quants)
+    for n in lengths:
+        sub = at_length(rows, n)
+        lines += [f"## {_length_label(n)}", ""]
+        if not sub:
+            lines += ["No model trained at this length (see Training failures).", ""]
+            continue
+        lines += _quant_tables(sub, [a for a in aggs if a.get("steps") == n], heading="###")
+    lines += ["## The four falsification questions at each length", ""]
+    for n in lengths:
+        lines += [f"### {_length_label(n)}", ""]
+        lines += _answers([a for a in answers if a.get("steps") == n])
+    changes = length_changes(answers)
+    if changes:
+        lines += [
+            f"## What changed between {_length_label(changes[0]['from_steps'])} and "
+            f"{_length_label(changes[0]['to_steps'])}",
+            "",
+        ]
+        for c in changes:
+            if c["changed"]:
+                lines.append(f"- {c['question']} changed: {c['from']} → {c['to']}.")
+            else:
+                lines.append(f"- {c['question']} the same answer: {c['to']}.")
         lines.append("")
     return "\n".join(lines)
 
 
 def results_dict(rows: list[Row], aggs: list[dict], answers: list[dict], config: dict) -> dict:
     """Everything results.json holds."""
-    return {"config": config, "rows": [r.to_dict() for r in rows], "aggregates": aggs, "falsification": answers}
+    return {
+        "config": config,
+        "rows": [r.to_dict() for r in rows],
+        "aggregates": aggs,
+        "falsification": answers,
+        "length_changes": length_changes(answers),
+    }
 
 
 def check_outputs(out_dir: str | os.PathLike, force: bool = False) -> Path:
     """Refuse (OutputExistsError) when any output of a run already exists, unless force."""
     out = Path(out_dir)
-    for name in OUTPUT_FILES:
+    for name in (*OUTPUT_FILES, LENGTHS_PNG):
         check_writable(out / name, force=force)
     return out
 
@@ -594,8 +804,12 @@ def write_outputs(
     aggs: list[dict] | None = None,
     answers: list[dict] | None = None,
 ) -> dict[str, Path]:
-    """Write results.{json,csv,md} and roundtrip.png atomically into out_dir."""
-    from .plot import plot_roundtrip  # matplotlib imports slowly; only when writing
+    """Write results.{json,csv,md} and roundtrip.png atomically into out_dir.
+
+    With several training lengths, roundtrip.png shows the longest and lengths.png
+    the paired Δbpb vs shared against length.
+    """
+    from .plot import plot_lengths, plot_roundtrip  # matplotlib imports slowly; only when writing
 
     out = check_outputs(out_dir, force)
     out.mkdir(parents=True, exist_ok=True)
@@ -606,7 +820,16 @@ def write_outputs(
         "csv": atomic_write_text(out / "results.csv", to_csv(rows)),
         "md": atomic_write_text(out / "results.md", to_markdown(rows, aggs, answers, config)),
     }
-    paths["png"] = plot_roundtrip(aggs, out / "roundtrip.png")
+    lengths = lengths_of(rows)
+    longest = [a for a in aggs if a.get("steps") == lengths[-1]] if lengths else aggs
+    title = "Export roundtrip: bpb before → after, by artifact size"
+    if len(lengths) > 1:
+        title += f" ({_length_label(lengths[-1])})"
+    paths["png"] = plot_roundtrip(longest, out / "roundtrip.png", title=title)
+    if len(lengths) > 1:
+        paths["lengths_png"] = plot_lengths(aggs, out / LENGTHS_PNG)
+    else:
+        (out / LENGTHS_PNG).unlink(missing_ok=True)  # a previous run's (--force): not this run's
     return paths
 
 

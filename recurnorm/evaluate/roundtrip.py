@@ -188,8 +188,12 @@ def _step_postfix(bar, steps: int):
     return on_step
 
 
-def _train_in_parallel(jobs, schemes, seeds, configs, checkpoints_dir, data, corpus, tokenizer, train_kw, bar):
-    """(pretrained {(scheme, seed): JobResult}, temporary folder or None) for --jobs > 1."""
+def _train_in_parallel(jobs, lengths, schemes, seeds, configs, checkpoints_dir, data, corpus, tokenizer, train_kw, bar):
+    """(pretrained {(scheme, seed, steps): JobResult}, temporary folder or None) for --jobs > 1.
+
+    Every length's models go into one pool, the longest first, so the processes stay
+    busy to the end; a job that fails comes back with its error instead of stopping the others.
+    """
     if jobs <= 1:
         return {}, None
     import tempfile
@@ -198,11 +202,14 @@ def _train_in_parallel(jobs, schemes, seeds, configs, checkpoints_dir, data, cor
 
     tmp = None if checkpoints_dir is not None else tempfile.TemporaryDirectory(prefix="rt-jobs-")
     root = Path(checkpoints_dir) if checkpoints_dir is not None else Path(tmp.name)
+    multi = len(lengths) > 1
     todo = [
-        TrainJob(s, seed, configs[s], str(root / s / f"seed{seed}"))
+        TrainJob(s, seed, configs[s], str(checkpoint_root(root, n, multi) / s / f"seed{seed}"), steps=n)
+        for n in sorted(lengths, reverse=True)
         for seed in range(seeds)
         for s in schemes
-        if checkpoints_dir is None or checkpoint_path(checkpoints_dir, s, seed, seeds) is None
+        if checkpoints_dir is None
+        or checkpoint_path(checkpoint_root(checkpoints_dir, n, multi), s, seed, seeds) is None
     ]
     bar.set_description(f"train {len(todo)} models on {jobs} processes")
     spec = data if isinstance(data, (str, os.PathLike)) else corpus
@@ -213,13 +220,38 @@ def _train_in_parallel(jobs, schemes, seeds, configs, checkpoints_dir, data, cor
             tokenizer=tokenizer,
             train_kw=train_kw,
             n_jobs=jobs,
-            on_done=lambda r: bar.set_postfix(done=f"{r.scheme}/seed{r.seed}"),
+            on_done=lambda r: bar.set_postfix(done=f"{r.scheme}/seed{r.seed}@{r.steps}"),
+            keep_going=True,
         )
     except BaseException:
         if tmp is not None:
             tmp.cleanup()
         raise
     return done, tmp
+
+
+def checkpoint_root(checkpoints_dir: str | os.PathLike, steps: int, multi: bool) -> Path:
+    """Where one length's checkpoints live: DIR itself for a one-length run, DIR/steps<N> otherwise."""
+    return Path(checkpoints_dir) / f"steps{steps}" if multi else Path(checkpoints_dir)
+
+
+def resolve_steps(steps: int | str | list[int] | tuple[int, ...] | None, default: int) -> list[int]:
+    """Training lengths from an int, '150,600,2400' or a list; the preset's when None. Shortest first."""
+    if steps is None:
+        return [int(default)]
+    if isinstance(steps, str):
+        parts = [p.strip() for p in steps.split(",") if p.strip()]
+        try:
+            values = [int(p) for p in parts]
+        except ValueError:
+            raise ConfigError(f"steps must be positive integers separated by commas, got {steps!r}") from None
+    elif isinstance(steps, (list, tuple)):
+        values = list(steps)
+    else:
+        values = [steps]
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        raise ConfigError(f"steps must be positive integers, got {steps!r}")
+    return sorted(set(values))
 
 
 def _name_list(names: str | list[str] | tuple[str, ...], what: str) -> list[str]:
@@ -276,11 +308,11 @@ def roundtrip(
     data: Any = "default",
     seeds: int = 1,
     preset: str = "tiny",
-    steps: int | None = None,
+    steps: int | str | list[int] | None = None,
     out_dir: str | os.PathLike | None = None,
     checkpoints_dir: str | os.PathLike | None = None,
     probes: tuple[str, ...] | list[str] = (),
-    match_bytes: int | None = None,
+    match_bytes: int | str | None = None,
     progress: bool = True,
     force: bool = False,
     tokenizer: str | None = None,
@@ -296,24 +328,31 @@ def roundtrip(
 ) -> RoundtripResult:
     """Train or load every scheme per seed, export under every quantizer, measure, and report.
 
-    ``data`` is a corpus spec or a loaded Corpus. ``model_overrides`` and
-    ``train_overrides`` replace fields of the preset (tests use tiny shapes).
-    Trained models are saved to ``checkpoints_dir/<scheme>/seed<k>`` when that
-    path is given and holds none yet, so a later run can reuse them. ``qat``
-    formats add a ``qat-<format>`` row per scheme: the trained model
-    QAT-fine-tuned for ``qat_steps`` steps; pre = the QAT model (fake quant at
-    λ=1), post = its export under ``train.qat.qat_policy`` (the codes training saw).
+    ``data`` is a corpus spec or a loaded Corpus. ``steps`` is one training
+    length or several ('150,600,2400' or a list): each length trains its own
+    models from initialization with the preset's warm-up and a cosine schedule
+    ending at that length (a checkpoint of a longer cosine run would still
+    have a high learning rate, so it is not a shorter run), and seeds are
+    paired within a length only. A model whose training fails is reported
+    (``config["failures"]``, the report's Training failures) and the run goes on.
+    ``model_overrides`` and ``train_overrides`` replace fields of the preset
+    (tests use tiny shapes). Trained models are saved to
+    ``checkpoints_dir/<scheme>/seed<k>`` (``checkpoints_dir/steps<N>/...`` with
+    several lengths) when that path is given and holds none yet, so a later
+    run can reuse them. ``match_bytes`` is a byte count (each scheme's width is
+    chosen so its artifact lands near it) or a scheme name (lora's rank is
+    chosen so its artifact lands nearest that scheme's). ``qat`` formats add a
+    ``qat-<format>`` row per scheme: the trained model QAT-fine-tuned for
+    ``qat_steps`` steps; pre = the QAT model (fake quant at λ=1), post = its
+    export under ``train.qat.qat_policy`` (the codes training saw).
     ``jobs`` > 1 trains the models in that many parallel processes first
     (``evaluate.parallel``; one per GPU where there are GPUs), then measures them here.
     """
     from tqdm import tqdm
 
-    from ..export.load import load_model
-    from ..model import ModelConfig, save_checkpoint
+    from ..model import ModelConfig
     from ..train.data import as_corpus
-    from ..train.loop import train
     from ..train.presets import get_preset
-    from .loss import loss
 
     t0 = time.perf_counter()
     schemes = resolve_schemes(schemes)
@@ -329,16 +368,23 @@ def roundtrip(
             raise ConfigError("out_dir is required to write the results")
         rep.check_outputs(out_dir, force)  # fail before any training, not after
     p = get_preset(preset)
-    train_kw = p.with_overrides(steps=steps, **(train_overrides or {})).train_kwargs()
+    lengths = resolve_steps(steps, p.steps)
+    train_kw = p.with_overrides(**(train_overrides or {})).train_kwargs()
     train_kw.pop("eval_every", None)
+    train_kw.pop("steps", None)  # per length
     corpus = as_corpus(data, tokenizer)
     base = base_model_config(p, corpus, model_overrides)
     configs = {s: {**base, "scheme": s, "scheme_options": dict(scheme_options.get(s, {}))} for s in schemes}
     for c in configs.values():
         ModelConfig.from_dict(c)  # ConfigError now, not after the first training
 
-    matches = {}
-    if match_bytes is not None:
+    matches, rank_match = {}, None
+    if isinstance(match_bytes, str):
+        from .matching import match_rank
+
+        rank_match = match_rank(configs, match_bytes, quants[0], quant_options.get(quants[0]))
+        configs["lora"]["scheme_options"]["rank"] = rank_match.rank
+    elif match_bytes is not None:
         from .matching import match_widths
 
         matches = match_widths(configs, quants[0], int(match_bytes), quant_options.get(quants[0]))
@@ -348,104 +394,41 @@ def roundtrip(
     dev = resolve_device(device)
     per_job = 1 + len(quants) + len(qat_formats) + ("shuffle" in probes) + ("fragility" in probes) * len(quants)
     bar = tqdm(
-        total=seeds * len(schemes) * per_job, unit="job", desc="roundtrip", disable=not progress, dynamic_ncols=True
+        total=len(lengths) * seeds * len(schemes) * per_job,
+        unit="job",
+        desc="roundtrip",
+        disable=not progress,
+        dynamic_ncols=True,
     )
     rows: list[rep.Row] = []
     sources: dict[str, str] = {}
+    failures: list[dict] = []
     pretrained, tmp = _train_in_parallel(
-        jobs, schemes, seeds, configs, checkpoints_dir, data, corpus, tokenizer, train_kw, bar
+        jobs, lengths, schemes, seeds, configs, checkpoints_dir, data, corpus, tokenizer, train_kw, bar
     )
+    multi = len(lengths) > 1
     try:
-        for seed in range(seeds):
-            for scheme in schemes:
-                key = f"{scheme}/seed{seed}"
-                ckpt = checkpoint_path(checkpoints_dir, scheme, seed, seeds) if checkpoints_dir is not None else None
-                done = pretrained.get((scheme, seed))
-                if done is not None:
-                    bar.set_description(f"load {key}")
-                    model = load_model(done.path)
-                    sources[key] = (
-                        f"trained {train_kw['steps']} steps in {done.elapsed_s:.1f} s (parallel job on {done.device})"
-                    )
-                elif ckpt is not None:
-                    bar.set_description(f"load {key}")
-                    model = load_model(ckpt)  # a QAT checkpoint is evaluated as what it is
-                    if model.config.scheme != scheme:
-                        raise CheckpointError(f"{ckpt} holds scheme {model.config.scheme!r}, not {scheme!r}")
-                    sources[key] = f"loaded from {ckpt}"
-                else:
-                    bar.set_description(f"train {key}")
-                    cfg = ModelConfig.from_dict(configs[scheme])
-                    result = train(
-                        cfg,
-                        corpus,
-                        seed=seed,
-                        pair_init=True,
-                        progress=progress,
-                        device=str(dev),
-                        on_step=_step_postfix(bar, train_kw["steps"]),
-                        **train_kw,
-                    )
-                    model = result.model
-                    sources[key] = f"trained {train_kw['steps']} steps in {result.elapsed_s:.1f} s"
-                    if checkpoints_dir is not None:
-                        save_checkpoint(model, Path(checkpoints_dir) / scheme / f"seed{seed}")
-                model = model.to(dev).eval()
-                bar.update(1)
-                bar.set_description(f"eval {key}")
-                bpb_pre = loss(model, corpus).bits_per_byte
-                shuffle = None
-                if "shuffle" in probes:
-                    shuffle = shuffle_probe(model, corpus, bpb_before=bpb_pre)
-                    bar.update(1)
-                params = model.param_counts()
-                for q in quants:
-                    bar.set_description(f"export {key} {q}")
-                    exp = export_model(model, q, quant_options=quant_options.get(q))
-                    bpb_post = loss(exp.model.to(dev), corpus).bits_per_byte
-                    bar.update(1)
-                    row_probes: dict[str, dict] = {}
-                    if shuffle is not None:
-                        row_probes["shuffle"] = dict(shuffle)
-                    if "fragility" in probes:
-                        bar.set_description(f"fragility {key} {q}")
-                        row_probes["fragility"] = fragility_probe(
-                            model, corpus, q, quant_options=quant_options.get(q), bpb_controls_float=bpb_post
-                        )  # the default export keeps them float
-                        bar.update(1)
-                    rows.append(
-                        rep.Row(
-                            scheme=scheme,
-                            quant=q,
-                            seed=seed,
-                            bpb_pre=bpb_pre,
-                            bpb_post=bpb_post,
-                            artifact_bytes=exp.artifact_bytes,
-                            step_specific_bytes=exp.step_specific_bytes,
-                            params=params,
-                            d_model=model.config.d_model,
-                            probes=row_probes,
-                        )
-                    )
-                    bar.set_postfix(bpb=f"{bpb_pre:.3f}→{bpb_post:.3f}")
-                    del exp
-                for q in qat_formats:
-                    bar.set_description(f"qat {key} {q}")
-                    rows.append(
-                        qat_row(
-                            model,
-                            corpus,
-                            q,
-                            scheme=scheme,
-                            seed=seed,
-                            steps=qat_steps,
-                            train_kw=train_kw,
-                            device=str(dev),
-                            quant_options=quant_options.get(q),
-                        )
-                    )
-                    bar.update(1)
-                    bar.set_postfix(bpb=f"{rows[-1].bpb_pre:.3f}→{rows[-1].bpb_post:.3f}")
+        for n in lengths:
+            kw = {**train_kw, "steps": n}
+            ckpt_root = checkpoint_root(checkpoints_dir, n, multi) if checkpoints_dir is not None else None
+            for seed in range(seeds):
+                for scheme in schemes:
+                    key = f"{scheme}/seed{seed}" + (f"@{n}" if multi else "")
+                    model, source, error = _obtain_model(
+                        scheme, seed, n, seeds, configs, ckpt_root, pretrained.get((scheme, seed, n)), corpus,
+                        kw, dev, bar, progress,
+                    )  # fmt: skip
+                    if error is not None:
+                        failures.append({"steps": n, "scheme": scheme, "seed": seed, "error": error})
+                        sources[key] = f"FAILED: {error}"
+                        bar.update(per_job)
+                        continue
+                    sources[key] = source
+                    rows += _measure(
+                        model, corpus, scheme=scheme, seed=seed, steps=n, quants=quants, qat_formats=qat_formats,
+                        probes=probes, quant_options=quant_options, qat_steps=qat_steps, train_kw=kw, dev=dev,
+                        bar=bar, key=key,
+                    )  # fmt: skip
     finally:
         bar.close()
         if tmp is not None:
@@ -455,6 +438,8 @@ def roundtrip(
         got = [r.artifact_bytes for r in rows if r.scheme == s and r.quant == quants[0]]
         m.actual_bytes = round(sum(got) / len(got)) if got else None
         m.within_tolerance = abs(m.deviation) <= 0.03
+    if rank_match is not None:
+        rank_match.fill_actual(rows, quants[0])
     rows = rep.fill_gap_recovered(rows)
     aggs = rep.aggregate(rows)
     answers = rep.falsification(rows, aggs)
@@ -465,10 +450,14 @@ def roundtrip(
         "preset": preset,
         "data": str(getattr(corpus, "source", data)),
         "tokenizer": getattr(corpus, "tokenizer", None),
-        "steps": train_kw["steps"],
-        "train": train_kw,
+        "steps": lengths if multi else lengths[0],
+        "train": {**train_kw, "steps": lengths if multi else lengths[0]},
+        "schedule": (
+            "each length trained from initialization: linear warm-up, then cosine to "
+            "lr·min_lr_frac at that length (shorter runs are not checkpoints of longer ones)"
+        ),
         "model": base,
-        "scheme_options": scheme_options,
+        "scheme_options": {s: c["scheme_options"] for s, c in configs.items() if c["scheme_options"]},
         "quant_options": quant_options,
         "probes": list(probes),
         "match_bytes": match_bytes,
@@ -481,7 +470,9 @@ def roundtrip(
             "every tensor in that format"
         ),
         "matched_widths": {s: m.to_dict() for s, m in matches.items()},
+        "matched_rank": rank_match.to_dict() if rank_match is not None else None,
         "sources": sources,
+        "failures": failures,
         "paired": (
             "same seed: same batches in the same order"
             + (
@@ -489,6 +480,7 @@ def roundtrip(
                 if matches
                 else " and the same initial values for shared parameters"
             )
+            + ("; within one training length only" if multi else "")
         ),
         "device": str(dev),
         "elapsed_s": round(time.perf_counter() - t0, 1),
@@ -497,3 +489,113 @@ def roundtrip(
     if write:
         result.paths = rep.write_outputs(rows, config, out_dir, force=force, aggs=aggs, answers=answers)
     return result
+
+
+def _obtain_model(scheme, seed, steps, seeds, configs, ckpt_root, done, corpus, train_kw, dev, bar, progress):
+    """(model, source, None), or (None, None, error text) when its training failed."""
+    from ..export.load import load_model
+    from ..model import ModelConfig, save_checkpoint
+    from ..train.loop import train
+    from .parallel import failure_text
+
+    key = f"{scheme}/seed{seed}"
+    ckpt = checkpoint_path(ckpt_root, scheme, seed, seeds) if ckpt_root is not None else None
+    if done is not None:
+        if done.error is not None:
+            return None, None, done.error
+        bar.set_description(f"load {key}")
+        source = f"trained {steps} steps in {done.elapsed_s:.1f} s (parallel job on {done.device})"
+        model = load_model(done.path)
+    elif ckpt is not None:
+        bar.set_description(f"load {key}")
+        model = load_model(ckpt)  # a QAT checkpoint is evaluated as what it is
+        if model.config.scheme != scheme:
+            raise CheckpointError(f"{ckpt} holds scheme {model.config.scheme!r}, not {scheme!r}")
+        source = f"loaded from {ckpt}"
+    else:
+        bar.set_description(f"train {key} ({steps} steps)")
+        try:
+            result = train(
+                ModelConfig.from_dict(configs[scheme]),
+                corpus,
+                seed=seed,
+                pair_init=True,
+                progress=progress,
+                device=str(dev),
+                on_step=_step_postfix(bar, steps),
+                **train_kw,
+            )
+        except Exception as exc:  # reported with the results, not fatal to the other models
+            return None, None, failure_text(exc)
+        model = result.model
+        source = f"trained {steps} steps in {result.elapsed_s:.1f} s"
+        if ckpt_root is not None:
+            save_checkpoint(model, Path(ckpt_root) / scheme / f"seed{seed}")
+    bar.update(1)
+    return model.to(dev).eval(), source, None
+
+
+def _measure(
+    model, corpus, *, scheme, seed, steps, quants, qat_formats, probes, quant_options, qat_steps, train_kw, dev, bar,
+    key,
+) -> list[rep.Row]:  # fmt: skip
+    """The rows of one trained model: bpb before export, then each quantizer's roundtrip (and probes, QAT)."""
+    from .loss import loss
+
+    rows = []
+    bar.set_description(f"eval {key}")
+    bpb_pre = loss(model, corpus).bits_per_byte
+    shuffle = None
+    if "shuffle" in probes:
+        shuffle = shuffle_probe(model, corpus, bpb_before=bpb_pre)
+        bar.update(1)
+    params = model.param_counts()
+    for q in quants:
+        bar.set_description(f"export {key} {q}")
+        exp = export_model(model, q, quant_options=quant_options.get(q))
+        bpb_post = loss(exp.model.to(dev), corpus).bits_per_byte
+        bar.update(1)
+        row_probes: dict[str, dict] = {}
+        if shuffle is not None:
+            row_probes["shuffle"] = dict(shuffle)
+        if "fragility" in probes:
+            bar.set_description(f"fragility {key} {q}")
+            row_probes["fragility"] = fragility_probe(
+                model, corpus, q, quant_options=quant_options.get(q), bpb_controls_float=bpb_post
+            )  # the default export keeps them float
+            bar.update(1)
+        rows.append(
+            rep.Row(
+                scheme=scheme,
+                quant=q,
+                seed=seed,
+                bpb_pre=bpb_pre,
+                bpb_post=bpb_post,
+                artifact_bytes=exp.artifact_bytes,
+                step_specific_bytes=exp.step_specific_bytes,
+                params=params,
+                d_model=model.config.d_model,
+                probes=row_probes,
+                steps=steps,
+            )
+        )
+        bar.set_postfix(bpb=f"{bpb_pre:.3f}→{bpb_post:.3f}")
+        del exp
+    for q in qat_formats:
+        bar.set_description(f"qat {key} {q}")
+        row = qat_row(
+            model,
+            corpus,
+            q,
+            scheme=scheme,
+            seed=seed,
+            steps=qat_steps,
+            train_kw=train_kw,
+            device=str(dev),
+            quant_options=quant_options.get(q),
+        )
+        row.steps = steps
+        rows.append(row)
+        bar.update(1)
+        bar.set_postfix(bpb=f"{row.bpb_pre:.3f}→{row.bpb_post:.3f}")
+    return rows

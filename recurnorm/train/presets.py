@@ -3,7 +3,8 @@
 ``tiny`` is the CPU preset every test, benchmark and scheme comparison uses;
 it is tuned for stability over speed (in our own paired runs at AdamW 3e-3 the
 per-step gains made scheme differences flip sign between seeds).
-``small`` is sized for one GPU. ``golf`` fills the Parameter Golf budget: with
+``sweep`` is a narrower tiny (d=64) on an eighth of its tokens per step, for
+studies that train many models at several lengths on CPU. ``small`` is sized for one GPU. ``golf`` fills the Parameter Golf budget: with
 the SP8192 tokenizer (FineWeb shards) its shared scheme packs at int8 to a
 predicted 14.67 MB of the 16,000,000-byte cap (recurnorm.export.plan, printed
 when training starts), and it is sized to train on one GPU in about ten
@@ -65,6 +66,25 @@ PRESETS: dict[str, Preset] = {
         grad_clip=1.0,
         control_lr_mult=1.0,
         # AdamW, pinned: `make demo`, the tests and every recorded tiny result use it.
+        optimizer="adamw",
+        muon_lr_mult=1.0,
+        eval_every=200,
+        log_every=20,
+    ),
+    # Many models at several lengths on CPU (docs/RESULTS.md: 6 schemes x 3 seeds x
+    # 150/600/2400 steps x 2 corpora, 113,400 training steps in all): tiny's block at half the
+    # width (d=64, depth 6) on 64-token windows, 8 per step. Measured (one thread, shared
+    # machine): 44 ms of CPU per step, vs 64 at d=96, 93 at d=128 and ~360 for tiny; the
+    # study needs ~5,000 CPU-s of training at d=64 against ~10,500 at d=128.
+    "sweep": Preset(
+        model=dict(vocab_size=256, d_model=64, n_heads=4, depth=6, seq_len=64, mlp_ratio=4.0),
+        steps=600,
+        batch_size=8,
+        lr=2e-3,
+        warmup=50,
+        weight_decay=0.1,
+        grad_clip=1.0,
+        control_lr_mult=1.0,
         optimizer="adamw",
         muon_lr_mult=1.0,
         eval_every=200,
