@@ -194,3 +194,21 @@ def test_match_bytes_scheme_picks_the_lora_rank_nearest_its_bytes():
         match_rank({k: v for k, v in configs.items() if k != "lora"}, "norm_gate", "int8")
     with pytest.raises(ConfigError, match="another scheme"):
         match_rank(configs, "norm", "int8")
+
+
+@pytest.mark.slow  # spawns worker processes that import torch
+def test_parallel_jobs_report_a_failed_training_and_finish_the_others(small_corpus, tmp_path):
+    from recurnorm.evaluate.parallel import TrainJob, train_parallel
+
+    cfg = dict(vocab_size=256, scheme="shared", scheme_options={}, **TINY)
+    jobs = [
+        TrainJob("shared", 0, cfg, str(tmp_path / "ok"), steps=2),
+        # Only the worker finds out: its config is refused when the model is built.
+        TrainJob("shared", 1, {**cfg, "d_model": 33}, str(tmp_path / "bad"), steps=4),
+    ]
+    done = train_parallel(jobs, data=small_corpus, tokenizer=None, train_kw=FAST, n_jobs=2, keep_going=True)
+    assert done[("shared", 0, 2)].error is None and (tmp_path / "ok" / "model.safetensors").is_file()
+    bad = done[("shared", 1, 4)]
+    assert bad.error.startswith("ConfigError: ") and "d_model" in bad.error
+    with pytest.raises(Exception, match="d_model"):
+        train_parallel(jobs[1:], data=small_corpus, tokenizer=None, train_kw=FAST, n_jobs=1)

@@ -191,8 +191,10 @@ def _step_postfix(bar, steps: int):
 def _train_in_parallel(jobs, lengths, schemes, seeds, configs, checkpoints_dir, data, corpus, tokenizer, train_kw, bar):
     """(pretrained {(scheme, seed, steps): JobResult}, temporary folder or None) for --jobs > 1.
 
-    Every length's models go into one pool, the longest first, so the processes stay
-    busy to the end; a job that fails comes back with its error instead of stopping the others.
+    Every length's models go into one pool, shortest length first and one seed's schemes
+    together, so a run cut short leaves whole lengths of checkpoints that a rerun reuses
+    (the tail costs nothing: the longest length's jobs are equal and many); a job that
+    fails comes back with its error instead of stopping the others.
     """
     if jobs <= 1:
         return {}, None
@@ -205,7 +207,7 @@ def _train_in_parallel(jobs, lengths, schemes, seeds, configs, checkpoints_dir, 
     multi = len(lengths) > 1
     todo = [
         TrainJob(s, seed, configs[s], str(checkpoint_root(root, n, multi) / s / f"seed{seed}"), steps=n)
-        for n in sorted(lengths, reverse=True)
+        for n in sorted(lengths)
         for seed in range(seeds)
         for s in schemes
         if checkpoints_dir is None
