@@ -45,6 +45,7 @@ def length_rows() -> list[Row]:
                         artifact_bytes=1000,
                         step_specific_bytes=0 if scheme == "shared" else 10,
                         steps=steps,
+                        probes={"shuffle": {"delta": 0.004 if scheme == "norm" else 0.0}},
                     )
                 )
     return fill_gap_recovered(rows)
@@ -86,6 +87,8 @@ def test_answers_per_length_and_what_changed(tmp_path):
     assert [a["steps"] for a in answers] == [150] * 4 + [2400] * 4
     q2 = {a["steps"]: a["answer"] for a in answers if a["question"].startswith("(2)")}
     assert "survives for norm at int8" in q2[150] and "no gain over shared" in q2[2400]
+    q3 = next(a for a in answers if a["question"].startswith("(3)") and a["steps"] == 150)
+    assert any("norm: " in e and "by one step costs +0.0040 ± 0.0000 bpb" in e for e in q3["evidence"])
     changes = {c["question"][:3]: c for c in length_changes(answers)}
     assert changes["(2)"]["changed"] and (changes["(2)"]["from_steps"], changes["(2)"]["to_steps"]) == (150, 2400)
     config = {"steps": [150, 600, 2400], "failures": [{"steps": 600, "scheme": "shared", "seed": 0, "error": "boom"}]}

@@ -398,11 +398,16 @@ def _q3(rows: list[Row], aggs: list[dict], quants: list[str]) -> dict[str, Any]:
     q = quants[0]
     for s in diag + [s for s in ("lora",) if s in present]:
         a = _agg_of(aggs, s, q)
-        evidence.append(
+        line = (
             f"{s}: gap recovered before export {fmt_ms(a['gap_recovered_pre'], 2)}, "
             f"after {q} {fmt_ms(a['gap_recovered_post'], 2)}; bpb before export "
             f"{fmt_ms(a['bpb_pre'])}"
         )
+        shuffle = a.get("shuffle", {}).get("delta")
+        if shuffle and shuffle.get("mean") is not None:
+            # Did the steps specialize? Moving step s's controls to step s+1 hurts only if so.
+            line += f"; shifting its per-step parameters by one step costs {fmt_ms(shuffle, 4, signed=True)} bpb"
+        evidence.append(line)
     ref = "lora" if "lora" in present else "unique"
     short, matched = [], []
     for s in diag:
