@@ -10,9 +10,9 @@
 # from ':(TM):' to the last 'E' entry (459,475 bytes) are the corpus, about the size of the
 # default one (466 KB), so evaluation costs the same on both.
 #
-# Stages: each corpus first at 150 and 600 steps, then at all three lengths, which reuses
-# those checkpoints (--checkpoints) and trains the 2400-step models; a run cut short keeps
-# whole lengths, and running this script again resumes it. /usr/bin/time -v prints each
+# Stages: both corpora first at 150 and 600 steps, then each at all three lengths, which
+# reuses those checkpoints (--checkpoints) and trains the 2400-step models; a run cut short
+# keeps whole lengths, and running this script again resumes it. /usr/bin/time -v prints each
 # stage's CPU and wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +42,6 @@ run() {  # corpus steps
 }
 
 run default 150,600
-run default 150,600,2400
 run jargon 150,600
+run default 150,600,2400
 run jargon 150,600,2400
