@@ -199,6 +199,18 @@ def test_match_bytes_scheme_picks_the_lora_rank_nearest_its_bytes():
         match_rank(configs, "norm", "int8")
 
 
+def test_demo_points_to_the_results_at_three_lengths():
+    from pathlib import Path
+
+    from recurnorm.cli.roundtrip_cmd import DEMO_STEPS, RESULTS_DOC, demo_closing
+
+    line = demo_closing(300.0)
+    assert DEMO_STEPS == 150 and RESULTS_DOC in line and "150 and 600 steps" in line
+    doc = Path(__file__).resolve().parents[1] / RESULTS_DOC
+    text = doc.read_text(encoding="utf-8")
+    assert "--steps 150,600,2400" in text and "lengths.png" in text
+
+
 @pytest.mark.slow  # spawns worker processes that import torch
 def test_parallel_jobs_report_a_failed_training_and_finish_the_others(small_corpus, tmp_path):
     from recurnorm.evaluate.parallel import TrainJob, train_parallel
