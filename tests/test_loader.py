@@ -262,3 +262,28 @@ def test_verify_with_a_loader_refuses_what_the_loader_cannot_read():
     rep = verify_bytes(zstd, Budget(loader=4000))
     assert rep.exit_code == 4 and "standalone loader" in rep.reason and "zstd" in rep.reason
     assert verify_bytes(pack_qtensors(qts), Budget(loader=4000)).ok
+
+
+def test_one_error_type_and_the_librarys_decode_limit(artifacts, tmp_path):
+    """RnpkError (a ValueError) for every malformed input; the loader's decoded-bytes sum is
+    never above the library's, so max_bytes = what verify needs reads what verify reads."""
+    from recurnorm.budget import rnpk_load, validate
+
+    assert issubclass(rnpk_load.RnpkError, ValueError)
+    assert "RnpkError" in minified_loader()  # its public name survives the compact form
+    data = artifacts["bytes"]["contexts"]
+    need = validate.check_manifest(fmt.split_container(data)[0])
+    assert rnpk_load.decode(data, max_bytes=need)[0]
+    for bad in (b"", b"RNPK", data[:100], b"x" * 48):
+        with pytest.raises(rnpk_load.RnpkError):
+            rnpk_load.decode(bad)
+    big = tmp_path / "big.rnpk"
+    with open(big, "wb") as f:  # sparse: a file past max_bytes is refused from its size, unread
+        f.write(data[:48])
+        f.truncate(3 << 30)
+    with pytest.raises(rnpk_load.RnpkError, match="larger than max_bytes"):
+        rnpk_load.decode(big)
+    with pytest.raises(rnpk_load.RnpkError, match="larger than max_bytes"):
+        rnpk_load.decode(data, max_bytes=len(data) - (8 << 20) - 49)
+    with pytest.raises(FileNotFoundError):  # not an artifact at all: the OS's own error
+        rnpk_load.decode(tmp_path / "missing.rnpk")

@@ -20,7 +20,7 @@ from ..codewrap.selfextract import make
 SOURCE = Path(__file__).with_name("rnpk_load.py")
 MODULE = "rnpk_load"  # the name programs import it by
 LOADER_CODECS = ("raw", "deflate", "lzma", "rans")  # what rnpk_load decodes
-PUBLIC = {"load", "decode"}  # the names a user calls, kept with their parameters
+PUBLIC = {"load", "decode", "RnpkError"}  # the names a user calls (and catches), kept as they are
 
 
 def loader_source() -> str:

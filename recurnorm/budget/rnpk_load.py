@@ -5,15 +5,22 @@
 
 This file is standalone: `recurnorm loader` writes it for the code that ships with a
 model (e.g. a Parameter Golf train_gpt.py). It needs numpy, and torch only to hand
-back tensors (`decode` returns numpy arrays; bfloat16 as its uint16 bits). Every
-hash in the artifact is checked: a damaged artifact raises ValueError, never wrong
-weights. It reads what recurnorm writes by default (the portable profile: raw,
-deflate, lzma, rans); docs/FORMAT.md in recurnorm is the byte layout.
+back tensors (`decode` returns numpy arrays; bfloat16 as its uint16 bits). It reads
+what recurnorm writes by default (the portable profile: raw, deflate, lzma, rans);
+docs/FORMAT.md in recurnorm is the byte layout.
+
+Artifacts may come from strangers, so reading is bounded as recurnorm's own reader is:
+the file, the manifest (8 MiB, nesting 72) and every field are checked, and the bytes
+decoding needs (`max_bytes`, 1 GiB by default: recurnorm's decoded-bytes sum) are
+summed from the manifest before any array is made; every hash is checked (the payload's
+before anything is decompressed). Any malformed artifact raises RnpkError, a
+ValueError: never another exception, never wrong weights.
 """
 
 import hashlib
 import json
 import lzma
+import math
 import struct
 import zlib
 
@@ -43,16 +50,21 @@ NF4 = np.array(
 )
 BF16 = np.dtype("<u2", metadata={"bf16": 1})  # numpy has no bfloat16: its bits, marked
 PACKED = {"trit5": (5, 1), "bits2": (4, 1), "nib4": (2, 1), "pack6": (4, 3), "byte": (1, 1)}  # symbols, bytes
+MANIFEST = 8 << 20  # the manifest's bytes, stored and decompressed
+
+
+class RnpkError(ValueError):
+    """What every malformed artifact raises."""
 
 
 def need(ok, why):
     if not ok:
-        raise ValueError("rnpk: " + why)
+        raise RnpkError("rnpk: " + why)
 
 
 def inflate(kind, blob, limit):
     """Compressor ids: 0 raw, 2 raw deflate, 3 raw LZMA2 (1 = zstd is not portable)."""
-    out = bytes(blob)
+    out = blob
     if kind:
         need(kind > 1, "zstd is not portable")
         d = (
@@ -68,77 +80,99 @@ def inflate(kind, blob, limit):
 
 def varints(b, n):
     """n LEB128 numbers (< 2**35) filling b."""
-    b = np.frombuffer(b, np.uint8).astype(int)
+    b = np.frombuffer(b, np.uint8)
     ends = np.flatnonzero(b < 128)
     need(len(ends) == n, "bad table")
     starts = np.r_[0, ends[:-1] + 1][:n]
     out = np.zeros(n, int)
     for j in range(5):  # (a longer or damaged varint decodes wrong: the stream's hash catches it)
         has = starts + j <= ends
-        out[has] |= (b[starts[has] + j] & 127) << 7 * j
+        out[has] |= (b[starts[has] + j] & 127).astype(int) << 7 * j
     return out
 
 
+def dims(shape):
+    """The element count of a shape (a negative dim would hide others' bytes from the sum)."""
+    need(min(shape, default=0) >= 0, "bad shape")
+    return math.prod(shape)
+
+
 def unpack_layout(raw, layout, n, dt):
-    """A zstd/deflate/lzma stream's layout: plain, shuffle (byte-grouped) or packed symbols."""
+    """A deflate/lzma stream's layout: plain, shuffle (byte-grouped) or packed symbols."""
     if layout == "plain":
         return np.frombuffer(raw, dt)
     if layout == "shuffle":
         return np.frombuffer(np.frombuffer(raw, np.uint8).reshape(dt.itemsize, -1)[::-1].T.tobytes(), dt)
     per, size = PACKED[layout]
-    b = np.frombuffer(raw, np.uint8).astype(int)
+    w = np.frombuffer(raw, np.uint8)
     if per == 5:
-        d = b[:, None] // 3 ** np.arange(5) % 3
+        d = w[:, None] // np.array([1, 3, 9, 27, 81], np.uint8) % 3
     else:  # little-endian words of `size` bytes, first symbol in the low bits
+        if size > 1:  # pack6: 3-byte words, widened to 4
+            w = np.pad(w.reshape(-1, 3), ((0, 0), (0, 1))).view("<u4").ravel()
         bits = 8 * size // per
-        w = (b.reshape(-1, size) << 8 * np.arange(size)).sum(1)
-        d = w[:, None] >> bits * np.arange(per) & (1 << bits) - 1
+        d = w[:, None] >> bits * np.arange(per, dtype=w.dtype) & (1 << bits) - 1
     return d.ravel()[:n]
 
 
 def contexts(p, k, ids, n, t, tshape, L, scales):
-    """Context id of code positions 0, t, 2t, ... < n (see recurnorm's rans.context_vector)."""
-    pos = np.arange(0, n, t)
+    """Context ids (uint8) of code positions 0, t, 2t, ... < n (see recurnorm's rans.context_vector)."""
     var = p.get("context", "none")
     if var == "scale":  # the code row's rank by |scale| (stable), cut into k equal runs
-        rank = np.empty(len(scales), int)
+        rank = np.empty(len(scales), np.uint8)
         rank[np.argsort(np.abs(scales.astype(float)), kind="stable")] = np.arange(len(scales)) * k // len(scales)
-        return rank[pos // L]
-    if var == "none":
-        return 0 * pos
-    rows, cols = tshape[0], int(np.prod(tshape[1:]))  # the tensor as a matrix
-    c, ins = 0 * pos, pos < rows * cols  # padding positions: context 0
-    r, q = pos[ins] // cols, pos[ins] % cols
-    c[ins] = ids[r] if var == "row" else ids[q] if var == "col" else ids[r] * p["kc"] + ids[rows + q]
-    return c
+        c = np.repeat(rank, L)[:n]
+    elif var == "none":
+        c = np.zeros(n, np.uint8)
+    else:  # the tensor as a matrix; padding positions get context 0
+        rows, cols = tshape[0], math.prod(tshape[1:])
+        c = (
+            ids[:rows, None]
+            if var == "row"
+            else ids[None, :cols]
+            if var == "col"
+            else ids[:rows, None] * p["kc"] + ids[rows:][None]
+        )
+        c = np.r_[np.broadcast_to(c, (rows, cols)).ravel(), np.zeros(n - rows * cols, np.uint8)]
+    return c[::t]
 
 
 class Stream:
     """One rANS stream: its tables, per-unit contexts, lanes and coder words. (Nothing here
-    is trusted: a stream that does not decode exactly, or decodes to codes whose hash differs,
-    raises.)"""
+    is trusted: the parameters are bounded before anything is made from them, and a stream
+    that does not decode exactly, or decodes to codes whose hash differs, raises.)"""
 
     def __init__(self, body, p, n, tshape, L, scales, done):
-        self.t, self.nsym, self.prec, self.lanes = p.get("tuple", 1), p["nsym"], p["prec"], p["lanes"]
-        k, nt = p.get("k", 1), self.nsym**self.t
+        self.t, self.nsym, self.prec, self.lanes = t, nsym, prec, lanes = (
+            p.get("tuple", 1),
+            p["nsym"],
+            p["prec"],
+            p["lanes"],
+        )
+        k = p.get("k", 1)
+        need(0 < t < 9 and 0 < k < 257 and 0 < prec < 17, "bad rans params")
+        nt, units = nsym**t, -(-n // t)
+        need(nt <= 4096 and units <= lanes << 16, "bad rans params")
         b = np.frombuffer(body, np.uint8)
         head = np.flatnonzero(b[:10] < 128)[1] + 1  # two varints: 4 * length + compressor id
         (tl, tz), (il, iz) = [(v >> 2, v & 3) for v in varints(b[:head], 2)]
         self.f = varints(inflate(tz, b[head : head + tl], 5 * k * nt), k * nt).reshape(k, nt)
-        ids = np.frombuffer(inflate(iz, b[head + tl : head + tl + il], 1 << 24), np.uint8).astype(int)
-        self.ctx = contexts(p, k, ids, n, self.t, tshape, L, scales)
         coder = b[head + tl + il :]
-        self.x, self.words = coder[: 4 * self.lanes].view("<u4"), coder[4 * self.lanes :].view("<u2")
-        self.steps = -(-len(self.ctx) // self.lanes)
-        need(len(self.x) == self.lanes and self.steps <= 65536 and self.prec <= 16, "bad rans data")
+        self.x, self.words = coder[: 4 * lanes].view("<u4"), coder[4 * lanes :].view("<u2")
+        need(len(self.x) == lanes and len(self.words) <= units, "bad rans data")  # a unit takes <= 1 word
+        ids = np.frombuffer(inflate(iz * (il > 0), b[head + tl : head + tl + il], 2 * n), np.uint8)
+        self.ctx = contexts(p, k, ids, n, t, tshape, L, scales)
+        self.steps = -(-units // lanes)
         self.n, self.done = n, done
 
 
 def decode_rans(streams):
     """Decode every stream together: lane j of a stream takes units j, j + lanes, ...; each
     step advances every lane of every stream that still has units, in one set of numpy calls."""
+    if not streams:
+        return
     streams.sort(key=lambda s: -s.steps)  # lanes still at work are then a prefix
-    keys, freq, sym, rowkey, rows, units = [], [], [], [], 0, 0
+    keys, freq, sym, rows, units, small = [], [], [], 0, 0, 1
     for s in streams:
         k, nt = s.f.shape
         # One sorted key per (table row, symbol): row << 17 | its cumulative count, so one
@@ -148,74 +182,110 @@ def decode_rans(streams):
         keys += [[rows << 17], ((np.arange(k)[:, None] + rows + 1) << 17 | np.cumsum(s.f, 1) - s.f).ravel()]
         freq += [[1 << s.prec], s.f.ravel()]
         sym += [[0], np.tile(np.arange(nt), k)]
-        rk = np.full(s.lanes * s.steps, rows << 17)  # units laid out [step, lane]
-        rk[: len(s.ctx)] = s.ctx + rows + 1 << 17
-        rowkey.append(rk)
-        s.at, rows, units = units, rows + k + 1, units + len(rk)
-
-    def cat(a):
-        return np.concatenate([np.asarray(v, int) for v in a] or [[]]).astype(int)
-
-    keys, freq, sym, rowkey = map(cat, (keys, freq, sym, rowkey))
+        s.at, s.row, rows, units = units, rows, rows + k + 1, units + s.lanes * s.steps
+        small &= k < 255 and nt < 257
+    keys, freq, sym = map(np.concatenate, (keys, freq, sym))
+    # One slot a unit, laid out [step, lane]: its context + 1 (0: padding, the no-op row),
+    # replaced by its symbol once decoded.
+    a = np.zeros(units, np.uint8 if small else np.uint16)
+    for s in streams:
+        v = a[s.at : s.at + len(s.ctx)]
+        v[:] = s.ctx
+        v += 1
+        s.ctx = len(v)
     W = [s.lanes for s in streams]
     lane0 = np.cumsum([0] + W)  # each stream's first lane
     sid = np.repeat(np.arange(len(W)), W)
-    stride, shift = np.repeat(W, W), np.repeat([s.prec for s in streams], W)
-    base = np.arange(lane0[-1]) - lane0[sid] + cat([[s.at] * s.lanes for s in streams])[: lane0[-1]]
-    x, words = cat([s.x for s in streams]), cat([s.words for s in streams] + [[0]])
+    stride, shift, row = (
+        np.repeat(W, W),
+        np.repeat([s.prec for s in streams], W),
+        np.repeat([s.row for s in streams], W),
+    )
+    base = np.arange(lane0[-1]) - lane0[sid] + np.repeat([s.at for s in streams], W)
+    x = np.concatenate([s.x for s in streams]).astype(int)
+    words = np.concatenate([s.words for s in streams] + [np.zeros(1, np.uint16)])
     wend = np.cumsum([len(s.words) for s in streams])
     wptr = wend - [len(s.words) for s in streams]
-    out = np.zeros(units, int)
     cs = np.zeros(len(x) + 1, int)
     ns = len(streams)
-    for t in range(streams[0].steps if ns else 0):
+    for t in range(streams[0].steps):
         while streams[ns - 1].steps <= t:  # streams whose units are all decoded drop out
             ns -= 1
-        a = lane0[ns]
-        xa = x[:a]
-        u = base[:a] + t * stride[:a]
-        key = rowkey[u] | xa & (1 << shift[:a]) - 1  # the lane's table row and slot
+        m = lane0[ns]
+        xa = x[:m]
+        u = base[:m] + t * stride[:m]
+        key = (a[u] + row[:m]) << 17 | xa & (1 << shift[:m]) - 1  # the lane's table row and slot
         g = keys.searchsorted(key, "right") - 1
-        out[u] = g
-        xa[:] = freq[g] * (xa >> shift[:a]) + key - keys[g]
+        a[u] = sym[g]
+        xa[:] = freq[g] * (xa >> shift[:m]) + key - keys[g]
         low = xa < 65536  # these lanes read their stream's next word, in lane order
-        np.cumsum(low, out=cs[1 : a + 1])
+        np.cumsum(low, out=cs[1 : m + 1])
         i = np.flatnonzero(low)
         xa[i] = xa[i] << 16 | words.take((wptr - cs[lane0[:-1]])[:ns][sid[i]] + cs[i], mode="clip")
         wptr[:ns] += cs[lane0[1 : ns + 1]] - cs[lane0[:ns]]
     need((x == 1 << 16).all() and (wptr == wend).all(), "bad rans data")
     for s in streams:
-        v = sym[out[s.at : s.at + len(s.ctx)]]
+        v = a[s.at : s.at + s.ctx]
         if s.t > 1:  # units are tuples of t symbols, first in the low digit
-            v = (v[:, None] // s.nsym ** np.arange(s.t) % s.nsym).ravel()
+            v = (v[:, None] // s.nsym ** np.arange(s.t, dtype=v.dtype) % s.nsym).ravel()
         s.done(v[: s.n])
 
 
 def decode(src, max_bytes=1 << 30):
     """({name: numpy array}, metadata) of an artifact (a path or its bytes)."""
-    data = memoryview(src if isinstance(src, (bytes, bytearray, memoryview)) else open(src, "rb").read())
+    limit = max_bytes + MANIFEST + 48
+    if not isinstance(src, (bytes, bytearray, memoryview)):
+        with open(src, "rb") as f:
+            n = f.seek(0, 2)
+            need(n <= limit, "larger than max_bytes allows")
+            f.seek(0)
+            src = f.read(n + 1)
+    data = memoryview(src)
     try:
         magic, ver, flags, mlen, sha = struct.unpack_from("<4sHHQ32s", data)
-        need(magic == b"RNPK" and ver == 2 and flags < 4, "not a format-2 .rnpk")
+        need(len(data) <= limit, "larger than max_bytes allows")
+        need(magic == b"RNPK" and ver == 2 and flags < 4 and mlen <= MANIFEST, "not a format-2 .rnpk")
         m = bytes(data[48 : 48 + mlen])
         need(hashlib.sha256(m).digest() == sha, "manifest hash mismatch")
-        man = json.loads(inflate(flags, m, 1 << 26))
+        man = json.loads(inflate(flags, m, MANIFEST), parse_constant=int)  # (no NaN/Infinity)
         pay = data[48 + mlen :]
         need(hashlib.sha256(pay).hexdigest() == man["payload_sha256"], "payload hash mismatch")
+        # The bytes decoding needs, from the manifest, before any array is made: per stored
+        # tensor its output (at least 4 bytes a weight when quantized) or its streams and rans
+        # tables (32 bytes an entry), whichever is more (recurnorm's sum, never above it).
         todo = [t for t in man["tensors"] if "alias_of" not in t]
-        size = sum(np.prod(t["shape"]) * np.dtype(t["dtype"].replace("bf", "f")).itemsize for t in todo)
+        size = sum(
+            max(
+                dims(t["shape"]) * max(np.dtype(t["dtype"].replace("bf", "f")).itemsize, 4 * (t["format"] != "raw")),
+                sum(
+                    dims(s["shape"]) * np.dtype(s["dtype"]).itemsize
+                    + (
+                        s["codec"] == "rans"
+                        and 32
+                        * s["params"].get("k", 1)
+                        * min(s["params"]["nsym"], 4097) ** min(s["params"].get("tuple", 1), 9)
+                    )
+                    for s in t["streams"].values()
+                ),
+            )
+            for t in todo
+        )
         need(size <= max_bytes, "decodes to more than max_bytes")
         arrays, rans = {}, []
 
         def stream(t, kind):
             s = t["streams"][kind]
-            dt, n, p, key = np.dtype(s["dtype"]).newbyteorder("<"), np.prod(s["shape"]), s["params"], (t["name"], kind)
+            dt, n, p, key = np.dtype(s["dtype"]).newbyteorder("<"), dims(s["shape"]), s["params"], (t["name"], kind)
             body = pay[s["offset"] : s["offset"] + s["length"]]
 
-            def done(sym):  # packed symbols + offset = the codes; then their hash
+            def done(sym):  # symbols + offset (wrapping in the dtype's width) = the codes; then their hash
+                a = sym.astype(dt)
                 off = p.get("offset", 0)
-                a = (sym + off if off else sym).astype(dt).reshape(s["shape"])
-                need(hashlib.sha256(a.tobytes()).hexdigest() == s["sha256"], f"{key} hash mismatch")
+                if off:
+                    v = a.view(f"<u{dt.itemsize}")
+                    v += v.dtype.type(off % 256**dt.itemsize)
+                a = a.reshape(s["shape"])
+                need(hashlib.sha256(a).hexdigest() == s["sha256"], f"{key} hash mismatch")
                 arrays[key] = a
 
             if s["codec"] == "rans":
@@ -223,8 +293,8 @@ def decode(src, max_bytes=1 << 30):
                 return rans.append(Stream(body, p, n, t["shape"], L, arrays.get((t["name"], "scales")), done))
             kind = {"raw": 0, "deflate": 2, "lzma": 3}.get(s["codec"], 1)  # zstd is not portable
             lay = p.get("layout", "plain")
-            per, size = PACKED.get(lay, (1, dt.itemsize))
-            done(unpack_layout(inflate(kind, body, -(-n // per) * size), lay, n, dt))
+            per, nb = PACKED.get(lay, (1, dt.itemsize))
+            done(unpack_layout(inflate(kind, body, -(-n // per) * nb), lay, n, dt))
 
         for t in todo:
             for kind in ("scales", "zeros", "codes"):
@@ -237,16 +307,18 @@ def decode(src, max_bytes=1 << 30):
             out[name] = (
                 out[t["alias_of"]]
                 if "alias_of" in t
-                else dequantize(t, *(arrays.get((name, k)) for k in ("codes", "scales", "zeros")))
+                else dequantize(t, *(arrays.pop((name, k), None) for k in ("codes", "scales", "zeros")))
             )
         return out, man.get("metadata", {})
-    except (LookupError, TypeError, AttributeError, ArithmeticError, struct.error) as e:
-        raise ValueError(f"rnpk: malformed artifact ({type(e).__name__}: {e})") from None
+    except RnpkError:
+        raise
+    except Exception as e:  # whatever else a malformed artifact trips: the same error
+        raise RnpkError(f"rnpk: malformed artifact ({e!r})") from None
 
 
 def dequantize(t, codes, scales, zeros):
     """The tensor (numpy; bfloat16 as its uint16 bits, dtype BF16) in its original dtype and shape."""
-    fmt, n, dtype = t["format"], int(np.prod(t["shape"])), t["dtype"]
+    fmt, n, dtype = t["format"], dims(t["shape"]), t["dtype"]
     if fmt in ("fp32", "fp16", "bf16"):
         bits = codes.ravel()[:n]
         v = (
@@ -258,23 +330,32 @@ def dequantize(t, codes, scales, zeros):
         )
     elif fmt == "raw":
         v = codes.ravel()[:n]
-        return (v != 0 if dtype == "bool" else v.astype(dtype)).reshape(t["shape"])
+        return (v != 0 if dtype == "bool" else v.astype(dtype, copy=False)).reshape(t["shape"])
     elif fmt == "nf4":
-        v = (NF4[codes] * scales.astype(np.float32)[:, None]).ravel()[:n]
+        v = NF4[codes]
+        v *= scales.astype(np.float32)[:, None]
     else:  # scale-and-round grids: intN, int8_pg, ternary
-        c, s = codes.astype(np.float32), scales.astype(np.float32)[:, None]
-        v = ((c if zeros is None else c - zeros.astype(np.float32)[:, None]) * s).ravel()[:n]
-    if dtype == "bfloat16":  # round to nearest even, as torch does (weights are finite)
-        b = v.astype(np.float32).view(np.uint32).astype(int)
-        v = ((b + 0x7FFF + (b >> 16 & 1)) >> 16).astype(BF16)
+        v = codes.astype(np.float32)
+        if zeros is not None:
+            v -= zeros.astype(np.float32)[:, None]
+        v *= scales.astype(np.float32)[:, None]
+    v = v.ravel()[:n]
+    if dtype == "bfloat16":  # round to nearest even, as torch does: in place, a piece at a time
+        b = v.view(np.uint32)
+        for i in range(0, n, 1 << 20):
+            c = b[i : i + (1 << 20)]
+            c += 0x7FFF + (c >> 16 & 1)
     else:
-        v = v.astype(dtype)
-    return v.reshape(t["shape"])
+        v = v.astype(dtype, copy=False)
+    # (bfloat16: the high halves hold it, and the float32 they start is as finite as it is)
+    need(np.isfinite(v).all(), "weights overflow their dtype")
+    return (v.view("<u2")[1::2].astype(BF16) if dtype == "bfloat16" else v).reshape(t["shape"])
 
 
 def load(src, max_bytes=1 << 30):
     """{name: torch.Tensor} of an artifact (a path or its bytes): dequantized, original
-    dtypes and shapes, tied names sharing one tensor."""
+    dtypes and shapes, tied names sharing one tensor. RnpkError (a ValueError) when the
+    artifact is malformed or decodes to more than max_bytes."""
     import torch
 
     arrays, seen = decode(src, max_bytes)[0], {}
