@@ -81,5 +81,17 @@ def resolve_options(
         else:
             ok = isinstance(value, type(default)) and not isinstance(value, bool)
         if not ok:
-            raise error(f"option {key!r} of {owner} must be a {type(default).__name__}, got {value!r}")
+            raise error(f"option {key!r} of {owner} must be a {type(default).__name__}, got {_shown(value)}")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT_OPTION:
+            raise error(f"option {key!r} of {owner} is out of range: {_shown(value)} (at most {MAX_INT_OPTION:,})")
     return {**defaults, **options}
+
+
+# Integer options are sizes and counts: none needs more than 2^53 (exact as a float), and a
+# larger one reaches torch or numpy as an overflow, not as an error naming the option.
+MAX_INT_OPTION = 1 << 53
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"

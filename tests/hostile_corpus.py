@@ -11,6 +11,7 @@ class ids. Each must be refused with exit 4 and one line, in bounded memory and 
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import resource
 import signal
@@ -23,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from recurnorm.budget import compress, pack_qtensors, rans
 from recurnorm.budget import format as fmt
-from recurnorm.budget import pack_qtensors, rans
 from recurnorm.quant.qtensor import QTensor
 
 
@@ -168,7 +169,7 @@ def _many_aliases(count: int) -> bytes:
 
 
 def _packed(qts: dict[str, QTensor]) -> bytes:
-    return pack_qtensors(qts)
+    return pack_qtensors(qts, check=False)  # forged: the packer would refuse them
 
 
 def _one(name: str, **change) -> bytes:
@@ -358,7 +359,314 @@ for _path in TYPED_FIELDS:
             continue  # valid values: any string names a tensor, group None/any size dequantizes
         CASES[f"typed/{'.'.join(_path)}={_label}"] = _edit(_set(_path, _value))
 
+# ------------------------------------------------------------------ round two (issue 25)
+#
+# Artifacts that verify used to accept although what unpack writes cannot be read back, or
+# the weights are not finite, or the standalone loader reads them differently; artifacts that
+# made the loader allocate before checking; leniencies. Every one is refused (exit 4, one
+# line) by verify and unpack; the loader raises RnpkError (a ValueError) or, where noted in
+# LOADER_READS, reads them. VALID holds odd artifacts the packer writes: all three read them,
+# to the same bits.
+
+
+def _json_signed(m: dict, payload: bytes, version: int = fmt.VERSION) -> bytes:
+    """m as ASCII JSON (lone surrogates as \\\\uXXXX escapes, which UTF-8 cannot hold), signed."""
+    import hashlib
+    import json
+
+    m = {**m, "payload_length": len(payload), "payload_sha256": hashlib.sha256(payload).hexdigest()}
+    text = json.dumps(m, sort_keys=True, separators=(",", ":")).encode()
+    return fmt.HEADER.pack(fmt.MAGIC, version, 0, len(text), hashlib.sha256(text).digest()) + text + payload
+
+
+def _renamed(name: str) -> Callable[[], bytes]:
+    def make() -> bytes:
+        m, payload = fmt.split_container(BASE)
+        _entry(m, "int8")["name"] = name
+        _entry(m, "tied")["alias_of"] = name
+        return _json_signed(m, payload)
+
+    return make
+
+
+def _alias_named(name: str) -> Callable[[], bytes]:
+    def make() -> bytes:
+        m, payload = fmt.split_container(BASE)
+        _entry(m, "tied")["name"] = name
+        return _json_signed(m, payload)
+
+    return make
+
+
+def _versioned(header: int, value) -> Callable[[], bytes]:
+    def make() -> bytes:
+        m, payload = fmt.split_container(BASE)
+        m["version"] = value
+        return _json_signed(m, payload, version=header)
+
+    return make
+
+
+def _with_payload(m: dict, payload: bytes) -> bytes:
+    """m and payload, signed (header version 2, raw manifest)."""
+    return _json_signed(m, payload)
+
+
+def _repadded(codes: np.ndarray, layout: str) -> bytes:
+    """One raw int8 tensor whose codes deflate-stream, packed `layout`, has a non-zero padding
+    symbol in its last group: the same codes (and hash) spelled a second way."""
+    qt = QTensor("raw", codes.shape[1:], "int8", codes)
+    m, payload = fmt.split_container(pack_qtensors({"w": qt}, codecs=["deflate", "raw"]))
+    s = _entry(m, "w")["streams"]["codes"]
+    assert s["codec"] == "deflate" and s["params"]["layout"] == layout, s
+    raw = bytearray(compress.decompress(compress.DEFLATE, payload, 1 << 20, "t"))
+    raw[-1] |= {"trit5": 81, "bits2": 0xC0, "nib4": 0xF0, "pack6": 0x80}[layout]  # the last symbol
+    z = compress.deflate(bytes(raw))
+    s["length"] = len(z)
+    return _with_payload(m, z)
+
+
+def _overflow(**fields) -> Callable[[], bytes]:
+    """One tensor whose stored values are finite but dequantize past its dtype's range."""
+    return lambda: _packed({"w": QTensor(**fields)})
+
+
+def _many_tables(count: int) -> bytes:
+    """`count` one-code tensors, each a rans stream with 256 tables of 4096 symbols (deflated
+    zeros but one row): ~200 bytes a stream, 2^20 table entries decoded."""
+    import hashlib
+
+    tables = np.zeros((256, 4096), np.int64)
+    tables[0, 0] = 2
+    tblob = compress.deflate(rans.varint_encode(tables.ravel()))
+    body = (
+        rans.varint_encode(np.array([4 * len(tblob) + compress.DEFLATE, 0]))
+        + tblob
+        + struct.pack("<I", 1 << 16)
+        + struct.pack("<H", 0)
+    )
+    sha = hashlib.sha256(b"\x00").hexdigest()
+    entries = []
+    for i in range(count):
+        codes = {"codec": "rans", "dtype": "uint8", "shape": [1, 1], "offset": i * len(body), "length": len(body)}
+        codes["params"], codes["sha256"] = {"offset": 0, "nsym": 4096, "prec": 1, "lanes": 1, "k": 256}, sha
+        codes["params"]["context"] = "scale"
+        entries.append({"name": f"t{i:05d}", "shape": [1], "dtype": "float32", "format": "int8", "params": {}})
+        entries[-1]["streams"] = {
+            "codes": codes,
+            "scales": {"codec": "raw", "dtype": "float16", "shape": [1], "offset": count * len(body), "length": 2},
+        }
+        entries[-1]["streams"]["scales"].update(params={}, sha256=hashlib.sha256(b"\x00\x3c").hexdigest())
+    m = {"format": "rnpk", "version": fmt.VERSION, "metadata": {}, "tensors": entries}
+    return resign(m, body * count + b"\x00\x3c")
+
+
+def _deflate_bomb(declared: list[int]) -> bytes:
+    """A raw int8 tensor declaring `declared` values (GBs), whose deflate stream is 64 MB of
+    zeros in 64 KB: refused from the declared size, before anything is inflated."""
+    z = compress.deflate(bytes(64 << 20), 9)
+    n = int(np.prod(declared))
+    stream = {"codec": "deflate", "params": {"layout": "plain", "offset": 0}, "offset": 0, "length": len(z)}
+    stream.update(dtype="int8", shape=[1, n], sha256="0" * 64)
+    t = {"name": "w", "shape": declared, "dtype": "int8", "format": "raw", "params": {}, "streams": {"codes": stream}}
+    return resign({"format": "rnpk", "version": fmt.VERSION, "metadata": {}, "tensors": [t]}, z)
+
+
+def _steps_before_arrays() -> bytes:
+    """2^27 codes in one lane: 2^27 steps (readers stop at 2^16), 512 MB decoded (under the
+    limit): the step count must be refused before any per-code array is made."""
+    return _bomb([1 << 13, 1 << 14], "float32", lanes=1, valid=True)
+
+
+def _garbage_side(kind: int) -> Callable[[], bytes]:
+    """The int4 codes' rans table blob replaced by garbage declared as deflate or lzma."""
+
+    def make() -> bytes:
+        m, payload = fmt.split_container(BASE)
+        s = _entry(m, "int4")["streams"]["codes"]
+        body = bytes(payload[s["offset"] : s["offset"] + s["length"]])
+        (tl, _), (il, iz), pos = rans._side_header(body, 2)
+        junk = b"\xff\x00garbage" * 4
+        new = rans.varint_encode(np.array([4 * len(junk) + kind, 4 * il + iz])) + junk + body[pos + tl :]
+        payload = payload[: s["offset"]] + new + payload[s["offset"] + s["length"] :]
+        delta = len(new) - s["length"]
+        for t in m["tensors"]:
+            for other in t.get("streams", {}).values():
+                if other["offset"] > s["offset"]:
+                    other["offset"] += delta
+        s["length"] = len(new)
+        return resign(m, payload)
+
+    return make
+
+
+def _deep_manifest(depth: int) -> bytes:
+    m, payload = fmt.split_container(BASE)
+    text = fmt.dumps(m)
+    assert text.startswith(b'{"format"')
+    text = b'{"deep":' + b"[" * depth + b"]" * depth + b"," + text[1:]
+    return _sign_fast(text, payload)
+
+
+R2_CASES: dict[str, Callable[[], bytes]] = {
+    # 1. names the .safetensors unpack writes cannot hold
+    "r2-names/__metadata__": _renamed("__metadata__"),
+    "r2-names/alias-__metadata__": _alias_named("__metadata__"),
+    "r2-names/lone-surrogate": _renamed("\ud800"),
+    "r2-names/lone-low-surrogate-inside": _renamed("a\udfffb"),
+    # 2. finite scales and zeros whose products overflow the output dtype
+    "r2-overflow/float64-scale-1e300-into-bf16": _overflow(
+        format="int8", shape=(4, 8), dtype="bfloat16", codes=np.ones((4, 8), np.int8), scales=np.full(4, 1e300)
+    ),
+    "r2-overflow/float32-3e38-x-127": _overflow(
+        format="int8",
+        shape=(4, 8),
+        dtype="float32",
+        codes=np.full((4, 8), 127, np.int8),
+        scales=np.full(4, 3e38, np.float32),
+    ),
+    "r2-overflow/zeros-1e300": _overflow(
+        format="int8",
+        shape=(4, 8),
+        dtype="float32",
+        codes=np.ones((4, 8), np.uint8),
+        scales=np.ones(4, np.float32),
+        zeros=np.full(4, 1e300),
+        params={"asymmetric": True},
+    ),
+    "r2-overflow/float16-scale-600-x-127-into-float16": _overflow(
+        format="int8",
+        shape=(4, 8),
+        dtype="float16",
+        codes=np.full((4, 8), 127, np.int8),
+        scales=np.full(4, 600, np.float16),
+    ),
+    "r2-overflow/fp32-1e10-as-float16": _overflow(
+        format="fp32", shape=(3,), dtype="float16", codes=np.array([[1e10, 1, 2]], np.float32).view(np.uint32)
+    ),
+    "r2-overflow/bf16-4e37-as-float16": _overflow(
+        format="bf16", shape=(1,), dtype="float16", codes=np.array([[0x7E00]], np.uint16)
+    ),
+    "r2-overflow/nf4-absmax-1e6-into-float16": _overflow(
+        format="nf4",
+        shape=(64,),
+        dtype="float16",
+        codes=np.zeros((1, 64), np.uint8),
+        scales=np.full(1, 1e6, np.float32),
+        params={"group": 64},
+    ),
+    # 3. what the loader reads differently: see VALID (uint64 offsets past int64)
+    # 4. bounds the loader applies before allocating
+    "r2-loader/steps-before-arrays-512MB": _steps_before_arrays,
+    "r2-loader/deflate-bomb-declares-8GB": lambda: _deflate_bomb([1 << 16, 1 << 15]),
+    "r2-loader/64-streams-of-2^20-table-entries": lambda: _many_tables(64),
+    "r2-loader/table-blob-bad-deflate": _garbage_side(compress.DEFLATE),
+    "r2-loader/table-blob-bad-lzma": _garbage_side(compress.LZMA),
+    "r2-loader/manifest-nested-100": lambda: _deep_manifest(100),
+    "r2-loader/manifest-nested-5000": lambda: _deep_manifest(5000),
+    "r2-loader/manifest-NaN": lambda: _sign_fast(
+        fmt.dumps(fmt.split_container(BASE)[0]).replace(b'"metadata":{', b'"metadata":{"x":NaN,'),
+        fmt.split_container(BASE)[1],
+    ),
+    # 7. leniencies
+    "r2-lenient/version-true-header-1": _versioned(1, True),
+    "r2-lenient/version-2.0": _versioned(2, 2.0),
+    "r2-lenient/trit5-padding-digit": lambda: _repadded(np.array([[0, 1, -1, 1, 0, 1, 1]], np.int8), "trit5"),
+    "r2-lenient/bits2-padding-symbol": lambda: _repadded(np.array([[0, 1, 2, 3, 1, 1, 0]], np.int8), "bits2"),
+    "r2-lenient/nib4-padding-symbol": lambda: _repadded(np.arange(15, dtype=np.int8).reshape(1, 15), "nib4"),
+    "r2-lenient/pack6-padding-symbol": lambda: _repadded(np.arange(61, dtype=np.int8).reshape(1, 61), "pack6"),
+}
+CASES.update(R2_CASES)
+# The loader may read these (its checks stop at what decoding needs: it hands back a dict, and
+# metadata is the caller's): verify refuses them for what unpack's file or the checks need.
+LOADER_MAY_READ = {
+    "r2-names/__metadata__",
+    "r2-names/alias-__metadata__",
+    "r2-names/lone-surrogate",
+    "r2-names/lone-low-surrogate-inside",
+    "r2-loader/manifest-nested-100",
+    "r2-lenient/version-true-header-1",
+    "r2-lenient/version-2.0",
+    "r2-lenient/trit5-padding-digit",
+    "r2-lenient/bits2-padding-symbol",
+    "r2-lenient/nib4-padding-symbol",
+    "r2-lenient/pack6-padding-symbol",
+}
+
+
+def _uint64_offset(codec: str) -> bytes:
+    """uint64 values from 2^63 + 1: the stream's symbol offset is past int64."""
+    rng = np.random.default_rng(5)
+    codes = (np.uint64(2**63 + 1) + rng.integers(0, 5, size=(1, 3000)).astype(np.uint64)).astype(np.uint64)
+    return pack_qtensors({"big": QTensor("raw", (3000,), "uint64", codes)}, codecs=[codec, "raw"])
+
+
+def _valid_bomb(dtype: str) -> bytes:
+    return _bomb([1 << 11, (1 << 14) - 1], dtype, valid=True)
+
+
+# Odd artifacts the packer writes (or that are honest): verify 0, unpack 0, and the loader
+# returns the same bits, in the same bounds.
+VALID: dict[str, Callable[[], bytes]] = {
+    "valid/uint64-offset-past-int64-rans": lambda: _uint64_offset("rans"),
+    "valid/uint64-offset-past-int64-deflate": lambda: _uint64_offset("deflate"),
+    "valid/int64-offset-minus-2^63-rans": lambda: pack_qtensors(
+        {"low": QTensor("raw", (50,), "int64", np.full((1, 50), -(2**63), np.int64) + np.arange(50).reshape(1, 50))},
+        codecs=["rans", "raw"],
+    ),
+    "valid/empty-dims": lambda: pack_qtensors(
+        {
+            "a": QTensor("fp32", (0, 1 << 30), "float32", np.zeros((1, 0), np.uint32)),
+            "b": QTensor("int8", (5, 0), "float32", np.zeros((5, 0), np.int8), np.ones(5, np.float16)),
+        }
+    ),
+    "valid/int8-128MB-decoded-float32": lambda: _valid_bomb("float32"),
+    "valid/int8-128MB-decoded-bfloat16": lambda: _valid_bomb("bfloat16"),
+}
+
 BASE = base()
+
+
+@functools.cache
+def bases() -> list[bytes]:
+    """Artifacts to mutate: every format family, each codec and packed layout, and rans with
+    none/col/grid contexts and 1-4 lanes."""
+    from helpers import embedding_like
+
+    qts = base_qtensors()
+    grid = {
+        "e": QTensor("ternary", (256, 128), "float32", embedding_like().reshape(1, -1), np.array([0.5], np.float32))
+    }
+    # Rows and columns of different spread: the packer picks col and grid contexts, 2-4 lanes.
+    rng = np.random.default_rng(1)
+    R, C = 256, 512
+    w = rng.normal(size=(R, C)) * np.exp(rng.normal(size=(R, 1))) * np.exp(rng.normal(size=(1, C)))
+    s = np.abs(w).max(1) / 7
+    col = rng.normal(size=(R, C)) * np.exp(2 * rng.normal(size=(1, C)))
+    cs = np.abs(col).max() / 7
+    tern = (rng.random((1, 1 << 18)) < 0.3).astype(np.int8) * rng.choice([-1, 1], size=(1, 1 << 18)).astype(np.int8)
+    contexts = {
+        "grid": QTensor(
+            "int4", (R, C), "float32", np.clip(np.round(w / s[:, None]), -7, 7).astype(np.int8), s.astype(np.float16)
+        ),
+        "col": QTensor(
+            "int4",
+            (R, C),
+            "float32",
+            np.clip(np.round(col / cs), -7, 7).astype(np.int8).reshape(1, -1),
+            np.array([cs], np.float32),
+        ),
+        "lanes": QTensor("ternary", (512, 512), "float32", tern, np.array([0.1], np.float32)),
+    }
+    return [
+        BASE,
+        pack_qtensors(qts, {"config": {}}, codecs=["zstd"]),
+        pack_qtensors(qts, codecs=["raw"]),
+        pack_qtensors(qts, codecs=["deflate", "raw"]),
+        pack_qtensors(grid),
+        pack_qtensors(contexts),
+        VALID["valid/uint64-offset-past-int64-rans"](),
+    ]
 
 
 def build() -> dict[str, bytes]:
@@ -587,6 +895,20 @@ def unpack_in_memory(data: bytes, max_decoded_bytes: int | None = None) -> dict:
     return tensors
 
 
+def unpack_read_back(data: bytes) -> dict:
+    """What `recurnorm unpack` writes, read back by the safetensors library (as a user would):
+    {name: torch tensor}. Raises whatever that library raises on a file it cannot read."""
+    import io
+
+    from safetensors.torch import load
+
+    buf = io.BytesIO()
+    from recurnorm.budget import safetensors_out
+
+    safetensors_out.write(buf, unpack_in_memory(data))
+    return load(buf.getvalue())
+
+
 def _trim_heap() -> None:
     """Give freed heap back to the OS (glibc), so that a child's allocations show as growth
     rather than reusing pages its parent had already made resident."""
@@ -654,6 +976,69 @@ def run_cli(argv: list[str], mem_bytes: int = 1 << 30, alarm_s: int = 10) -> dic
     else:  # killed: its rusage, against what it could have inherited
         peak = usage.ru_maxrss * 1024 - rss0
     return {"code": code, "stderr": text, "seconds": seconds, "peak_bytes": max(peak, 0)}
+
+
+def digests(tensors: dict) -> dict[str, list]:
+    """{name: [dtype, shape, sha256 of the bits]} of torch tensors (bfloat16 as its int16 bits)."""
+    import hashlib
+
+    import torch
+
+    out = {}
+    for name, t in tensors.items():
+        bits = t.contiguous().view(torch.int16) if t.dtype == torch.bfloat16 else t.contiguous()
+        out[name] = [str(t.dtype), list(t.shape), hashlib.sha256(bits.numpy()).hexdigest()]
+    return out
+
+
+def run_loader(path: str | Path, mem_bytes: int = 1 << 30, alarm_s: int = 10, compact: bool = False) -> dict:
+    """The standalone loader's `load(path)` in a forked child, bounded like run_cli: whether it
+    read the artifact (then the digests of what it returned) or the exception it raised (type,
+    whether it is a ValueError, message), seconds, peak resident growth; killed: code -signal."""
+    import json
+
+    from recurnorm.budget import rnpk_load
+    from recurnorm.budget.loader import loader_source
+
+    load = rnpk_load.load
+    if compact:
+        space: dict = {}
+        exec(loader_source(compact=True), space)  # noqa: S102 - our own generated code
+        load = space["load"]
+    _trim_heap()
+    rpipe, wpipe = os.pipe()
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rpipe)
+        rss_start = _status_kb("VmRSS")
+        out: dict = {}
+        try:
+            size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+            resource.setrlimit(resource.RLIMIT_AS, (size + mem_bytes, resource.RLIM_INFINITY))
+            signal.alarm(alarm_s)
+            try:
+                out = {"ok": True, "digests": digests(load(str(path)))}
+            except BaseException as exc:  # noqa: BLE001 - what the caller sees is the point
+                msg = str(exc)
+                out = {"ok": False, "type": type(exc).__name__, "value_error": isinstance(exc, ValueError)}
+                out["error"] = msg[:300]
+            out["peak"] = (_status_kb("VmHWM") - rss_start) * 1024
+            data = json.dumps(out).encode()
+        except BaseException as exc:  # noqa: BLE001
+            data = json.dumps({"ok": False, "type": type(exc).__name__, "value_error": False}).encode()
+        with os.fdopen(wpipe, "wb") as f:
+            f.write(data)
+        os._exit(0)
+    os.close(wpipe)
+    with os.fdopen(rpipe, "rb") as f:
+        data = f.read()
+    _, status, usage = os.wait4(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    res = json.loads(data) if data else {"ok": False, "type": f"killed ({code})", "value_error": False}
+    res["code"], res["seconds"] = code, time.perf_counter() - start
+    res.setdefault("peak", usage.ru_maxrss * 1024)
+    return res
 
 
 def _status_kb(field: str) -> int:

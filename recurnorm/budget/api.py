@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArtifactError, CheckpointError, OverCapError, QuantError
+from ..quant import registry as quant_registry
 from ..quant.qtensor import QTensor
 from . import codecs as codecs_mod
 from . import format as fmt
@@ -44,9 +45,14 @@ def _sha(arr: np.ndarray, dtype: str) -> str:
     return hashlib.sha256(np.ascontiguousarray(arr, dtype=DTYPES[dtype]).reshape(-1).view(np.uint8)).hexdigest()
 
 
-def _check_qtensor(name: str, qt: QTensor) -> None:
+def _check_qtensor(name: str, qt: QTensor, check: bool = True) -> None:
+    """QuantError for what an artifact cannot hold, or its readers would refuse: the packer
+    never writes an artifact that `verify` refuses."""
     if not isinstance(qt, QTensor):
         raise QuantError(f"tensor {name}: expected a QTensor, got {type(qt).__name__}")
+    why = check and validate.shape_problem(qt.shape)
+    if why:
+        raise QuantError(f"tensor {name!r}: {why} (an artifact holds at most {fmt.MAX_NDIM} dims, each < 2^40)")
     codes = np.asarray(qt.codes)
     if codes.ndim != 2 or codes.size < qt.numel:
         raise QuantError(f"tensor {name}: codes {codes.shape} must be 2-D and hold {qt.numel} values")
@@ -58,16 +64,32 @@ def _check_qtensor(name: str, qt: QTensor) -> None:
         fmt.dumps(qt.params)
     except (TypeError, ValueError) as exc:
         raise QuantError(f"tensor {name}: params are not JSON-serializable: {exc}") from None
+    if not check:
+        return
+    for kind in ("codes", "scales", "zeros"):
+        arr = getattr(qt, kind)
+        if arr is not None and validate.shape_problem(np.shape(arr)):
+            raise QuantError(f"tensor {name!r} {kind}: {validate.shape_problem(np.shape(arr))}")
+    why = quant_registry.get(qt.format, **qt.params).check_values(qt)
+    if why:  # e.g. float16 weights at +-65504, whose fp16-rounded int8 scale lands past it
+        raise QuantError(f"tensor {name!r}: {qt.format} {why}; keep it float (--keep-float {name!r})")
 
 
 def pack_qtensors(
-    qtensors: dict[str, QTensor], metadata: dict | None = None, codecs=None, effort: str = "normal"
+    qtensors: dict[str, QTensor],
+    metadata: dict | None = None,
+    codecs=None,
+    effort: str = "normal",
+    *,
+    check: bool = True,
 ) -> bytes:
     """Entropy-pack QTensors into artifact bytes; one QTensor under two names is stored once.
 
     effort: "normal" (fast), or "max": a wider codec search for the last bytes (several
     times slower; readers need nothing different). The search ranks codings by estimates,
     so "max" also packs at "normal" and keeps the smaller artifact: it is never larger.
+    check: refuse (QuantError) names, shapes and values that readers refuse; False only to
+    forge such artifacts (tests/hostile_corpus.py).
     """
     if effort not in EFFORTS:
         raise QuantError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
@@ -78,11 +100,13 @@ def pack_qtensors(
     except (TypeError, ValueError) as exc:
         raise QuantError(f"metadata is not JSON-serializable: {exc}") from None
     if effort == "max":
-        return min(_pack(qtensors, metadata, codecs, "normal"), _pack(qtensors, metadata, codecs, "max"), key=len)
-    return _pack(qtensors, metadata, codecs, effort)
+        return min(
+            _pack(qtensors, metadata, codecs, "normal", check), _pack(qtensors, metadata, codecs, "max", check), key=len
+        )
+    return _pack(qtensors, metadata, codecs, effort, check)
 
 
-def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str) -> bytes:
+def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, check: bool) -> bytes:
     first_name: dict[int, str] = {}
     entries, aliases = [], []
     items: list[tuple[np.ndarray, StreamContext]] = []
@@ -91,11 +115,14 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str) -> 
         qt = qtensors[name]
         if not isinstance(name, str):
             raise QuantError(f"tensor name {name!r} is not a string")
+        why = check and validate.name_problem(name)
+        if why:
+            raise QuantError(f"tensor {name!r}: {why}: rename it")
         if id(qt) in first_name:
             aliases.append({"name": name, "alias_of": first_name[id(qt)]})
             continue
         first_name[id(qt)] = name
-        _check_qtensor(name, qt)
+        _check_qtensor(name, qt, check)
         streams = {}
         for kind in ("scales", "zeros", "codes"):
             arr = getattr(qt, kind)
@@ -244,19 +271,13 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
+        _check_safetensors_header(path)
         try:
             state = load_file(str(path))
         except Exception as exc:
             raise CheckpointError(f"{path}: cannot read safetensors: {exc}") from None
         if cfg_path.exists():
-            try:
-                config = json.loads(cfg_path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
-                raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from None
-            if not isinstance(config, dict):
-                raise CheckpointError(
-                    f"{cfg_path}: expected a JSON object of model settings, got {type(config).__name__}"
-                )
+            config = _read_config(cfg_path)
     elif path.suffix in (".pt", ".pth", ".bin"):
         try:
             with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's concern
@@ -283,6 +304,58 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
         raise CheckpointError(f"{path}: holds no tensors")
     _check_dtypes(state, path)
     return state, config
+
+
+# A safetensors header's JSON is parsed whole by the library (Rust) before any tensor is
+# read: 3M metadata keys in a 41 MB header took it 9-12 s and 690 MB. A checkpoint has ~4
+# keys a tensor, so this allows 65K tensors; the colons are counted (strings may hold some:
+# an over-count, never an under-count) before the library sees the file.
+MAX_SAFETENSORS_KEYS = 1 << 18
+
+
+def _check_safetensors_header(path: Path) -> None:
+    """CheckpointError when the header is too large to hand to the safetensors library."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            size = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+            if size > 100_000_000:  # the library's own limit: it says so itself
+                return
+            colons = f.read(size).count(b":")
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if colons > MAX_SAFETENSORS_KEYS:
+        raise CheckpointError(
+            f"{path}: the safetensors header holds over {MAX_SAFETENSORS_KEYS:,} keys "
+            f"({colons:,}; ~4 a tensor, plus __metadata__'s): not read"
+        )
+
+
+def _read_config(cfg_path: Path) -> dict:
+    """The checkpoint's config.json (it rides in the artifact's manifest, so it is bounded as
+    the manifest is: size and nesting); CheckpointError naming the file."""
+    try:
+        size = cfg_path.stat().st_size
+        if size > fmt.MAX_MANIFEST_BYTES:
+            raise CheckpointError(
+                f"{cfg_path}: {size:,} bytes; an artifact's manifest, which carries it, "
+                f"holds at most {fmt.MAX_MANIFEST_BYTES:,}"
+            )
+        config = json.loads(cfg_path.read_text(encoding="utf-8"), parse_constant=fmt.no_constant)
+    except RecursionError:
+        raise CheckpointError(f"{cfg_path}: nests too deeply to read") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{cfg_path}: expected a JSON object of model settings, got {type(config).__name__}")
+    if fmt.json_depth(config, fmt.MAX_CONFIG_DEPTH) > fmt.MAX_CONFIG_DEPTH:
+        raise CheckpointError(
+            f"{cfg_path}: nests more than {fmt.MAX_CONFIG_DEPTH} levels deep (the artifact's manifest holds "
+            f"{fmt.MAX_JSON_DEPTH}, its own included)"
+        )
+    return config
 
 
 def _check_dtypes(state: dict, path: Path) -> None:

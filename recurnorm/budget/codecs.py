@@ -323,12 +323,18 @@ class Packed(Layout):
         return self.pack_symbols(sym)
 
     def unpack(self, raw, offset, ctx):
-        return _symbols_to_array(self.unpack_symbols(raw, ctx.numel), offset, ctx)
+        sym = self.unpack_symbols(raw)
+        # The last group's padding symbols are 0 (as written): another value would be a
+        # second spelling of the same codes, past the stream's hash.
+        if sym[ctx.numel :].any():
+            raise ArtifactError(f"{ctx.kind} stream: packed layout padding is not zero")
+        return _symbols_to_array(sym[: ctx.numel], offset, ctx)
 
     def pack_symbols(self, sym: np.ndarray) -> bytes:
         raise NotImplementedError
 
-    def unpack_symbols(self, raw: bytes, n: int) -> np.ndarray:
+    def unpack_symbols(self, raw: bytes) -> np.ndarray:
+        """Every symbol raw holds, the last group's padding included."""
         raise NotImplementedError
 
 
@@ -349,11 +355,11 @@ class Trits(Packed):
             out += p[:, j] * np.uint8(3**j)
         return out.tobytes()
 
-    def unpack_symbols(self, raw, n):
+    def unpack_symbols(self, raw):
         b = np.frombuffer(raw, dtype=np.uint8)
         if b.size and b.max() >= 243:
             raise ArtifactError("trit byte out of range")
-        return np.stack([(b // d) % 3 for d in (1, 3, 9, 27, 81)], axis=1).ravel()[:n]
+        return np.stack([(b // d) % 3 for d in (1, 3, 9, 27, 81)], axis=1).ravel()
 
 
 class Bits(Packed):
@@ -378,7 +384,7 @@ class Bits(Packed):
             return words.tobytes()
         return words.astype("<u4").view(np.uint8).reshape(-1, 4)[:, : per * bits // 8].tobytes()
 
-    def unpack_symbols(self, raw, n):
+    def unpack_symbols(self, raw):
         per, bits = self.per, self.bits
         b = np.frombuffer(raw, dtype=np.uint8).reshape(-1, per * bits // 8)
         w = np.zeros((len(b), 4), dtype=np.uint8)
@@ -387,7 +393,7 @@ class Bits(Packed):
         out = np.empty((len(words), per), dtype=np.uint8)  # symbols < 64
         for j in range(per):
             out[:, j] = (words >> np.uint32(bits * j)) & np.uint32((1 << bits) - 1)
-        return out.ravel()[:n]
+        return out.ravel()
 
 
 class Byte(Packed):
@@ -401,7 +407,7 @@ class Byte(Packed):
     def pack_symbols(self, sym):
         return sym.astype(np.uint8).tobytes()
 
-    def unpack_symbols(self, raw, n):
+    def unpack_symbols(self, raw):
         return np.frombuffer(raw, dtype=np.uint8)
 
 

@@ -29,13 +29,19 @@ VERSION = 2
 READ_VERSIONS = (1, 2)  # version 1: zstd side data and manifest (see rans.split_body)
 HEADER = struct.Struct("<4sHHQ32s")
 HEADER_SIZE = HEADER.size  # 48
-# Stored, and decompressed. JSON of empty objects takes ~21 bytes of Python per byte, so
-# this bounds parsing to ~90 MB (64 MiB took 1.4 GB); a 16 MB model's manifest is ~50 KB.
-MAX_MANIFEST_BYTES = 4 << 20
+# Stored, and decompressed. A 16 MB model's manifest is ~50 KB, but the model's config.json
+# rides in it (a tokenizer's vocabulary makes one of several MB): 8 MiB holds a 6 MB config.
+# JSON of small containers parses to ~25-32 bytes of Python per byte, so this bounds parsing
+# (measured on 8 MiB: empty objects 200 MB and 0.5 s, lists of objects of lists 265 MB and
+# 4 s; 64 MiB took 1.4 GB).
+MAX_MANIFEST_BYTES = 8 << 20
 # The manifest's compressor id sits in the flags' low two bits. Per-tensor JSON repeats
 # keys and hex hashes: deflate or lzma take ~80% off.
 MANIFEST_COMPRESSOR_MASK = 3
-MAX_JSON_DEPTH = 32
+# Nesting: the manifest's own is 5 levels; a model's config (metadata.config) has room for 60.
+# Python's JSON reader recurses ~1,000 levels deep before it gives up on its own.
+MAX_JSON_DEPTH = 64
+MAX_CONFIG_DEPTH = MAX_JSON_DEPTH - 4  # config.json, under the manifest's {"metadata": {"config": ...}}
 MAX_NDIM = 16
 MAX_TOTAL_ELEMENTS = 1 << 28  # 268M weights: far above what 16 MB can hold; bounds decode memory
 MAX_TENSORS = 1 << 20
@@ -64,10 +70,31 @@ def write_container(manifest: dict, payload: bytes, effort: str = "normal") -> b
     manifest["payload_length"] = len(payload)
     manifest["payload_sha256"] = hashlib.sha256(payload).hexdigest()
     raw = dumps(manifest)
+    _check_writable(manifest, raw)
     kinds = compress.PORTABLE if effort == "max" or len(raw) >= MANIFEST_LZMA_MIN else (compress.RAW, compress.DEFLATE)
     m, flags = compress.smallest(raw, kinds)
     header = HEADER.pack(MAGIC, VERSION, flags, len(m), hashlib.sha256(m).digest())
     return header + m + payload
+
+
+def _check_writable(manifest: dict, raw: bytes) -> None:
+    """QuantError when readers would refuse this manifest for its size or nesting (a huge or
+    deep config.json in the metadata): the packer never writes an artifact its reader refuses."""
+    from ..errors import QuantError
+
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise QuantError(
+            f"the manifest would be {len(raw):,} bytes (metadata {len(dumps(manifest.get('metadata', {}))):,}, "
+            f"with the model's config); artifacts hold at most {MAX_MANIFEST_BYTES:,}"
+        )
+    if json_depth(manifest, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise QuantError(
+            f"the metadata (the model's config) nests deeper than an artifact's manifest may ({MAX_JSON_DEPTH} levels)"
+        )
+
+
+def no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")  # Python's reader takes NaN and Infinity; JSON has neither
 
 
 def _manifest_json(stored: bytes, flags: int) -> bytes:
@@ -79,10 +106,10 @@ def split_container(data: bytes) -> tuple[dict, bytes]:
     """(manifest, payload) of a well-formed artifact, unvalidated: for tools that re-sign."""
     _, _, flags, mlen, _ = HEADER.unpack_from(data, 0)
     m = _manifest_json(bytes(data[HEADER_SIZE : HEADER_SIZE + mlen]), flags)
-    return json.loads(m), bytes(data[HEADER_SIZE + mlen :])
+    return json.loads(m, parse_constant=no_constant), bytes(data[HEADER_SIZE + mlen :])
 
 
-def _depth(obj: Any, limit: int) -> int:
+def json_depth(obj: Any, limit: int) -> int:
     """Nesting depth of parsed JSON (a scalar is 1, a list of scalars 2), stopping once past
     limit. Level by level, and only containers are walked into: manifests are wide, not deep."""
     level, depth = [obj], 1
@@ -124,14 +151,14 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
         raise ArtifactError("manifest checksum mismatch (corrupt artifact)")
     mbytes = _manifest_json(mbytes, flags)
     try:
-        manifest = json.loads(mbytes.decode("utf-8"))
+        manifest = json.loads(mbytes.decode("utf-8"), parse_constant=no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ArtifactError(f"manifest is not valid JSON: {exc}") from None
-    if _depth(manifest, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+    if json_depth(manifest, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise ArtifactError("manifest nests too deeply")
     if not isinstance(manifest, dict):
         raise ArtifactError("manifest is not a JSON object")
-    if manifest.get("version") != version:
+    if not _is_int(manifest.get("version")) or manifest.get("version") != version:
         raise ArtifactError(f"manifest version {manifest.get('version')!r} differs from the header's {version}")
     payload = data[HEADER_SIZE + mlen :]
     plen = manifest.get("payload_length")

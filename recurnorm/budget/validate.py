@@ -25,6 +25,11 @@ from .codecs import DTYPES
 DEFAULT_MAX_DECODED_BYTES = 1 << 30
 MAX_NAME_CHARS = 4096  # tensor names are dotted paths; nothing legitimate comes close
 FLOAT_STAGE_BYTES = 4  # quantized formats dequantize through float32, whatever the output dtype
+# A rans stream's frequency tables (k x nsym^tuple entries) are decoded before its codes, and
+# the standalone loader holds every stream's at once (sorted keys, counts, symbols, as int64):
+# they count against the limit too. Packed models' tables are small (all-MiniLM-L6-v2 at int8:
+# 43K entries, 1.4 MB counted, against 91 MB of weights); a forged one declares 2^20 a stream.
+TABLE_ENTRY_BYTES = 32
 
 
 def _is_int(v: Any) -> bool:
@@ -43,10 +48,38 @@ def _short(v: Any) -> str:
     return text if len(text) <= 40 else f"{type(v).__name__} {text[:37]}..."
 
 
+def shape_problem(shape) -> str | None:
+    """Why an artifact cannot hold a tensor or stream of this shape, or None: at most 16 dims,
+    each < 2^40, and so are the dims other than 0 multiplied (torch and numpy refuse an empty
+    [0, 2^39, 2^39], whose size they compute from the nonzero dims)."""
+    if (
+        not isinstance(shape, (list, tuple))
+        or len(shape) > fmt.MAX_NDIM
+        or not all(_is_int(d) and 0 <= d < 1 << 40 for d in shape)
+        or math.prod(d for d in shape if d) >= 1 << 40
+    ):
+        return f"bad shape {_short(list(shape) if isinstance(shape, tuple) else shape)}"
+    return None
+
+
 def _shape(v: Any, where: str) -> tuple[int, ...]:
-    if not isinstance(v, list) or len(v) > fmt.MAX_NDIM or not all(_is_int(d) and 0 <= d < 1 << 40 for d in v):
-        raise ArtifactError(f"{where}: bad shape {_short(v)}")
+    why = shape_problem(v)
+    if why:
+        raise ArtifactError(f"{where}: {why}")
     return tuple(v)
+
+
+def name_problem(name: str) -> str | None:
+    """Why `unpack` could not write a tensor of this name into a .safetensors file that reads
+    back, or None: the format keeps `__metadata__` for itself, and its JSON header holds UTF-8
+    text, which has no lone surrogates (a JSON escape like \\ud800 parses to one in Python)."""
+    if name == "__metadata__":
+        return "the name __metadata__ is reserved by safetensors"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "the name holds a lone surrogate (not UTF-8 text)"
+    return None
 
 
 def quantizer_for(entry: dict, where: str):
@@ -71,7 +104,8 @@ def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
     max_decoded_bytes: the limit on those bytes (default DEFAULT_MAX_DECODED_BYTES).
     """
     limit = DEFAULT_MAX_DECODED_BYTES if max_decoded_bytes is None else max_decoded_bytes
-    if manifest.get("format") != "rnpk" or manifest.get("version") not in fmt.READ_VERSIONS:
+    version = manifest.get("version")
+    if manifest.get("format") != "rnpk" or not _is_int(version) or version not in fmt.READ_VERSIONS:
         raise ArtifactError("manifest format/version fields are wrong")
     if not isinstance(manifest.get("metadata", {}), dict):
         raise ArtifactError("manifest metadata is not an object")
@@ -89,6 +123,9 @@ def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
         name = t["name"]
         if len(name) > MAX_NAME_CHARS:
             raise ArtifactError(f"tensor name of {len(name):,} characters (at most {MAX_NAME_CHARS})")
+        why = name_problem(name)
+        if why:
+            raise ArtifactError(f"tensor {_short(name)}: {why}")
         if name in names:
             raise ArtifactError(f"tensor {name!r} appears twice")
         names.add(name)
@@ -135,7 +172,7 @@ def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
     streams = t.get("streams")
     if not isinstance(streams, dict) or "codes" not in streams or set(streams) - set(fmt.STREAM_KINDS):
         raise ArtifactError(f"{where}: streams must hold codes (and scales/zeros)")
-    stream_bytes = elements = 0
+    stream_bytes = elements = tables = 0
     shapes: dict[str, tuple[int, ...]] = {}
     for kind in [k for k in fmt.STREAM_KINDS if k in streams]:
         s = streams[kind]
@@ -156,6 +193,7 @@ def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
         n = math.prod(sshape)
         elements += n
         stream_bytes += n * DTYPES[dtype].itemsize
+        tables += _table_entries(codec, s["params"])
         if codec == "raw" and length != n * DTYPES[dtype].itemsize:
             raise ArtifactError(f"{swhere}: raw stream length does not match its shape")
     G_L = shapes["codes"]
@@ -174,7 +212,20 @@ def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
     if why:
         raise ArtifactError(f"{where}: {why}")
     stage = out_size if t["format"] == "raw" else max(out_size, FLOAT_STAGE_BYTES)
-    return max(numel * stage, stream_bytes) + 8 * G, elements
+    return max(numel * stage, stream_bytes) + 8 * G + TABLE_ENTRY_BYTES * tables, elements
+
+
+def _table_entries(codec: str, params: dict) -> int:
+    """Frequency-table entries a rans stream declares (k x nsym^tuple); 0 for other codecs and
+    for parameters out of range, which the codec's decode refuses before making anything."""
+    from .rans import MAX_ALPHABET, MAX_CONTEXTS
+
+    if codec != "rans":
+        return 0
+    k, nsym, t = params.get("k", 1), params.get("nsym"), params.get("tuple", 1)
+    if not all(_is_int(v) and v >= 1 for v in (k, nsym, t)) or k > MAX_CONTEXTS or nsym > MAX_ALPHABET or t > 8:
+        return 0
+    return k * nsym**t
 
 
 def check_decoded(name: str, qt) -> None:

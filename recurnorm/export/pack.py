@@ -169,6 +169,17 @@ def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None) -> tuple[
     return rows, art.metadata
 
 
+def packed_rows(data: bytes) -> tuple[list[dict], dict]:
+    """rows_with_rules of an artifact just packed here. Its readers' refusal is then this
+    input's limit, not a corrupt file: QuantError (exit 1), never ArtifactError (exit 4)."""
+    from ..errors import ArtifactError, QuantError
+
+    try:
+        return rows_with_rules(data)
+    except ArtifactError as exc:
+        raise QuantError(f"the packed artifact would not pass verify: {exc}") from None
+
+
 def pack_checkpoint(
     ckpt: str | Path,
     policy: ExportPolicy,
@@ -190,7 +201,7 @@ def pack_checkpoint(
     if config is not None:
         metadata["config"] = config
     data = pack_state(state, policy, metadata, effort=effort, replace=replace)
-    rows, metadata = rows_with_rules(data)
+    rows, metadata = packed_rows(data)
     return Packed(data, rows, policy, metadata)
 
 

@@ -173,6 +173,8 @@ class ExportPolicy:
         """(format, options, reason) for one tensor; the reason names the rule that chose it."""
         if not t.is_floating_point():
             return "raw", {}, f"non-float ({str(t.dtype).removeprefix('torch.')})"
+        if t.numel() == 0:  # nothing to quantize; a grid format would still lay out a scale a row
+            return "fp32", {}, "empty (no values)"
         for pattern, (fmt, opts) in self.overrides.items():
             if fnmatch.fnmatchcase(name, pattern):
                 return fmt, dict(opts), f"override {pattern}"

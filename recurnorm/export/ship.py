@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .fit import DEFAULT_FORMATS, fit_budget
-from .pack import Packed, checkpoint_policy, pack_state, rows_with_rules
+from .pack import Packed, checkpoint_policy, pack_state, packed_rows
 from .policy import ExportPolicy, format_spec
 
 # --fit's calibration windows. Direct sensitivities run (formats x candidate tensors) passes over
@@ -115,7 +115,7 @@ def ship(
 
             qts, plan = quantize_fn(src.state, policy)
             data = pack_qtensors(qts, {**metadata, "export": export_metadata(policy, plan)}, effort=effort)
-        rows, meta = rows_with_rules(data)
+        rows, meta = packed_rows(data)
         return Packed(data, rows, policy, meta, notes)
 
     loss_fn = fisher = None
@@ -147,7 +147,7 @@ def ship(
         code_bytes=code_bytes,
         progress=progress,
     )
-    rows, meta = rows_with_rules(result.data)
+    rows, meta = packed_rows(result.data)
     return Packed(result.data, rows, result.policy, meta, notes, fit=result)
 
 

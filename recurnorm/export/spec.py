@@ -114,9 +114,17 @@ def read_policy_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"--policy {path}: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--policy {path}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses into nested arrays and tables
+        raise ConfigError(f"--policy {path}: nests too deeply") from None
     unknown = sorted(set(doc) - set(POLICY_KEYS))
     if unknown:
         raise ConfigError(f"--policy {path}: unknown key {unknown[0]!r}; known: {', '.join(POLICY_KEYS)}")
+    for key, kind in (("keep_float", list), ("rules", list), ("options", dict), ("quantize_controls", bool)):
+        if key in doc and not isinstance(doc[key], kind):
+            raise ConfigError(f"--policy {path}: {key} must be a {'table' if kind is dict else kind.__name__}")
+    for key in ("format", "embedding"):
+        if key in doc and not isinstance(doc[key], str):
+            raise ConfigError(f"--policy {path}: {key} must be a string like \"int6\" or \"int4:group=64\"")
     return doc
 
 

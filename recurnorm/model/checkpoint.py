@@ -36,8 +36,8 @@ def save_checkpoint(model: RecurrentLM, out_dir: str | os.PathLike, force: bool 
     out_dir = Path(out_dir)
     weights = check_writable(out_dir / WEIGHTS_FILE, force)
     config = check_writable(out_dir / CONFIG_FILE, force)
-    atomic_write_bytes(weights, st_save(state_dict_for_export(model)))
-    atomic_write_json(config, model.config.to_dict())
+    atomic_write_bytes(weights, st_save(state_dict_for_export(model)), exclusive=not force)
+    atomic_write_json(config, model.config.to_dict(), exclusive=not force)
     return out_dir
 
 
@@ -83,6 +83,8 @@ def load_checkpoint(path: str | os.PathLike) -> RecurrentLM:
         config = ModelConfig.from_dict(json.loads(config_path.read_text(encoding="utf-8")))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{config_path} is not valid JSON: {e}") from e
+    except RecursionError:
+        raise CheckpointError(f"{config_path} nests too deeply to read") from None
     except ConfigError as e:
         raise CheckpointError(f"{config_path}: {e}") from e
     try:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..errors import QuantError
 from .qtensor import QTensor
-from .registry import Quantizer, dtype_name
+from .registry import Quantizer, dtype_name, range_problem
 
 FP16_MAX = 65504.0
 
@@ -34,12 +34,18 @@ def rows_layout(shape: tuple[int, ...]) -> tuple[int, int]:
     return 1, math.prod(shape)
 
 
+# Codes are laid out [groups, group]: a group larger than the tensor pads it to the group's
+# size (2^24 float32s: a 64 MB temporary), and a group past memory is a mistake.
+MAX_GROUP = 1 << 24
+
+
 def check_group(name: str, group: Any, allow_none: bool = True) -> None:
-    """QuantError unless group is None (if allowed) or a positive int."""
+    """QuantError unless group is None (if allowed) or a positive int up to MAX_GROUP."""
     if group is None and allow_none:
         return
-    if not isinstance(group, int) or isinstance(group, bool) or group <= 0:
-        raise QuantError(f"{name}: option group must be a positive int or None, got {group!r}")
+    if not isinstance(group, int) or isinstance(group, bool) or not 0 < group <= MAX_GROUP:
+        shown = repr(group) if len(repr(group)) <= 40 else f"{repr(group)[:20]}... ({len(repr(group))} digits)"
+        raise QuantError(f"{name}: option group must be a positive int up to {MAX_GROUP:,} or None, got {shown}")
 
 
 class GridQuantizer(Quantizer):
@@ -97,6 +103,20 @@ class GridQuantizer(Quantizer):
         """(codes, scales, zeros) of the groups; formats with a two-pass rule override it."""
         s, z = self.fit_groups(x_GxL)
         return self.encode_grid(x_GxL, s[:, None], None if z is None else z[:, None]), s, z
+
+    def range_problem(self, qt: QTensor) -> str | None:
+        # The largest |value| _dequantize computes: per group, |code - zero| in float32 (at the
+        # group's lowest or highest code: rounding is monotone) times |scale| in float32, the
+        # product exact in float64. Finite scales can still overflow (a float64 scale of 1e300
+        # is Inf in float32; a float32 3e38 times 127 is too).
+        with np.errstate(over="ignore", invalid="ignore"):
+            lo, hi = (qt.codes.min(axis=1).astype(np.float32), qt.codes.max(axis=1).astype(np.float32))
+            if qt.zeros is not None:
+                z = qt.zeros.astype(np.float32)
+                lo, hi = lo - z, hi - z
+            mag = np.maximum(np.abs(lo), np.abs(hi)).astype(np.float64)
+            peak = mag * np.abs(qt.scales.astype(np.float32).astype(np.float64))
+        return range_problem(np.where(np.isnan(peak), np.inf, peak), qt.dtype)
 
     # -- QTensor plumbing ---------------------------------------------------
 

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..errors import QuantError
 from .qtensor import QTensor
-from .registry import Quantizer, dtype_name
+from .registry import Quantizer, dtype_name, range_problem
 
 # bitsandbytes.functional.get_4bit_type("nf4"), copied so that decoding needs no bnb.
 NF4_TABLE = torch.tensor(
@@ -83,6 +83,11 @@ class NF4(Quantizer, name="nf4"):
 
     def code_range(self) -> tuple[int, int]:
         return (0, len(NF4_TABLE) - 1)  # indices into the 16-entry table
+
+    def range_problem(self, qt: QTensor) -> str | None:
+        # |table value| <= 1 times the float32 absmax: absmax itself bounds a block.
+        with np.errstate(over="ignore"):
+            return range_problem(np.abs(qt.scales.astype(np.float32).astype(np.float64)), qt.dtype)
 
     def _quantize(self, t: Tensor, name: str) -> QTensor:
         bnbf = _bnb_functional()

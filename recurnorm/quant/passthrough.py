@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..errors import QuantError
 from .qtensor import QTensor
-from .registry import Quantizer, dtype_name, torch_dtype
+from .registry import Quantizer, dtype_name, range_problem, torch_dtype
 
 
 class _FloatBits(Quantizer):
@@ -38,7 +38,16 @@ class _FloatBits(Quantizer):
         exp_mask = self.view_uint((1 << (8 * bits.itemsize - 1 - mant)) - 1)
         if bits.size and bool(((bits >> self.view_uint(mant)) & exp_mask == exp_mask).any()):
             return f"{self.name} values hold NaN or Inf"
-        return None
+        if not bits.size:
+            return None
+        # Finite, but a narrower output dtype may not hold them (fp32 1e10 as float16). The
+        # largest magnitude is the largest bit pattern without the sign: one value to convert.
+        top = int((bits & self.view_uint((1 << (8 * bits.itemsize - 1)) - 1)).max())
+        if self.store == torch.bfloat16:
+            peak = np.array([top << 16], np.uint32).view(np.float32)
+        else:
+            peak = np.array([top], self.view_uint).view(np.float16 if self.store == torch.float16 else np.float32)
+        return range_problem(peak.astype(np.float64), qt.dtype)
 
     def _quantize(self, t: Tensor, name: str) -> QTensor:
         bits = t.to(self.store).reshape(1, -1).view(self.view_int).numpy().view(self.view_uint)

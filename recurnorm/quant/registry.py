@@ -56,6 +56,28 @@ def torch_dtype(name: str) -> torch.dtype:
         raise QuantError(f"unknown dtype {name!r}; known: {', '.join(sorted(TORCH_DTYPES))}") from None
 
 
+# The largest finite value of each float dtype a tensor is restored to. Quantized formats
+# compute in float32 first, so a float64 output holds no more than float32's range.
+_F32_MAX = float(np.finfo(np.float32).max)
+OUTPUT_MAX = {
+    "float32": _F32_MAX,
+    "float64": _F32_MAX,
+    "float16": float(np.finfo(np.float16).max),
+    "bfloat16": float(torch.finfo(torch.bfloat16).max),
+}
+
+
+def range_problem(peak, dtype: str) -> str | None:
+    """Why dequantized values of magnitude up to `peak` (exact: float64 products of float32s)
+    would not all be finite once stored as `dtype`, or None. Rounding to the nearest value
+    never passes the largest finite one, so peak <= it is exactly what keeps them finite."""
+    limit = OUTPUT_MAX.get(dtype)
+    peak = float(np.max(peak, initial=0.0))
+    if limit is None or peak <= limit:
+        return None
+    return f"dequantizes to values up to {peak:.4g}, beyond {dtype}'s largest finite {limit:.4g} (NaN/Inf weights)"
+
+
 def restore_dtype(t: Tensor, qt: QTensor) -> Tensor:
     """Cast a dequantized tensor back to the dtype the original tensor had."""
     return t.to(torch_dtype(qt.dtype))
@@ -158,6 +180,11 @@ class Quantizer:
             arr = getattr(qt, kind)
             if arr is not None and arr.dtype.kind == "f" and not np.isfinite(arr).all():
                 return f"{kind} hold NaN or Inf"
+        return self.range_problem(qt) if qt.codes.size else None
+
+    def range_problem(self, qt: QTensor) -> str | None:
+        """Why finite codes, scales and zeros would still dequantize past the output dtype's
+        range (registry.range_problem), or None; asked after the checks above."""
         return None
 
     # -- what a format implements ------------------------------------------
