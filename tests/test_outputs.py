@@ -281,3 +281,205 @@ def test_unpack_writes_safetensors_that_load_back(tmp_path):
     assert set(back) == set(tensors)
     for name, t in tensors.items():
         assert back[name].dtype == t.dtype and back[name].shape == t.shape and torch.equal(back[name], t), name
+
+
+# ------------------------------------------------------------------ round two (issue 25)
+
+
+def test_unpack_never_writes_its_config_over_its_weights(ckpt, tmp_path):
+    art = tmp_path / "c.rnpk"
+    assert _run("pack", ckpt, "-o", art).exit_code == 0
+    out = tmp_path / "u" / "config.json"
+    r = _run("unpack", art, "-o", out)
+    assert r.exit_code == 2 and "config.json" in _one_error_line(r)
+    assert not out.exists()
+    assert _run("unpack", art, "-o", tmp_path / "u" / "w.safetensors").exit_code == 0
+
+
+@pytest.mark.parametrize("pair", [("--report", "--junit"), ("--report", "--summary"), ("--junit", "--summary")])
+def test_verify_refuses_two_outputs_on_one_path(artifact, tmp_path, pair):
+    out = tmp_path / "out"
+    r = _run("verify", artifact, pair[0], out, pair[1], tmp_path / "." / "out", "--force")
+    assert r.exit_code == 2 and pair[0] in _one_error_line(r) and pair[1] in r.stderr
+    assert not out.exists()
+
+
+def test_finetune_refuses_an_export_over_its_own_run_files(tmp_path):
+    (tmp_path / "ck").mkdir()
+    r = _run(
+        "finetune",
+        tmp_path / "ck",
+        "-q",
+        "int4",
+        "--out",
+        tmp_path / "run",
+        "--export",
+        tmp_path / "run" / "config.json",
+    )
+    assert r.exit_code == 2 and "--export" in _one_error_line(r) and "config.json" in r.stderr
+
+
+def _exclusive_writer(path: str, data: bytes, start, results) -> None:
+    start.wait()
+    try:
+        io.atomic_write_bytes(path, data, exclusive=True)
+        results.put(data)
+    except OutputExistsError:
+        results.put(None)
+
+
+def test_exclusive_writes_started_together_leave_exactly_one_winner(tmp_path):
+    """No-clobber holds as the file appears: of N writers released at once, one writes and
+    every other gets OutputExistsError; the file is the winner's, whole; no temp is left."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    start, results = ctx.Barrier(8), ctx.Queue()
+    dest = tmp_path / "out.bin"
+    procs = [
+        ctx.Process(target=_exclusive_writer, args=(str(dest), bytes([i]) * 100_000, start, results)) for i in range(8)
+    ]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(60)
+    winners = [g for g in got if g is not None]
+    assert len(winners) == 1 and dest.read_bytes() == winners[0]
+    assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]
+    io.atomic_write_bytes(dest, b"forced")  # without exclusive (--force): an atomic replace
+    assert dest.read_bytes() == b"forced"
+
+
+@pytest.mark.slow  # four CLI processes
+def test_packs_without_force_started_together_write_exactly_once(ckpt, tmp_path):
+    out = tmp_path / "x.rnpk"
+    cmd = [sys.executable, "-m", "recurnorm.cli.main", "pack", str(ckpt), "-o", str(out)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    runs = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    assert sorted(code for code, _ in runs) == [0, 2, 2, 2], runs
+    assert all("exists" in err and "--force" in err for code, err in runs if code == 2)
+    assert _run("verify", out).exit_code == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".x.rnpk")) == []
+
+
+def test_temp_cleanup_removes_only_its_own_stale_files(tmp_path):
+    """A user's files that look like temp files stay; a killed writer's own temp goes."""
+    dest = tmp_path / "out.rnpk"
+    users = [".out.rnpk.99999999.tmp", ".out.rnpk.4194000.mine.tmp", f".out.rnpk.{io.TEMP_MARKER}-99999999-x.tmp"]
+    for name in users:
+        (tmp_path / name).write_text("mine")
+    stale = tmp_path / f".out.rnpk.{io.TEMP_MARKER}-{_dead_pid()}-abcd_123.tmp"
+    stale.write_text("left by a killed write")
+    io.atomic_write_bytes(dest, b"new")
+    assert all((tmp_path / name).read_text() == "mine" for name in users)
+    assert not stale.exists() and dest.read_bytes() == b"new"
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+# ------------------------------------------------------------------ pack on odd inputs
+
+
+def _ckpt(folder, tensors: dict, config: str | None = None):
+    d = folder / "odd"
+    d.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, d / "model.safetensors")
+    if config is not None:
+        (d / "config.json").write_text(config)
+    return d
+
+
+def test_a_config_nested_thousands_deep_is_one_line(tmp_path):
+    d = _ckpt(tmp_path, {"w": torch.randn(8, 8)}, '{"a":' * 3000 + "1" + "}" * 3000)
+    r = _run("pack", d, "-o", tmp_path / "x.rnpk")
+    assert r.exit_code == 1 and "nests" in _one_error_line(r) and "config.json" in r.stderr
+    d = _ckpt(tmp_path, {"w": torch.randn(8, 8)}, '{"a":' * 70 + "1" + "}" * 70)  # valid JSON, too deep to carry
+    r = _run("pack", d, "-o", tmp_path / "x.rnpk")
+    assert r.exit_code == 1 and "60 levels" in _one_error_line(r)
+
+
+def test_a_policy_nested_thousands_deep_is_a_usage_error(ckpt, tmp_path):
+    policy = tmp_path / "p.toml"
+    policy.write_text("rules = " + "[" * 3000 + "]" * 3000 + "\n")
+    r = _run("pack", ckpt, "--policy", policy, "-o", tmp_path / "x.rnpk")
+    assert r.exit_code == 2 and "nests too deeply" in _one_error_line(r)
+    policy.write_text("keep_float = 5\n")
+    r = _run("pack", ckpt, "--policy", policy, "-o", tmp_path / "x.rnpk")
+    assert r.exit_code == 2 and "keep_float" in _one_error_line(r)
+
+
+@pytest.mark.parametrize("spec", ["int4:group=" + "1" + "0" * 23, "int4:group=20000000", "int8:group=-3"])
+def test_huge_integer_options_are_usage_errors(ckpt, tmp_path, spec):
+    r = _run("pack", ckpt, "-q", spec, "-o", tmp_path / "x.rnpk")
+    assert r.exit_code == 2 and "group" in _one_error_line(r)
+    assert len(_one_error_line(r)) < 200  # a 24-digit value is shown cut
+
+
+def test_a_safetensors_header_of_a_million_keys_is_refused_before_parsing(tmp_path):
+    import struct
+
+    d = tmp_path / "meta"
+    d.mkdir()
+    meta = {f"k{i}": "v" for i in range(300_000)}
+    header = {"__metadata__": meta, "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
+    text = json.dumps(header).encode()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + bytes(8))
+    r = _run("pack", d, "-o", tmp_path / "x.rnpk")
+    assert r.exit_code == 1 and "262,144 keys" in _one_error_line(r)
+
+
+@pytest.mark.slow  # a 6 MB manifest, packed and verified
+def test_valid_odd_checkpoints_pack_and_verify(tmp_path):
+    """A 6 MB config.json, a config nested 40 deep, tensors with a zero dimension (one of
+    2^27 rows): pack writes, verify says ok, unpack reads it back; never exit 4."""
+    deep = {}
+    node = deep
+    for _ in range(39):
+        node["a"] = node = {}
+    configs = {
+        "big": json.dumps({"vocab": [f"tok{i:07d}" for i in range(480_000)]}),
+        "deep": json.dumps(deep),
+    }
+    tensors = {
+        "w": torch.randn(8, 8),
+        "rows": torch.zeros(1 << 27, 0),
+        "cols": torch.zeros(0, 7),
+        "mask": torch.zeros(3, 0, dtype=torch.bool),
+    }
+    for name, config in configs.items():
+        d = _ckpt(tmp_path / name, tensors, config)
+        art = tmp_path / f"{name}.rnpk"
+        r = _run("pack", d, "-o", art)
+        assert r.exit_code == 0, r.stderr
+        assert _run("verify", art).exit_code == 0
+        out = tmp_path / name / "u" / "w.safetensors"
+        assert _run("unpack", art, "-o", out).exit_code == 0
+        from safetensors.torch import load_file
+
+        back = load_file(str(out))
+        assert back["rows"].shape == (1 << 27, 0) and back["mask"].dtype == torch.bool
+        assert json.loads((out.parent / "config.json").read_text()) == json.loads(config)
+    assert len(configs["big"]) > 6_000_000
+
+
+def test_names_and_values_readers_refuse_are_refused_at_pack(tmp_path):
+    d = _ckpt(tmp_path, {"__metadata__x": torch.ones(2), "w": torch.randn(4, 4)})
+    assert _run("pack", d, "-o", tmp_path / "ok.rnpk").exit_code == 0
+    import numpy as np
+
+    from recurnorm.errors import QuantError
+
+    for name in ("__metadata__", "\ud800"):
+        with pytest.raises(QuantError, match="rename it"):
+            pack_qtensors({name: QTensor("raw", (3,), "int64", np.arange(3).reshape(1, 3))})
+    w = torch.randn(8, 8).half()
+    w[0, 0] = 65504  # int8's fp16 scale lands past float16's range: refused, with the way out
+    d = _ckpt(tmp_path / "h", {"w": w})
+    r = _run("pack", d, "-o", tmp_path / "h.rnpk")
+    assert r.exit_code == 1 and "--keep-float 'w'" in _one_error_line(r)
+    assert _run("pack", d, "-o", tmp_path / "h.rnpk", "--keep-float", "w").exit_code == 0

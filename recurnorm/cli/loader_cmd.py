@@ -41,7 +41,7 @@ def loader(out, compact, force, as_json):
 
     check_writable(out, force)
     data = compact_loader() if compact else loader_source().encode("utf-8")
-    atomic_write_bytes(out, data)
+    atomic_write_bytes(out, data, exclusive=not force)
     size = len(data)
     if as_json:
         click.echo(json.dumps({"path": str(out), "bytes": size, "compact": compact}, sort_keys=True))

@@ -236,7 +236,7 @@ def pack(
         raise OverCapError(
             f"not written: {exc}" + (f"; {hint.removeprefix('hint: ')}" if hint else ""), exc.report
         ) from None
-    atomic_write_bytes(out, data)
+    atomic_write_bytes(out, data, exclusive=not force)  # no-clobber as the file appears, too
     cap["path"] = str(out)
     cap["policy"] = packed.policy.summary()
     if packed.fit is not None:
@@ -260,7 +260,7 @@ def pack(
 def unpack(artifact, out, force, max_decoded_bytes):
     """Decode an artifact to dequantized weights (+ config.json beside them)."""
     from ..budget import api, safetensors_out
-    from ..io import atomic_write_json, atomic_write_stream, check_writable
+    from ..io import atomic_write_json, atomic_write_stream, check_distinct, check_writable
     from ..quant import dequantize_all
 
     check_writable(out, force, [artifact])
@@ -268,12 +268,13 @@ def unpack(artifact, out, force, max_decoded_bytes):
     config = art.metadata.get("config")
     cfg_path = out.with_name("config.json")
     if config is not None:
+        check_distinct({"-o": out, "the config.json written beside it": cfg_path})
         check_writable(cfg_path, force, [artifact])
     tensors = dequantize_all(art.qtensors)
     # Written from the tensors' memory (tied names get their own copy in the file, not in RAM).
-    atomic_write_stream(out, lambda f: safetensors_out.write(f, tensors))
+    atomic_write_stream(out, lambda f: safetensors_out.write(f, tensors), exclusive=not force)
     if config is not None:
-        atomic_write_json(cfg_path, config)
+        atomic_write_json(cfg_path, config, exclusive=not force)
     click.echo(f"wrote {out} ({len(tensors)} tensors){' and ' + str(cfg_path) if config is not None else ''}")
 
 
@@ -336,7 +337,7 @@ def verify(
     """
     from ..budget import Budget, report, verify_artifact
     from ..errors import LossRegressionError, RecurnormError
-    from ..io import atomic_write_json, atomic_write_text, check_writable
+    from ..io import atomic_write_json, atomic_write_text, check_distinct, check_writable
     from . import ci_report, exitcodes
 
     if reference is None:
@@ -355,6 +356,7 @@ def verify(
     inputs = _inputs(
         *artifacts, *code_files, *([loader] if loader else []), *([reference] if reference is not None else [])
     )
+    check_distinct({"--report": report_path, "--junit": junit_path, "--summary": summary_path})
     for path in (report_path, junit_path):
         if path is not None:
             check_writable(path, force, inputs)
@@ -393,9 +395,9 @@ def verify(
 
     doc = ci_report.to_json(outcomes)
     if report_path is not None:
-        atomic_write_json(report_path, doc)
+        atomic_write_json(report_path, doc, exclusive=not force)
     if junit_path is not None:
-        atomic_write_text(junit_path, ci_report.junit_xml(outcomes))
+        atomic_write_text(junit_path, ci_report.junit_xml(outcomes), exclusive=not force)
     if summary_path is not None:
         ci_report.append_text(summary_path, ci_report.markdown_summary(outcomes))
     if as_json:

@@ -88,7 +88,13 @@ def finetune(
     if out_dir.exists() and not force:
         raise OutputExistsError(f"{out_dir} exists; pass --force to overwrite it")
     if export_path is not None:
+        from ..io import check_distinct
+        from ..model.checkpoint import CONFIG_FILE, WEIGHTS_FILE
+        from ..train.loop import LOG_NAME, RESUME_NAME
+
         check_writable(Path(export_path), force)
+        run_files = {f"--out's {name}": out_dir / name for name in (WEIGHTS_FILE, CONFIG_FILE, LOG_NAME, RESUME_NAME)}
+        check_distinct({"--export": export_path, **run_files})
     spec = QATSpec(format=quant, options=quant_options, ramp=ramp, act_quant=act_quant, noise=noise, stepwise=stepwise)
     model = load_checkpoint(ckpt)
     remove_qat(model)  # a QAT checkpoint is fine-tuned from its latent float weights
@@ -129,7 +135,7 @@ def finetune(
     }
     if export_path is not None:
         data_bytes = export_qat(model)
-        atomic_write_bytes(Path(export_path), data_bytes)
+        atomic_write_bytes(Path(export_path), data_bytes, exclusive=not force)
         summary.update(artifact=str(export_path), artifact_bytes=len(data_bytes))
     if as_json:
         click.echo(json.dumps(summary, indent=2, sort_keys=True))

@@ -113,7 +113,7 @@ def wrap(src, out, check_path, loader, codec, join_lines, remove_asserts, rename
         rename_locals=rename_locals,
         ascii=ascii,
     )
-    atomic_write_bytes(out, result.data)
+    atomic_write_bytes(out, result.data, exclusive=not force)
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     if as_json:

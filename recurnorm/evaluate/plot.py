@@ -16,6 +16,8 @@ def plot_roundtrip(
     aggs: list[dict[str, Any]],
     path: str | os.PathLike,
     title: str = "Export roundtrip: bpb before → after, by artifact size",
+    *,
+    exclusive: bool = False,
 ) -> Path:
     """Scatter post-export bpb (y) against artifact bytes (x) per scheme × quantizer; write a PNG."""
     import matplotlib
@@ -68,13 +70,15 @@ def plot_roundtrip(
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)
-    return atomic_write_bytes(path, buf.getvalue())
+    return atomic_write_bytes(path, buf.getvalue(), exclusive=exclusive)
 
 
 def plot_lengths(
     aggs: list[dict[str, Any]],
     path: str | os.PathLike,
     title: str = "Paired Δbpb vs shared against training length (bar: min..max over seeds; unique in the table)",
+    *,
+    exclusive: bool = False,
 ) -> Path:
     """One panel before export and one after each quantizer: each scheme's paired Δbpb vs shared
     (mean over seeds, bar = min..max of the per-seed differences) against training steps; a PNG.
@@ -135,4 +139,4 @@ def plot_lengths(
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)
-    return atomic_write_bytes(path, buf.getvalue())
+    return atomic_write_bytes(path, buf.getvalue(), exclusive=exclusive)

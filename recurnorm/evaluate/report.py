@@ -821,18 +821,18 @@ def write_outputs(
     aggs = aggregate(rows) if aggs is None else aggs
     answers = falsification(rows, aggs) if answers is None else answers
     paths = {
-        "json": atomic_write_json(out / "results.json", results_dict(rows, aggs, answers, config)),
-        "csv": atomic_write_text(out / "results.csv", to_csv(rows)),
-        "md": atomic_write_text(out / "results.md", to_markdown(rows, aggs, answers, config)),
+        "json": atomic_write_json(out / "results.json", results_dict(rows, aggs, answers, config), exclusive=not force),
+        "csv": atomic_write_text(out / "results.csv", to_csv(rows), exclusive=not force),
+        "md": atomic_write_text(out / "results.md", to_markdown(rows, aggs, answers, config), exclusive=not force),
     }
     lengths = lengths_of(rows)
     longest = [a for a in aggs if a.get("steps") == lengths[-1]] if lengths else aggs
     title = "Export roundtrip: bpb before → after, by artifact size"
     if len(lengths) > 1:
         title += f" ({_length_label(lengths[-1])})"
-    paths["png"] = plot_roundtrip(longest, out / "roundtrip.png", title=title)
+    paths["png"] = plot_roundtrip(longest, out / "roundtrip.png", title=title, exclusive=not force)
     if len(lengths) > 1:
-        paths["lengths_png"] = plot_lengths(aggs, out / LENGTHS_PNG)
+        paths["lengths_png"] = plot_lengths(aggs, out / LENGTHS_PNG, exclusive=not force)
     else:
         (out / LENGTHS_PNG).unlink(missing_ok=True)  # a previous run's (--force): not this run's
     return paths

@@ -107,7 +107,7 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray, force: bool = False
     path = Path(path)
     data = shard_bytes(tokens, name=str(path))
     check_writable(path, force)
-    return atomic_write_bytes(path, data)
+    return atomic_write_bytes(path, data, exclusive=not force)
 
 
 # ---------------------------------------------------------------- load as a Corpus
