@@ -998,12 +998,12 @@ def run_loader(path: str | Path, mem_bytes: int = 1 << 30, alarm_s: int = 10, co
     import json
 
     from recurnorm.budget import rnpk_load
-    from recurnorm.budget.loader import loader_source
+    from recurnorm.budget.loader import compact_loader
 
     load = rnpk_load.load
     if compact:
         space: dict = {}
-        exec(loader_source(compact=True), space)  # noqa: S102 - our own generated code
+        exec(compile(compact_loader(), "rnpk_load.py", "exec"), space)  # noqa: S102 - our own generated code
         load = space["load"]
     _trim_heap()
     rpipe, wpipe = os.pipe()
