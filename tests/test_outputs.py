@@ -401,6 +401,9 @@ def test_a_config_nested_thousands_deep_is_one_line(tmp_path):
     d = _ckpt(tmp_path, {"w": torch.randn(8, 8)}, '{"a":' * 70 + "1" + "}" * 70)  # valid JSON, too deep to carry
     r = _run("pack", d, "-o", tmp_path / "x.rnpk")
     assert r.exit_code == 1 and "60 levels" in _one_error_line(r)
+    d = _ckpt(tmp_path, {"w": torch.randn(8, 8)}, json.dumps({"v": ["x" * 20] * 420_000}))  # 9.7 MB: too big
+    r = _run("pack", d, "-o", tmp_path / "x.rnpk")
+    assert r.exit_code == 1 and "8,388,608" in _one_error_line(r) and "config.json" in r.stderr
 
 
 def test_a_policy_nested_thousands_deep_is_a_usage_error(ckpt, tmp_path):

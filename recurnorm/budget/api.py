@@ -52,7 +52,10 @@ def _check_qtensor(name: str, qt: QTensor, check: bool = True) -> None:
         raise QuantError(f"tensor {name}: expected a QTensor, got {type(qt).__name__}")
     why = check and validate.shape_problem(qt.shape)
     if why:
-        raise QuantError(f"tensor {name!r}: {why} (an artifact holds at most {fmt.MAX_NDIM} dims, each < 2^40)")
+        raise QuantError(
+            f"tensor {name!r}: {why} (an artifact holds at most {fmt.MAX_NDIM} dims, each < 2^40, and so is "
+            "the product of those that are not 0)"
+        )
     codes = np.asarray(qt.codes)
     if codes.ndim != 2 or codes.size < qt.numel:
         raise QuantError(f"tensor {name}: codes {codes.shape} must be 2-D and hold {qt.numel} values")
@@ -338,16 +341,17 @@ def _read_config(cfg_path: Path) -> dict:
     the manifest is: size and nesting); CheckpointError naming the file."""
     try:
         size = cfg_path.stat().st_size
-        if size > fmt.MAX_MANIFEST_BYTES:
-            raise CheckpointError(
-                f"{cfg_path}: {size:,} bytes; an artifact's manifest, which carries it, "
-                f"holds at most {fmt.MAX_MANIFEST_BYTES:,}"
-            )
-        config = json.loads(cfg_path.read_text(encoding="utf-8"), parse_constant=fmt.no_constant)
+        text = cfg_path.read_text(encoding="utf-8") if size <= fmt.MAX_MANIFEST_BYTES else None
+        config = json.loads(text, parse_constant=fmt.no_constant) if text is not None else None
     except RecursionError:
         raise CheckpointError(f"{cfg_path}: nests too deeply to read") from None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from None
+    if text is None:
+        raise CheckpointError(
+            f"{cfg_path}: {size:,} bytes; an artifact's manifest, which carries it, holds at most "
+            f"{fmt.MAX_MANIFEST_BYTES:,}"
+        )
     if not isinstance(config, dict):
         raise CheckpointError(f"{cfg_path}: expected a JSON object of model settings, got {type(config).__name__}")
     if fmt.json_depth(config, fmt.MAX_CONFIG_DEPTH) > fmt.MAX_CONFIG_DEPTH:

@@ -10,7 +10,7 @@ what recurnorm writes by default (the portable profile: raw, deflate, lzma, rans
 docs/FORMAT.md in recurnorm is the byte layout.
 
 Artifacts may come from strangers, so reading is bounded as recurnorm's own reader is:
-the file, the manifest (8 MiB, nesting 72) and every field are checked, and the bytes
+the file, the manifest (8 MiB) and every field are checked, and the bytes
 decoding needs (`max_bytes`, 1 GiB by default: recurnorm's decoded-bytes sum) are
 summed from the manifest before any array is made; every hash is checked (the payload's
 before anything is decompressed). Any malformed artifact raises RnpkError, a
@@ -326,7 +326,7 @@ def dequantize(t, codes, scales, zeros):
             if fmt == "fp32"
             else bits.view(np.float16).astype(np.float32)
             if fmt == "fp16"
-            else (bits.astype(np.uint32) << 16).view(np.float32)
+            else np.left_shift(bits, 16, dtype=np.uint32).view(np.float32)
         )
     elif fmt == "raw":
         v = codes.ravel()[:n]

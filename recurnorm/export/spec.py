@@ -124,7 +124,7 @@ def read_policy_file(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"--policy {path}: {key} must be a {'table' if kind is dict else kind.__name__}")
     for key in ("format", "embedding"):
         if key in doc and not isinstance(doc[key], str):
-            raise ConfigError(f"--policy {path}: {key} must be a string like \"int6\" or \"int4:group=64\"")
+            raise ConfigError(f'--policy {path}: {key} must be a string like "int6" or "int4:group=64"')
     return doc
 
 
