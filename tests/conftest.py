@@ -46,6 +46,19 @@ def trained_tiny(default_corpus):
 
 
 @pytest.fixture(scope="session")
+def pg_ckpt(tmp_path_factory, default_corpus) -> Path:
+    """A briefly trained model with the Parameter Golf baseline's names, as .safetensors."""
+    from pg_model import build, train_briefly
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = train_briefly(build(None), default_corpus.train_tokens, steps=30)
+    path = tmp_path_factory.mktemp("pg") / "pg.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
 def sp8192_model() -> Path:
     """Path of the real Parameter Golf SentencePiece model; skips, saying where it looked."""
     if not SP8192_MODEL.is_file():

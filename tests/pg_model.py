@@ -95,3 +95,39 @@ def train_briefly(model: nn.Module, tokens, steps: int = 30, seed: int = 0) -> n
         loss.backward()
         opt.step()
     return model.eval()
+
+
+def baseline_state(
+    n_layer: int = 9, dim: int = 512, n_head: int = 8, n_kv_head: int = 4, vocab: int = 1024, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """Synthetic weights with the challenge baseline's names and shapes (17,059,912 at the
+    defaults: 9 blocks, d 512, 8 heads / 4 KV heads, MLP 2x, a tied 1024 x 512 ``tok_emb``,
+    its control tensors). Heavy-tailed values with row and column scales, as trained weights
+    have; the controls at their init."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def w(r: int, c: int) -> torch.Tensor:
+        x = rng.standard_t(5, size=(r, c)) * np.exp(rng.normal(0, 0.3, (r, 1))) * np.exp(rng.normal(0, 0.5, (1, c)))
+        return torch.from_numpy((0.02 * x).astype(np.float32))
+
+    kv, mlp = dim // n_head * n_kv_head, 2 * dim
+    state = {"tok_emb.weight": w(vocab, dim), "skip_weights": torch.ones(n_layer // 2, dim)}
+    for i in range(n_layer):
+        p = f"blocks.{i}."
+        state.update(
+            {
+                p + "attn.c_q.weight": w(dim, dim),
+                p + "attn.c_k.weight": w(kv, dim),
+                p + "attn.c_v.weight": w(kv, dim),
+                p + "attn.proj.weight": w(dim, dim),
+                p + "mlp.fc.weight": w(mlp, dim),
+                p + "mlp.proj.weight": w(dim, mlp),
+                p + "attn_scale": torch.ones(dim),
+                p + "mlp_scale": torch.ones(dim),
+                p + "resid_mix": torch.stack([torch.ones(dim), torch.zeros(dim)]),
+                p + "attn.q_gain": torch.full((n_head,), 1.5),
+            }
+        )
+    return state

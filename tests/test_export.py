@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,27 +17,12 @@ from recurnorm.export import build_policy, parse_quant
 from recurnorm.export.policy import ExportPolicy
 
 TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
-import pg_model  # noqa: E402
-
 PG_FACTORY = f"{TESTS / 'pg_model.py'}:build"
 PG_CONTROLS = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights")
 
 
 def cli(*args):
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-
-
-@pytest.fixture(scope="module")
-def pg_ckpt(tmp_path_factory, default_corpus) -> Path:
-    """A briefly trained model with the Parameter Golf baseline's names, as .safetensors."""
-    from safetensors.torch import save_file
-
-    torch.manual_seed(0)
-    model = pg_model.train_briefly(pg_model.build(None), default_corpus.train_tokens, steps=30)
-    path = tmp_path_factory.mktemp("pg") / "pg.safetensors"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +244,7 @@ def test_fit_never_lands_over_the_budget(pg_ckpt, tmp_path):
     code = tmp_path / "train_gpt.py"
     code.write_text("print('hello')\n" * 40)
     n_code = len(code.read_bytes())
-    s4, s8 = uniform_size(pg_ckpt, "*=int4"), uniform_size(pg_ckpt, "int8")
+    s4, s8 = uniform_size(pg_ckpt, "int4"), uniform_size(pg_ckpt, "int8")  # --fit keeps the embeddings int8
     budgets = [s4 + n_code + 300, (s4 + s8) // 2 + n_code, s8 + n_code - 2000]
     for i, n in enumerate(budgets):
         out = tmp_path / f"fit{i}.rnpk"
@@ -312,7 +296,7 @@ def test_fit_that_allows_int8_everywhere_gives_int8(pg_ckpt, tmp_path):
 def test_fit_with_direct_sensitivity_prefers_the_cheap_tensors(tiny_ckpt):
     from recurnorm.export import ship
 
-    s4, s8 = uniform_size(tiny_ckpt, "*=int4"), uniform_size(tiny_ckpt, "int8")
+    s4, s8 = uniform_size(tiny_ckpt, "int4"), uniform_size(tiny_ckpt, "int8")
     packed = ship.ship(
         tiny_ckpt, build_policy("int8"), fit_bytes=(s4 + s8) // 2, calib_data="default", calib_tokens=1024
     )
@@ -400,7 +384,7 @@ def test_fisher_proxy_agrees_with_direct_sensitivity(trained_tiny):
     model, corpus = trained_tiny
     windows = calibration_windows(model, corpus.train_tokens, 4096)
     state = state_dict_for_export(model)
-    policy = build_policy("int8")
+    policy = build_policy("int8", embedding_names=())  # the embeddings are candidates here too
     formats = [("int4", {})]
     direct = fit_budget(state, policy, 10**9, formats=formats, loss_fn=calibration_loss_fn(model, windows))
     fisher = fit_budget(state, policy, 10**9, formats=formats, fisher=fisher_diagonal(model, windows))

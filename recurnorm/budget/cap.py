@@ -38,36 +38,68 @@ def code_bytes(paths: list[str | Path], limit: int | None = None) -> int:
     return total
 
 
+# What pack, inspect and plan print when no code is counted: the challenge counts it.
+CODE_NOTE = (
+    "note: the cap counts code too: pass --code train_gpt.py (and --loader rnpk_load.py "
+    "when the artifact loads through recurnorm's loader) to count it"
+)
+
+
 @dataclass
 class Budget:
     """A cap in bytes and the code counted against it: code files, and the loader that
-    decodes the artifact (`recurnorm loader`; a file, or its byte count) shown apart."""
+    decodes the artifact (`recurnorm loader`; a file, or its byte count) shown apart.
+
+    The one count of "artifact + code (+ loader) vs cap": pack, verify, inspect, plan,
+    --fit and the over-cap hint all ask it (``artifact_room``, ``report``, ``check``)."""
 
     max_bytes: int = DEFAULT_MAX_BYTES
     code_files: list[str | Path] = field(default_factory=list)
     loader: str | Path | int | None = None
-
-    def loader_bytes(self) -> int:
-        """The loader's counted bytes (0 without one)."""
-        if self.loader is None or isinstance(self.loader, int):
-            return self.loader or 0
-        return code_bytes([self.loader], self.max_bytes)
+    _counted: tuple[int, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes <= 0:
             raise ConfigError(f"the byte cap must be a positive integer, got {self.max_bytes!r}")
 
+    def _count(self) -> tuple[int, int]:
+        """(code files' bytes, loader's bytes), read once."""
+        if self._counted is None:
+            if self.loader is None or isinstance(self.loader, int):
+                loader = self.loader or 0
+            else:
+                loader = code_bytes([self.loader], self.max_bytes)
+            self._counted = (code_bytes(self.code_files, self.max_bytes), loader)
+        return self._counted
+
+    def loader_bytes(self) -> int:
+        """The loader's counted bytes (0 without one)."""
+        return self._count()[1]
+
+    def with_cap(self, max_bytes: int) -> Budget:
+        """The same code counted against another cap (--fit BYTES under a larger --max-bytes)."""
+        other = Budget(max_bytes, list(self.code_files), self.loader)
+        other._counted = self._counted
+        return other
+
     def code_total(self) -> int:
         """Bytes of the code files and the loader (ConfigError on a file that cannot count)."""
-        return code_bytes(self.code_files, self.max_bytes) + self.loader_bytes()
+        return sum(self._count())
 
-    def check(self, artifact_bytes: int, tensors: list[dict] | None = None) -> dict:
-        """A JSON-able report; raises OverCapError(report) when over the cap.
-        code_bytes counts the loader too; loader_bytes says how much of it that is."""
+    def counts_code(self) -> bool:
+        """True when code files or a loader are counted (else the CLI says that code counts)."""
+        return bool(self.code_files) or self.loader is not None
+
+    def artifact_room(self) -> int:
+        """The bytes the artifact itself may take: the cap less the code and the loader."""
+        return self.max_bytes - self.code_total()
+
+    def report(self, artifact_bytes: int, tensors: list[dict] | None = None) -> dict:
+        """The JSON-able count: artifact, code (loader included, and apart), total, headroom."""
         loader = self.loader_bytes()
-        code = code_bytes(self.code_files, self.max_bytes) + loader
+        code = self.code_total()
         total = artifact_bytes + code
-        report = {
+        return {
             "max_bytes": self.max_bytes,
             "artifact_bytes": artifact_bytes,
             "code_bytes": code,
@@ -77,6 +109,11 @@ class Budget:
             "over_cap": total > self.max_bytes,
             "tensors": tensors or [],
         }
+
+    def check(self, artifact_bytes: int, tensors: list[dict] | None = None) -> dict:
+        """``report``; raises OverCapError(report) when over the cap."""
+        report = self.report(artifact_bytes, tensors)
+        total, code = report["total_bytes"], report["code_bytes"]
         if total > self.max_bytes:
             raise OverCapError(
                 f"{total:,} bytes (artifact {artifact_bytes:,} + code {code:,}) exceed the cap of "
@@ -84,3 +121,8 @@ class Budget:
                 report,
             )
         return report
+
+
+def as_budget(budget: Budget | int) -> Budget:
+    """A Budget from a Budget or a bare cap (no code counted)."""
+    return budget if isinstance(budget, Budget) else Budget(max_bytes=budget)

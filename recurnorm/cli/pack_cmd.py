@@ -14,6 +14,9 @@ from .exitcodes import OVER_CAP
 
 MAX_BYTES_HELP = "byte cap (decimal), counting the artifact plus --code files and --loader"
 CAP = click.IntRange(min=1)  # a cap of 0 or less is a mistake, not a request
+MAX_BYTES_OPTION = click.option(
+    "--max-bytes", type=CAP, default=DEFAULT_MAX_BYTES, show_default=True, help=MAX_BYTES_HELP
+)
 CODE_HELP = "code file (or folder of .py files) counted against the cap; regular files only"
 LOADER_HELP = "the artifact's loader (recurnorm loader -o FILE): counted against the cap like code"
 DECODED_OPTION = click.option(
@@ -48,10 +51,36 @@ def _is_artifact(path: Path) -> bool:
 
 
 QUANT_HELP = (
-    "format with options (int6, int4:group=128) or rules, first match wins "
+    "format with options (int6, int4:group=128, int6:clip=sigma:12) or rules, first match wins "
     "('tok_emb.weight=int8,blocks.*.mlp.*=int5,*=int6'); a wildcard rule reaches weights "
-    "and embeddings, a control tensor only by its exact name"
+    "and embeddings, a control tensor only by its exact name; a rule that changes no tensor "
+    "is refused. Formats and options: below"
 )
+POLICY_EPILOG = """\b
+-q FORMAT[:OPTION=VALUE...] or PATTERN=FORMAT[:...],... (values: true/false, none, numbers, text).
+Formats and their options [default (where a format differs)]:
+{formats}
+
+\b
+--policy FILE.toml (every key optional; -q's main format wins, its rules come first):
+  format = "int6"                  # main format
+  options = {{ clip = "sigma:12" }}  # its options
+  embedding = "int8"               # embeddings (tok_emb, lm_head, embed_tokens, wte, ...)
+  keep_float = ["*.bias"]          # fp32, like --keep-float
+  quantize_controls = false        # true quantizes gains and gates too
+  rules = ["blocks.*.mlp.*=int5", "tok_emb.weight=int8:clip=sigma:20"]
+See docs/POLICY.md for the order in which rules apply."""
+
+
+class PolicyCommand(click.Command):
+    """A command whose --help ends with every format and option, read from the quantizers' registry
+    when help is asked for (importing it at startup would cost `recurnorm --help` torch's import)."""
+
+    def format_epilog(self, ctx, formatter):
+        from ..quant.registry import formats_help
+
+        self.epilog = POLICY_EPILOG.format(formats="\n".join("  " + ln for ln in formats_help().splitlines()))
+        super().format_epilog(ctx, formatter)
 
 
 def policy_options(f):
@@ -63,14 +92,16 @@ def policy_options(f):
                 "--policy",
                 "policy_file",
                 type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                help="TOML policy file (format, options, embedding, keep_float, rules); -q's rules come first",
+                help="TOML policy file (format, options, embedding, keep_float, quantize_controls, rules; "
+                "see below); -q's rules come first",
             ),
             click.option(
                 "--keep-float",
                 "keep_float",
                 multiple=True,
                 metavar="PATTERN",
-                help="tensors matching PATTERN stay fp32 (repeatable)",
+                help="tensors matching PATTERN stay fp32, controls and vectors too (repeatable; "
+                "a pattern that matches no tensor is refused)",
             ),
             click.option("--quantize-controls", is_flag=True, help="quantize gains/gates too (fragility probe)"),
             click.option(
@@ -83,6 +114,22 @@ def policy_options(f):
     ):
         f = opt(f)
     return f
+
+
+def budget_options(f):
+    """--code and --loader: the same meaning on pack, verify, inspect and plan."""
+    f = click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help=LOADER_HELP)(f)
+    return click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help=CODE_HELP)(f)
+
+
+def say_notes(notes, budget=None) -> None:
+    """Notes on stderr (wrapper prefixes stripped, ...), and that code counts when none is counted."""
+    from ..budget.cap import CODE_NOTE
+
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    if budget is not None and not budget.counts_code():
+        click.echo(CODE_NOTE, err=True)
 
 
 def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel):
@@ -99,13 +146,17 @@ def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_
     )
 
 
-@click.command()
+@click.command(cls=PolicyCommand)
 @click.argument("ckpt", type=click.Path(exists=True, path_type=Path))
 @policy_options
 @click.option("-o", "--out", type=click.Path(path_type=Path), help="artifact path (default: CKPT stem + .rnpk)")
-@click.option("--max-bytes", type=CAP, default=DEFAULT_MAX_BYTES, show_default=True, help=MAX_BYTES_HELP)
-@click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help=CODE_HELP)
-@click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help=LOADER_HELP)
+@click.option(
+    "--max-bytes",
+    type=CAP,
+    default=None,
+    help=MAX_BYTES_HELP + f" [default: --fit's BYTES, else {DEFAULT_MAX_BYTES}]",
+)
+@budget_options
 @click.option("--force", is_flag=True, help="overwrite OUT (never the checkpoint itself)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @click.option(
@@ -122,9 +173,10 @@ def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_
     type=click.IntRange(min=1),
     default=None,
     metavar="BYTES",
-    help="choose a format per weight tensor (int8..int4) minimizing the predicted loss "
-    "increase with artifact + --code files + --loader <= BYTES; without --calib-data "
-    "the sensitivities are a weight-space proxy (it says so)",
+    help="choose a format per weight matrix (int8..int4; embeddings, controls and your rules "
+    "stay) minimizing the predicted loss increase with artifact + --code files + --loader "
+    "<= BYTES, which is also the cap unless --max-bytes is given; without --calib-data the "
+    "sensitivities are a weight-space proxy (it says so)",
 )
 @click.option(
     "--fit-formats",
@@ -157,7 +209,8 @@ def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_
     default=None,
     metavar="MODULE:FUNCTION",
     help="build a foreign checkpoint's model with FUNCTION(config or None) -> nn.Module "
-    "(for --gptq and --fit); imports and runs that code",
+    "(for --gptq and --fit): forward(x) -> logits or forward(x, y) -> mean loss, its context "
+    "length in model.seq_len (or block_size, max_seq_len, train_seq_len); imports and runs that code",
 )
 def pack(
     ckpt,
@@ -184,30 +237,37 @@ def pack(
 ):
     """Quantize and entropy-pack any checkpoint into one .rnpk artifact.
 
-    The export policy is printed with every result: every weight matrix gets the
-    -q format, embeddings int8, control tensors (gains, gates, scales) fp32,
-    small vectors fp16; `inspect` shows the rule that chose each tensor's format.
+    The export policy is printed with every result, as format counts of what it chose:
+    every weight matrix gets the -q format, embeddings int8, control tensors (gains,
+    gates, scales; LayerNorm, layer_norm, ln_f) fp32, small vectors fp16 (a float -q
+    format keeps them in it); `inspect` shows the rule that chose each tensor's format.
+    A wrapper prefix on every name (`_orig_mod.`, `module.`) is stripped, and said.
     """
     from ..budget import Budget, report
     from ..export import ship
     from ..export.fit import parse_formats
     from ..io import atomic_write_bytes, check_writable
 
+    if fit_bytes is not None and max_bytes is not None and fit_bytes > max_bytes:
+        raise click.UsageError(
+            f"--fit {fit_bytes:,} is over --max-bytes {max_bytes:,}: the fitted artifact would be refused; "
+            "lower --fit or raise --max-bytes (without --max-bytes, --fit BYTES is the cap)"
+        )
     policy = policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
     formats = parse_formats(fit_formats) if fit_formats is not None else None
     if fit_formats is not None and fit_bytes is None:
         raise click.UsageError("--fit-formats only applies with --fit BYTES")
     out = out or ckpt.with_name((ckpt.stem if ckpt.is_file() else ckpt.name) + ".rnpk")
     check_writable(out, force, _inputs(ckpt, *code_files, *([loader] if loader else [])))
-    budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
-    n_code = budget.code_total()  # a bad --code fails now, before any work
+    cap = max_bytes or fit_bytes or DEFAULT_MAX_BYTES
+    budget = Budget(max_bytes=cap, code_files=list(code_files), loader=loader)
+    budget.code_total()  # a bad --code fails now, before any work
     progress = None if as_json else (lambda msg: click.echo(msg, err=True))
     packed = ship.ship(
         ckpt,
         policy,
         effort=effort,
-        fit_bytes=fit_bytes,
-        code_bytes=n_code if fit_bytes else 0,
+        fit_bytes=None if fit_bytes is None else budget.with_cap(fit_bytes),
         fit_formats=formats,
         gptq=gptq,
         calib_data=calib_data,
@@ -218,27 +278,32 @@ def pack(
         progress=progress,
     )
     data, rows = packed.data, packed.rows
-    for note in packed.notes:
-        click.echo(f"note: {note}", err=True)
+    if not as_json:
+        say_notes(packed.notes, budget)
     try:
         cap = budget.check(len(data), rows)
     except OverCapError as exc:
         # Refuse to write: show where the bytes go, and what would fit, so the user can act.
-        hint = (
-            None if fit_bytes else ship.over_cap_hint(ckpt, packed.policy, max_bytes, exc.report["code_bytes"], effort)
-        )
+        hint = None
+        if fit_bytes is None:
+            from ..export.hint import over_cap_hint
+
+            if progress:
+                progress("over the cap: estimating what would fit")
+            meta = {k: v for k, v in packed.metadata.items() if k != "export"}
+            hint = over_cap_hint(packed.state, packed.policy, budget, rows, len(data), metadata=meta, effort=effort)
         if as_json:
-            _echo_json({**exc.report, "policy": packed.policy.summary(), "hint": hint})
+            _echo_json({**exc.report, "policy": packed.policy_line, **(hint.to_dict() if hint else {"hint": None})})
         else:
             click.echo(report.tensor_table(rows, limit=15), err=True)
             click.echo(report.totals_lines(rows, exc.report), err=True)
-            click.echo(packed.policy.summary(), err=True)
+            click.echo(packed.policy_line, err=True)
         raise OverCapError(
-            f"not written: {exc}" + (f"; {hint.removeprefix('hint: ')}" if hint else ""), exc.report
+            f"not written: {exc}" + (f"; {hint.text.removeprefix('hint: ')}" if hint else ""), exc.report
         ) from None
     atomic_write_bytes(out, data, exclusive=not force)  # no-clobber as the file appears, too
     cap["path"] = str(out)
-    cap["policy"] = packed.policy.summary()
+    cap["policy"] = packed.policy_line
     if packed.fit is not None:
         cap["fit"] = packed.fit.to_dict()
     if as_json:
@@ -248,7 +313,7 @@ def pack(
         click.echo(report.totals_lines(rows, cap))
         if packed.fit is not None:
             click.echo(packed.fit.lines())
-        click.echo(packed.policy.summary())
+        click.echo(packed.policy_line)
         click.echo(f"wrote {out} ({len(data):,} bytes)")
 
 
@@ -283,9 +348,8 @@ OUT_FILE = click.Path(dir_okay=False, path_type=Path)
 
 @click.command()
 @click.argument("artifacts", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--max-bytes", type=CAP, default=DEFAULT_MAX_BYTES, show_default=True, help=MAX_BYTES_HELP)
-@click.option("--code", "code_files", multiple=True, type=click.Path(exists=True), help=CODE_HELP)
-@click.option("--loader", "loader", type=click.Path(exists=True, dir_okay=False), help=LOADER_HELP)
+@MAX_BYTES_OPTION
+@budget_options
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report to stdout")
 @click.option("--report", "report_path", type=OUT_FILE, help="write the JSON report to FILE")
 @click.option("--junit", "junit_path", type=OUT_FILE, help="write JUnit XML (one testcase per check) to FILE")
@@ -309,7 +373,8 @@ OUT_FILE = click.Path(dir_okay=False, path_type=Path)
     "--model-factory",
     default=None,
     metavar="MODULE:FUNCTION",
-    help="build foreign models with FUNCTION(config or None) -> nn.Module; imports and runs that code",
+    help="build foreign models with FUNCTION(config or None) -> nn.Module (forward(x) -> logits, "
+    "or forward(x, y) -> mean loss; context length in model.seq_len); imports and runs that code",
 )
 @click.option("--force", is_flag=True, help="overwrite an existing --report/--junit file (never an input)")
 @DECODED_OPTION
@@ -426,17 +491,12 @@ def _print_outcome(out, report) -> None:
         click.echo(f"error: {path}: {printable(out.gate_error)}", err=True)
 
 
-@click.command()
+@click.command(cls=PolicyCommand)
 @click.argument("target", type=click.Path(exists=True, path_type=Path))
 @policy_options
-@click.option("--max-bytes", type=CAP, default=DEFAULT_MAX_BYTES, show_default=True, help=MAX_BYTES_HELP)
+@MAX_BYTES_OPTION
+@budget_options
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
-@click.option(
-    "--loader",
-    "loader",
-    type=click.Path(exists=True, dir_okay=False),
-    help="count this loader file (default: the compact loader's bytes, as shipped)",
-)
 @DECODED_OPTION
 def inspect(
     target,
@@ -446,18 +506,22 @@ def inspect(
     quantize_controls,
     keep_float_max_numel,
     max_bytes,
-    as_json,
+    code_files,
     loader,
+    as_json,
     max_decoded_bytes,
 ):
     """Per-tensor bytes, bits/weight, order-0 bound and the rule that chose each format.
 
-    TARGET is an artifact, or a checkpoint packed in memory under the policy options; the
-    budget line counts the loader that ships with it.
+    TARGET is an artifact, or a checkpoint packed in memory under the policy options. The
+    budget line counts --code and --loader as pack and verify do (the same numbers).
     """
     from ..budget import Budget, api, report
     from ..export.pack import pack_checkpoint, rows_with_rules, rules_table
 
+    budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
+    budget.code_total()  # a bad --code: a usage error, up front
+    notes = []
     if _is_artifact(target):
         data = api.read_artifact_file(target, max_decoded_bytes)
         rows, metadata = rows_with_rules(data, max_decoded_bytes)
@@ -466,14 +530,10 @@ def inspect(
     else:
         policy = policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
         packed = pack_checkpoint(target, policy)
-        data, rows, metadata = packed.data, packed.rows, packed.metadata
-    from ..budget.loader import compact_loader
-
-    budget = Budget(max_bytes=max_bytes, loader=loader or len(compact_loader()))
-    try:
-        cap = budget.check(len(data), rows)
-    except OverCapError as exc:
-        cap = exc.report
+        data, rows, metadata, notes = packed.data, packed.rows, packed.metadata, packed.notes
+    cap = budget.report(len(data), rows)
+    if not as_json:
+        say_notes(notes, budget)
     if as_json:
         _echo_json({"path": str(target), "cap": cap, "tensors": rows, "metadata": metadata})
         return

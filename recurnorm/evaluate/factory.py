@@ -1,8 +1,15 @@
-"""--model-factory: any torch module (idx_BxT -> logits_BxTxV) for a state dict, so foreign models reach the loss gate.
+"""--model-factory: any torch module for a state dict, so foreign models reach the loss gate,
+GPTQ and a calibrated --fit.
 
 A factory is ``function(config_dict_or_None) -> nn.Module``, named as
 ``module:function`` (an importable module) or ``path/to/file.py:function``.
 The state dict is loaded with ``strict=True``: every tensor must fit.
+
+The model's forward is either ``forward(idx_BxT) -> logits_BxTxV`` or, as the Parameter
+Golf baseline's ``GPT``, ``forward(idx_BxT, targets_BxT) -> mean cross entropy`` (a
+forward with two required arguments is called so). Its context length is read from
+``seq_len``, ``block_size``, ``max_seq_len`` or ``train_seq_len`` on it or its
+``config``: a factory whose model says none sets ``model.seq_len = N`` before returning it.
 
 Importing the factory's module executes its code. That is the point (the user
 names their own model code on the command line); artifacts themselves stay
@@ -122,6 +129,47 @@ def _attr(model: nn.Module, *names: str) -> int | None:
     return None
 
 
+def takes_targets(model: nn.Module) -> bool:
+    """True when forward needs targets too (``forward(x, y) -> loss``, the baseline's GPT)."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds and p.default is p.empty for p in params) >= 2
+
+
+def run_forward(model: nn.Module, x_BxT):
+    """One forward over token windows, as the model takes them: x alone, or inputs and targets."""
+    return model(x_BxT[:, :-1], x_BxT[:, 1:]) if takes_targets(model) else model(x_BxT)
+
+
+def summed_loss(model: nn.Module, inp_BxT, tgt_BxT):
+    """Summed next-token cross entropy (nats, a float64 0-d tensor) of targets given inputs:
+    from the logits, or from the mean loss a ``forward(x, y)`` returns."""
+    import torch
+    import torch.nn.functional as F
+
+    if takes_targets(model):
+        loss = model(inp_BxT, tgt_BxT)
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+            raise ConfigError(
+                "the model's forward(x, y) must return the mean cross entropy (one number), got "
+                f"{getattr(loss, 'shape', type(loss).__name__)}"
+            )
+        return loss.double().reshape(()) * tgt_BxT.numel()
+    logits = model(inp_BxT)
+    if not isinstance(logits, torch.Tensor) or logits.shape[:-1] != inp_BxT.shape:
+        raise ConfigError(
+            "the model's forward(x) must return logits_BxTxV (or take forward(x, y) and return the "
+            f"mean loss), got {getattr(logits, 'shape', type(logits).__name__)} for input {tuple(inp_BxT.shape)}"
+        )
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt_BxT.reshape(-1), reduction="none")
+    return ce.double().sum()
+
+
 def seq_len_of(model: nn.Module) -> int | None:
     """Evaluation window of a model: seq_len, block_size or max_seq_len, on it or its config."""
     return _attr(model, "seq_len", "block_size", "max_seq_len", "train_seq_len")
@@ -133,6 +181,10 @@ def vocab_size_of(model: nn.Module) -> int | None:
     if vocab is not None:
         return vocab
     import torch
+
+    if takes_targets(model):  # no logits to look at: the token embedding says it
+        emb = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
+        return None if emb is None else int(emb.num_embeddings)
 
     from ..train.distributed import device_of
 

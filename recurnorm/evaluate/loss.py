@@ -18,13 +18,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, DataError
 from ..train.corpus import Corpus
 from ..train.distributed import device_of
 from ..train.tokens import TokenStream
+from .factory import summed_loss
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,8 @@ def loss(
     distributed: bool = False,
     bf16: bool = False,
 ) -> LossResult:
-    """Loss of model (idx_BxT -> logits_BxTxV) over the whole validation split or token stream.
+    """Loss of a model over the whole validation split or token stream (forward(idx_BxT) ->
+    logits_BxTxV, or forward(idx, targets) -> mean loss: ``factory.summed_loss``).
 
     Streaming: each batch of ``batch_size`` windows is read from the token array
     (a memory-mapped shard stays on disk) only when it is scored, and the sum
@@ -107,13 +108,7 @@ def loss(
                 inp_BxT = inp_BxT.to(device, non_blocking=True)
                 tgt_BxT = tgt_BxT.to(device, non_blocking=True)
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                    logits = model(inp_BxT)
-                ce = F.cross_entropy(
-                    logits.float().reshape(-1, logits.shape[-1]),
-                    tgt_BxT.reshape(-1),
-                    reduction="none",
-                )
-                total_nats += ce.double().sum()
+                    total_nats += summed_loss(model, inp_BxT, tgt_BxT)
     finally:
         model.train(was_training)
     if world > 1:

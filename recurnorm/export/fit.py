@@ -1,7 +1,9 @@
 """``pack --fit BYTES``: choose a format per tensor that minimizes predicted Δloss under a byte budget.
 
-1. Candidates: every weight matrix and embedding the policy would quantize
-   (controls, vectors, user rules and QAT projections stay as the policy says).
+1. Candidates: every weight matrix the policy would quantize with its main format
+   (embeddings, controls, vectors, user rules and QAT projections stay as the policy
+   says: the embedding keeps its int8, as the records do, since it is the input and,
+   tied, the output too; a rule for it is the way to change that).
 2. Bytes: the whole model is packed once per candidate format and each
    tensor's bytes are read from the artifact's manifest (the packer's measured
    stream lengths, not estimates); everything else (controls, manifest) is the
@@ -30,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..budget.cap import Budget, as_budget
 from ..errors import ConfigError, OverCapError
 from ..quant.qtensor import QTensor
 from .policy import FIT_RULE, ExportPolicy, Plan, Rule, format_spec
@@ -37,7 +40,7 @@ from .policy import FIT_RULE, ExportPolicy, Plan, Rule, format_spec
 # Candidate formats, widest first. Ternary only where asked (--fit-formats): a model
 # not trained for it loses far more than the bytes are worth.
 DEFAULT_FORMATS = ("int8", "int7", "int6", "int5", "int4")
-CANDIDATE_REASONS = ("weight", "embedding")
+CANDIDATE_REASONS = ("weight",)
 DP_UNITS = 100_000  # knapsack resolution: each tensor's bytes are rounded up to budget / DP_UNITS
 MAX_REPAIRS = 6
 
@@ -56,7 +59,7 @@ class FitResult:
     allocation: dict[str, str]  # candidate tensor -> format spec
     predicted_bytes: int
     measured_bytes: int
-    budget_bytes: int  # for the artifact alone (the fit budget minus code)
+    budget_bytes: int  # for the artifact alone (the fit's cap minus code and loader)
     predicted_dloss: float
     method: str
     formats: tuple[str, ...]
@@ -143,7 +146,7 @@ def _pack(
     from ..budget.api import pack_qtensors, read_artifact, tensor_stats
     from .pack import export_metadata
 
-    data = pack_qtensors(qts, {**metadata, "export": export_metadata(policy, plan)}, effort=effort)
+    data = pack_qtensors(qts, {**metadata, "export": export_metadata(policy, plan, qts)}, effort=effort)
     rows = tensor_stats(read_artifact(data).manifest)
     return data, {r["name"]: int(r["bytes"]) for r in rows}
 
@@ -188,6 +191,8 @@ def solve(costs: np.ndarray, losses: np.ndarray, capacity: int) -> list[int] | N
 
 def calibration_loss_fn(model: nn.Module, batches: list[Tensor]) -> LossFn:
     """Mean next-token cross entropy on training-split windows with some weights swapped in."""
+    from ..evaluate.factory import summed_loss
+
     params = dict(model.state_dict(keep_vars=False))
 
     @torch.no_grad()
@@ -198,11 +203,8 @@ def calibration_loss_fn(model: nn.Module, batches: list[Tensor]) -> LossFn:
                 params[n].copy_(t.to(params[n].dtype))
             total, count = 0.0, 0
             for x in batches:
-                logits = model(x[:, :-1])
-                ce = nn.functional.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1), reduction="sum"
-                )
-                total, count = total + float(ce), count + x[:, 1:].numel()
+                total += float(summed_loss(model, x[:, :-1], x[:, 1:]))
+                count += x[:, 1:].numel()
             return total / max(count, 1)
         finally:
             for n, t in saved.items():
@@ -217,6 +219,8 @@ def fisher_diagonal(model: nn.Module, batches: list[Tensor], micro: int = 1) -> 
     The diagonal Fisher estimate of the loss curvature: Δloss of a perturbation δ is
     about ½ Σ F δ². One backward per micro-batch of ``micro`` windows (training split).
     """
+    from ..evaluate.factory import summed_loss
+
     named = model.state_dict(keep_vars=True)  # tied weights under each of their names
     params = {n: p for n, p in named.items() if isinstance(p, nn.Parameter) and p.requires_grad}
     acc = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
@@ -227,10 +231,7 @@ def fisher_diagonal(model: nn.Module, batches: list[Tensor], micro: int = 1) -> 
         for batch in batches:
             for x in batch.split(micro):
                 model.zero_grad(set_to_none=True)
-                logits = model(x[:, :-1])
-                nn.functional.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1)
-                ).backward()
+                (summed_loss(model, x[:, :-1], x[:, 1:]) / x[:, 1:].numel()).backward()
                 for n, p in params.items():
                     if p.grad is not None:
                         acc[n] += p.grad.detach().float().square()
@@ -257,7 +258,7 @@ def weight_proxy(original: Tensor, approx: Tensor) -> float:
 def fit_budget(
     state: dict[str, Tensor],
     policy: ExportPolicy,
-    budget_bytes: int,
+    budget: Budget | int,
     *,
     formats=None,
     loss_fn: LossFn | None = None,
@@ -266,10 +267,10 @@ def fit_budget(
     quantize_fn: Quantize | None = None,
     metadata: dict | None = None,
     effort: str = "normal",
-    code_bytes: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> FitResult:
-    """Choose formats for the candidate tensors so that artifact + code_bytes <= budget_bytes.
+    """Choose formats for the candidate tensors so that the artifact fits the budget (a cap
+    with its code and loader counted, or a bare number of bytes).
 
     ``fisher`` (diagonal Fisher per tensor) gives the second-order sensitivity;
     else ``loss_fn`` measures the calibration loss with some tensors replaced
@@ -282,11 +283,12 @@ def fit_budget(
     quantize_fn = quantize_fn or default_quantize
     metadata = dict(metadata or {})
     say = progress or (lambda _msg: None)
-    avail = budget_bytes - code_bytes
+    budget = as_budget(budget)
+    avail, code_bytes = budget.artifact_room(), budget.code_total()
     plan = policy.plan(state)
     names = sorted(n for n, (_, _, why) in plan.items() if why in CANDIDATE_REASONS)
     if not names:
-        raise ConfigError("--fit: the policy leaves no weight matrix or embedding to choose a format for")
+        raise ConfigError("--fit: the policy leaves no weight matrix to choose a format for (rules fix them all)")
 
     # 2. measured bytes of every candidate under every format (one real pack per format)
     specs = [format_spec(f, o) for f, o in formats]
@@ -315,10 +317,10 @@ def fit_budget(
         fixed.append(len(data) - sum(bytes_table[n][spec] for n in names))
     fixed_bytes = max(fixed)
     smallest = min(uniform.values())
-    if smallest + code_bytes > budget_bytes:
+    if smallest > avail:
         narrow = min(uniform, key=uniform.get)
         raise OverCapError(
-            f"--fit {budget_bytes:,} is impossible: the smallest achievable artifact is "
+            f"--fit {budget.max_bytes:,} is impossible: the smallest achievable artifact is "
             f"{smallest:,} bytes (every candidate tensor at {narrow}) + code {code_bytes:,} = "
             f"{smallest + code_bytes:,} bytes",
             {"smallest_bytes": smallest, "code_bytes": code_bytes},
@@ -381,7 +383,7 @@ def fit_budget(
         target -= len(data) - avail + max(64, len(data) // 5000)
     else:
         raise OverCapError(
-            f"--fit {budget_bytes:,}: could not land under the budget after "
+            f"--fit {budget.max_bytes:,}: could not land under the budget after "
             f"{MAX_REPAIRS} tries (last {len(data) + code_bytes:,} bytes)"
         )
     return FitResult(

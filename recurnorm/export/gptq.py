@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from ..errors import ConfigError
 from ..model.checkpoint import state_dict_for_export
 from ..quant.qtensor import QTensor
-from .policy import ExportPolicy, Plan
+from .policy import GPTQ_MARK, ExportPolicy, Plan
 
 DEFAULT_CALIB_TOKENS = 32768
 
@@ -36,8 +36,9 @@ def calibration_windows(
     seq = seq_len or seq_len_of(model)
     if seq is None:
         raise ConfigError(
-            "calibration: the model does not say its context length "
-            "(seq_len, block_size or max_seq_len on it or its config)"
+            "calibration: the model does not say its context length (seq_len, block_size, "
+            "max_seq_len or train_seq_len on it or its config): set model.seq_len = N in the "
+            "model factory, or pass seq_len="
         )
     return calibration_batches(np.asarray(train_tokens), seq, n_tokens)
 
@@ -46,15 +47,22 @@ class GPTQExporter:
     """Hessians collected once; GPTQ codes for any policy (``quantize`` is a fit.Quantize)."""
 
     def __init__(
-        self, model: nn.Module, train_tokens, n_tokens: int = DEFAULT_CALIB_TOKENS, block: int = 128, damp: float = 0.01
+        self,
+        model: nn.Module,
+        train_tokens,
+        n_tokens: int = DEFAULT_CALIB_TOKENS,
+        block: int = 128,
+        damp: float = 0.01,
+        seq_len: int | None = None,
     ):
+        from ..evaluate.factory import run_forward
         from ..quant.gptq import collect_hessians
 
         self.model = model
         self.block, self.damp = block, damp
         self.state = state_dict_for_export(model)
-        batches = calibration_windows(model, train_tokens, n_tokens)
-        self.hessians = collect_hessians(model, batches, linear_layers(model))
+        batches = calibration_windows(model, train_tokens, n_tokens, seq_len)
+        self.hessians = collect_hessians(model, batches, linear_layers(model), run_forward)
         self._cache: dict[tuple, QTensor] = {}
 
     def gptq_qtensors(self, plan: Plan) -> dict[str, QTensor]:
@@ -80,10 +88,12 @@ class GPTQExporter:
         return out
 
     def quantize(self, state: dict[str, Tensor], policy: ExportPolicy):
-        """(QTensors, plan) of the policy, GPTQ codes where they apply."""
+        """(QTensors, plan) of the policy, GPTQ codes where they apply (their rule says so)."""
         from .pack import quantize
 
-        return quantize(state, policy, self.gptq_qtensors(policy.plan(state)))
+        qts, plan = quantize(state, policy, self.gptq_qtensors(policy.plan(state)))
+        done = {id(qt) for qt in self._cache.values()}
+        return qts, {n: (f, o, r + GPTQ_MARK if id(qts[n]) in done else r) for n, (f, o, r) in plan.items()}
 
 
 def gptq_export(

@@ -17,9 +17,24 @@ from ..quant.qtensor import QTensor
 from .policy import ExportPolicy, Plan
 
 
-def export_metadata(policy: ExportPolicy, plan: Plan) -> dict:
-    """The ``export`` metadata entry: the policy line and the rule of every tensor."""
-    return {"policy": policy.summary(), "rules": {n: reason for n, (_, _, reason) in sorted(plan.items())}}
+def export_metadata(policy: ExportPolicy, plan: Plan, qtensors: dict[str, QTensor] | None = None) -> dict:
+    """The ``export`` metadata entry: the policy line (what the plan chose, tied tensors once)
+    and the rule of every tensor."""
+    return {
+        "policy": policy.summary(plan, aliases=tied_names(qtensors or {})),
+        "rules": {n: reason for n, (_, _, reason) in sorted(plan.items())},
+    }
+
+
+def tied_names(qtensors: dict[str, QTensor]) -> set[str]:
+    """Names whose QTensor an earlier name (in sorted order) already holds: stored once."""
+    seen: set[int] = set()
+    tied = set()
+    for name in sorted(qtensors):
+        if id(qtensors[name]) in seen:
+            tied.add(name)
+        seen.add(id(qtensors[name]))
+    return tied
 
 
 def _dedupe(state_dict: dict) -> tuple[dict, dict[str, str]]:
@@ -79,7 +94,7 @@ def pack_state(
     from ..budget.api import pack_qtensors
 
     qts, plan = quantize(state, policy, replace)
-    meta = {**(metadata or {}), "export": export_metadata(policy, plan)}
+    meta = {**(metadata or {}), "export": export_metadata(policy, plan, qts)}
     return pack_qtensors(qts, meta, codecs, effort)
 
 
@@ -155,6 +170,12 @@ class Packed:
     metadata: dict
     notes: list[str] = field(default_factory=list)
     fit: Any = None  # a fit.FitResult when --fit chose the formats
+    state: dict | None = None  # the tensors packed (the over-cap hint re-uses them)
+
+    @property
+    def policy_line(self) -> str:
+        """The policy line the artifact records: what the plan chose, as printed."""
+        return (self.metadata.get("export") or {}).get("policy") or self.policy.summary()
 
 
 def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None) -> tuple[list[dict], dict]:
@@ -180,6 +201,23 @@ def packed_rows(data: bytes) -> tuple[list[dict], dict]:
         raise QuantError(f"the packed artifact would not pass verify: {exc}") from None
 
 
+def load_state(ckpt: str | Path) -> tuple[dict, dict | None, list[str]]:
+    """(tensors, config, notes) of a checkpoint: a wrapper's prefix on every name is stripped,
+    and a note says so."""
+    from ..budget.api import load_checkpoint_state
+    from .policy import strip_wrapper_prefixes
+
+    state, config = load_checkpoint_state(ckpt)
+    state, stripped = strip_wrapper_prefixes(state)
+    notes = []
+    if stripped:
+        notes.append(
+            f"stripped the wrapper prefix {''.join(stripped)!r} from every tensor name "
+            "(torch.compile / DataParallel); the artifact holds the plain names"
+        )
+    return state, config, notes
+
+
 def pack_checkpoint(
     ckpt: str | Path,
     policy: ExportPolicy,
@@ -191,18 +229,18 @@ def pack_checkpoint(
     extra_metadata: dict | None = None,
 ) -> Packed:
     """Pack a checkpoint (dir, .safetensors, .pt/.pth/.bin) under a policy."""
-    from ..budget.api import load_checkpoint_state
-
     ckpt = Path(ckpt)
+    notes: list[str] = []
     if state is None:
-        state, config = load_checkpoint_state(ckpt)
+        state, config, notes = load_state(ckpt)
+    policy.check_rules(state, str(ckpt))
     policy, config = checkpoint_policy(policy, config, str(ckpt))
     metadata = {"quant": policy.quantizer, "source": ckpt.name, **(extra_metadata or {})}
     if config is not None:
         metadata["config"] = config
     data = pack_state(state, policy, metadata, effort=effort, replace=replace)
     rows, metadata = packed_rows(data)
-    return Packed(data, rows, policy, metadata)
+    return Packed(data, rows, policy, metadata, notes, state=state)
 
 
 def rules_table(rows: list[dict]) -> str:

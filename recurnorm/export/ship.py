@@ -1,4 +1,5 @@
-"""A checkpoint to an artifact the way `recurnorm pack` does it: policy, GPTQ, --fit, the over-cap hint.
+"""A checkpoint (or a model in memory) to an artifact the way `recurnorm pack` does it:
+names checked, policy, GPTQ, --fit. The over-cap hint is hint.py.
 
 The CLI only parses options and prints; everything it decides is here.
 """
@@ -6,13 +7,14 @@ The CLI only parses options and prints; everything it decides is here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..budget.cap import Budget
 from ..errors import ConfigError
-from .fit import DEFAULT_FORMATS, fit_budget
-from .pack import Packed, checkpoint_policy, pack_state, packed_rows
-from .policy import ExportPolicy, format_spec
+from .fit import fit_budget
+from .pack import Packed, checkpoint_policy, load_state, pack_state, packed_rows
+from .policy import ExportPolicy
 
 # --fit's calibration windows. Direct sensitivities run (formats x candidate tensors) passes over
 # them: with 4,096 tokens their noise let --fit lose to uniform int6 on a tiny model, with 32,768
@@ -32,15 +34,22 @@ class Source:
     config: dict | None
     model: object | None = None  # an nn.Module with these weights, or None
     why_no_model: str = ""
+    notes: list[str] = field(default_factory=list)  # what was done to it on the way in
+
+    @classmethod
+    def from_model(cls, model, name: str = "model", config: dict | None = None) -> Source:
+        """A model in memory (a training script packing its own model): its state dict, tied
+        parameters kept as one tensor."""
+        state = {k: v.detach() for k, v in model.state_dict(keep_vars=True).items()}
+        return cls(Path(name), state, config, model)
 
 
 def load_source(path: str | Path, model_factory=None, need_model: bool = False) -> Source:
-    """Tensors and config of a checkpoint; the runnable model when asked and possible."""
-    from ..budget.api import load_checkpoint_state
-
+    """Tensors and config of a checkpoint (wrapper prefixes stripped); the runnable model when
+    asked and possible."""
     path = Path(path)
-    state, config = load_checkpoint_state(path)
-    src = Source(path, state, config)
+    state, config, notes = load_state(path)
+    src = Source(path, state, config, notes=notes)
     if not need_model:
         return src
     if model_factory is not None:
@@ -69,43 +78,73 @@ def ship(
     ckpt: str | Path,
     policy: ExportPolicy,
     *,
-    effort: str = "normal",
-    fit_bytes: int | None = None,
-    code_bytes: int = 0,
-    fit_formats=None,
+    fit_bytes: Budget | int | None = None,
     gptq: bool = False,
     calib_data: str | None = None,
     tokenizer: str | None = None,
-    calib_tokens: int | None = None,
     model_factory=None,
-    sensitivity: str = "direct",
-    progress: Callable[[str], None] | None = None,
+    **kw,
 ) -> Packed:
-    """Pack a checkpoint under a policy; with GPTQ codes and/or formats chosen by --fit."""
-    from .gptq import DEFAULT_CALIB_TOKENS, GPTQExporter
-
+    """Pack a checkpoint under a policy; with GPTQ codes and/or formats chosen by --fit
+    (``fit_bytes``: a cap, or a Budget counting code and loader too)."""
     if gptq and calib_data is None:
         raise ConfigError("--gptq needs --calib-data (its training split calibrates the Hessians)")
     need_model = gptq or (fit_bytes is not None and calib_data is not None)
     src = load_source(ckpt, model_factory, need_model)
-    policy, config = checkpoint_policy(policy, src.config, str(src.path))
-    notes: list[str] = []
-    metadata = {"quant": policy.quantizer, "source": src.path.name}
-    if config is not None:
-        metadata["config"] = config
     if need_model and src.model is None:
         raise ConfigError(
             f"{'--gptq' if gptq else '--calib-data'}: {src.why_no_model}; pass --model-factory MODULE:FUNCTION"
         )
+    tokens = _train_tokens(calib_data, tokenizer) if calib_data is not None else None
+    return ship_source(src, policy, fit_bytes=fit_bytes, gptq=gptq, train_tokens=tokens, calib_label=calib_data, **kw)
+
+
+def ship_model(model, policy: ExportPolicy | str, *, name: str = "model", config: dict | None = None, **kw) -> Packed:
+    """Pack a model in memory, as a training script does at its end (``policy``: an
+    ExportPolicy or a -q string; ``train_tokens=`` and ``gptq=True`` for GPTQ codes,
+    ``seq_len=`` for its calibration windows when the model does not say its own)."""
+    from .spec import build_policy
+
+    policy = build_policy(policy) if isinstance(policy, str) else policy
+    return ship_source(Source.from_model(model, name, config), policy, **kw)
+
+
+def ship_source(
+    src: Source,
+    policy: ExportPolicy,
+    *,
+    effort: str = "normal",
+    fit_bytes: Budget | int | None = None,
+    fit_formats=None,
+    gptq: bool = False,
+    train_tokens=None,
+    calib_label: str | None = None,
+    calib_tokens: int | None = None,
+    seq_len: int | None = None,
+    sensitivity: str = "direct",
+    progress: Callable[[str], None] | None = None,
+) -> Packed:
+    """Pack a Source under a policy: rules checked against its names, then GPTQ and --fit as asked."""
+    from .gptq import DEFAULT_CALIB_TOKENS, GPTQExporter
+
+    policy.check_rules(src.state, str(src.path))
+    policy, config = checkpoint_policy(policy, src.config, str(src.path))
+    notes = list(src.notes)
+    metadata = {"quant": policy.quantizer, "source": src.path.name}
+    if config is not None:
+        metadata["config"] = config
+    if (gptq or train_tokens is not None and fit_bytes is not None) and src.model is None:
+        raise ConfigError(f"{src.path}: GPTQ and calibrated --fit need the model to run")
+    if gptq and train_tokens is None:
+        raise ConfigError("GPTQ needs training tokens to calibrate its Hessians")
     if gptq and config is not None and config.get("qat"):
         raise ConfigError("--gptq: a QAT checkpoint ships the codes its training saw; GPTQ would change them")
-    tokens = _train_tokens(calib_data, tokenizer) if calib_data is not None else None
     quantize_fn = None
     if gptq:
         n_tokens = calib_tokens or DEFAULT_CALIB_TOKENS
-        exporter = GPTQExporter(src.model, tokens, n_tokens)
+        exporter = GPTQExporter(src.model, train_tokens, n_tokens, seq_len=seq_len)
         quantize_fn = exporter.quantize
-        metadata["gptq"] = {"calib_data": str(calib_data), "calib_tokens": n_tokens}
+        metadata["gptq"] = {"calib_data": str(calib_label or "train_tokens"), "calib_tokens": n_tokens}
     if fit_bytes is None:
         if quantize_fn is None:
             data = pack_state(src.state, policy, metadata, effort=effort)
@@ -114,18 +153,18 @@ def ship(
             from .pack import export_metadata
 
             qts, plan = quantize_fn(src.state, policy)
-            data = pack_qtensors(qts, {**metadata, "export": export_metadata(policy, plan)}, effort=effort)
+            data = pack_qtensors(qts, {**metadata, "export": export_metadata(policy, plan, qts)}, effort=effort)
         rows, meta = packed_rows(data)
-        return Packed(data, rows, policy, meta, notes)
+        return Packed(data, rows, policy, meta, notes, state=src.state)
 
     loss_fn = fisher = None
     if sensitivity not in SENSITIVITIES:
         raise ConfigError(f"--fit-sensitivity {sensitivity!r}: expected one of {', '.join(SENSITIVITIES)}")
-    if calib_data is not None:
+    if train_tokens is not None:
         from .fit import calibration_loss_fn, fisher_diagonal
         from .gptq import calibration_windows
 
-        windows = calibration_windows(src.model, tokens, calib_tokens or FIT_CALIB_TOKENS)
+        windows = calibration_windows(src.model, train_tokens, calib_tokens or FIT_CALIB_TOKENS, seq_len)
         if sensitivity == "fisher":
             say = progress or (lambda _m: None)
             say("fit: diagonal Fisher on the calibration windows")
@@ -144,35 +183,7 @@ def ship(
         quantize_fn=quantize_fn,
         metadata=metadata,
         effort=effort,
-        code_bytes=code_bytes,
         progress=progress,
     )
     rows, meta = packed_rows(result.data)
-    return Packed(result.data, rows, result.policy, meta, notes, fit=result)
-
-
-def over_cap_hint(
-    ckpt: str | Path, policy: ExportPolicy, max_bytes: int, code_bytes: int, effort: str = "normal"
-) -> str:
-    """What would fit instead: the widest uniform format under the cap, and whether --fit would."""
-    from .fit import parse_formats
-
-    src = load_source(ckpt)
-    fitting, smallest = None, None
-    for fmt, opts in parse_formats(None):
-        pol = replace(policy, quantizer=fmt, options=opts)
-        size = len(pack_state(src.state, pol, {}, effort=effort)) + code_bytes
-        smallest = size if smallest is None else min(smallest, size)
-        if size <= max_bytes:
-            fitting = (format_spec(fmt, opts), size)
-            break
-    narrowest = DEFAULT_FORMATS[-1]
-    if fitting is None:
-        return (
-            f"hint: even -q {narrowest} packs to {smallest:,} bytes with code; no uniform "
-            f"int8..{narrowest} format and no --fit {max_bytes} fits"
-        )
-    return (
-        f"hint: -q {fitting[0]} fits ({fitting[1]:,} bytes with code); "
-        f"--fit {max_bytes} would choose a format per tensor to fill the cap"
-    )
+    return Packed(result.data, rows, result.policy, meta, notes, fit=result, state=src.state)

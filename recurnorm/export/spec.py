@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, QuantError
-from .policy import PASSTHROUGH, ExportPolicy, Rule
+from .policy import ExportPolicy, Rule
 
 POLICY_KEYS = ("format", "options", "embedding", "keep_float", "quantize_controls", "rules")
 
@@ -172,8 +172,6 @@ def build_policy(
     }
     if "embedding" in doc:
         args["embedding_format"], args["embedding_options"] = parse_format(str(doc["embedding"]), where)
-    elif main[0] in PASSTHROUGH:
-        args["embedding_format"] = main[0]
     if keep_float_max_numel is not None:
         args["keep_float_max_numel"] = keep_float_max_numel
     try:

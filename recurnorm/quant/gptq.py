@@ -143,7 +143,10 @@ def _projection_input_hook(store: dict[str, Tensor], key: str):
 
 @torch.no_grad()
 def collect_hessians(
-    model: nn.Module, token_batches: Iterable[Tensor], layers: list[tuple[str, nn.Module]] | None = None
+    model: nn.Module,
+    token_batches: Iterable[Tensor],
+    layers: list[tuple[str, nn.Module]] | None = None,
+    forward=None,
 ) -> dict[str, Tensor]:
     """{projection name: H = Σ xxᵀ} over the actual inputs of each projection's weight.
 
@@ -151,7 +154,8 @@ def collect_hessians(
     so H sums over all steps. With an extra RMSNorm the weight sees the
     normalized input, so the hook sits on `input_norm`'s output. ``layers``
     (name, Linear) defaults to ``model.projections()`` (a RecurrentLM); any
-    model's ``nn.Linear`` modules work too.
+    model's ``nn.Linear`` modules work too. ``forward(model, batch)`` runs one batch
+    (default ``model(batch)``; a model that takes targets too is called with them).
     """
     store: dict[str, Tensor] = {}
     handles = []
@@ -166,7 +170,8 @@ def collect_hessians(
     model.eval()
     try:
         for batch in token_batches:
-            model(torch.as_tensor(batch, dtype=torch.long))
+            batch = torch.as_tensor(batch, dtype=torch.long)
+            model(batch) if forward is None else forward(model, batch)
     finally:
         for h in handles:
             h.remove()

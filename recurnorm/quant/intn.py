@@ -50,6 +50,13 @@ class IntN(GridQuantizer):
         "clip": None,
     }
     nullable: ClassVar[frozenset[str]] = frozenset({"group", "clip_percentile"})  # None: per row / absmax
+    option_help: ClassVar[dict[str, str]] = {
+        "group": "none: one scale per row; N: one scale per N elements of the flattened tensor",
+        "clip_search": "true: try clip ratios 1.00..0.50 per group, keep the least squared error",
+        "asymmetric": "true: codes 0..2^N-1 with an integer zero point per group",
+        "clip_percentile": "P in (50, 100]: clip each group at the P-th percentile of |w|",
+        "clip": "sigma:K: clip each group at K standard deviations (the records' k*std(row))",
+    }
 
     def check_options(self) -> None:
         p = self.params
@@ -189,7 +196,7 @@ class Int8(IntN, name="int8"):
 
 
 class Int8PG(GridQuantizer, name="int8_pg"):
-    """Parameter Golf baseline int8, bit for bit, including its 1/127 scale floor.
+    """The Parameter Golf baseline's int8, bit for bit, including its 1/127 scale floor.
 
     2-D: per row, clip at torch.quantile(|w|, 0.9999984, dim=1),
     ``scale = max(clip/127, 1/127)``; codes are computed with the float32
@@ -198,6 +205,7 @@ class Int8PG(GridQuantizer, name="int8_pg"):
     """
 
     defaults: ClassVar[dict[str, Any]] = {}
+    option_help: ClassVar[dict[str, str]] = {}
 
     def code_bits(self) -> float:
         return 8.0

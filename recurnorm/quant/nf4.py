@@ -71,6 +71,7 @@ class NF4(Quantizer, name="nf4"):
     """QLoRA NormalFloat4 with a float32 absmax per block of `group` elements."""
 
     defaults: ClassVar[dict[str, Any]] = {"group": 64}
+    option_help: ClassVar[dict[str, str]] = {"group": "block size of one absmax: 32, 64, 128, ..., 4096"}
     side_streams: ClassVar[dict[str, bool]] = {"scales": True}
 
     def check_options(self) -> None:

@@ -14,9 +14,13 @@ from .registry import Quantizer, dtype_name, range_problem, torch_dtype
 
 
 class _FloatBits(Quantizer):
-    """Store the tensor cast to `store` as raw bits: codes [1, N] of an unsigned view."""
+    """Floats kept as floats in that precision: fp32 keeps every bit of fp32, bf16 and fp16 tensors.
+
+    The tensor cast to `store`, stored as raw bits: codes [1, N] of an unsigned view.
+    """
 
     defaults: ClassVar[dict[str, Any]] = {}
+    option_help: ClassVar[dict[str, str]] = {}
     store: ClassVar[torch.dtype] = torch.float32
     # numpy has no bfloat16: go through the same-width signed int view, then unsigned
     view_int: ClassVar[torch.dtype] = torch.int32
@@ -78,6 +82,7 @@ class Raw(Quantizer, name="raw"):
     """
 
     defaults: ClassVar[dict[str, Any]] = {}
+    option_help: ClassVar[dict[str, str]] = {}
     float_only = False
 
     def code_bits(self) -> float:

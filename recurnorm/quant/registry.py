@@ -101,6 +101,9 @@ class Quantizer:
 
     name: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
+    # One line per option, for --help and docs/POLICY.md (a test checks every option has one).
+    # The class that sets it heads a family of formats in the help: its docstring's first line.
+    option_help: ClassVar[dict[str, str]] = {}
     nullable: ClassVar[frozenset[str]] = frozenset()  # options that may be None despite a default
     float_only: ClassVar[bool] = True  # raw is the one format that takes integers
 
@@ -199,6 +202,46 @@ class Quantizer:
 def available() -> list[str]:
     """Names of every registered format."""
     return _REGISTRY.names()
+
+
+def _value_text(v: Any) -> str:
+    return "none" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def format_families() -> list[dict[str, Any]]:
+    """The registered formats grouped as --help lists them: names, what they do, and each
+    option with its help and default (``defaults`` maps a format to its own where it differs)."""
+    import inspect
+
+    families: dict[type, dict[str, Any]] = {}
+    for name in available():
+        cls = _REGISTRY.type_of(name)
+        owner = next(c for c in cls.__mro__ if "option_help" in c.__dict__)
+        fam = families.setdefault(owner, {"names": [], "doc": (inspect.getdoc(owner) or "").splitlines()[0]})
+        fam["names"].append(name)
+    out = []
+    for owner, fam in families.items():
+        fam["names"].sort(key=lambda n: (len(n), n))
+        first = _REGISTRY.type_of(fam["names"][0])
+        options = []
+        for key, text in owner.option_help.items():
+            values = {n: _REGISTRY.type_of(n).defaults[key] for n in fam["names"]}
+            common = max(values.values(), key=list(values.values()).count)
+            differ = {n: _value_text(v) for n, v in values.items() if v != common}
+            options.append({"option": key, "help": text, "default": _value_text(common), "differs": differ})
+        out.append({"names": fam["names"], "doc": fam["doc"], "options": options, "first": first.name})
+    return out
+
+
+def formats_help() -> str:
+    """Every format and every option, generated from the registry (pack/inspect/plan --help)."""
+    lines = []
+    for fam in format_families():
+        lines.append(f"{', '.join(fam['names'])}: {fam['doc'].rstrip('.')}")
+        for o in fam["options"]:
+            differ = "; ".join(f"{n}: {v}" for n, v in o["differs"].items())
+            lines.append(f"    {o['option']}={o['default']}{f' ({differ})' if differ else ''}  {o['help']}")
+    return "\n".join(lines)
 
 
 def get(name: str, **options: Any) -> Quantizer:

@@ -23,6 +23,10 @@ class Ternary(GridQuantizer, name="ternary"):
         "group": None,
         "lsq_rescale": False,  # store s = <W,Q>/<Q,Q> instead of mean|W| (removes the zeros' bias)
     }
+    option_help: ClassVar[dict[str, str]] = {
+        "group": "none: one scale for the tensor; N: one scale per N elements",
+        "lsq_rescale": "true: store s = <W,Q>/<Q,Q> (least squares) instead of mean|W|",
+    }
 
     def check_options(self) -> None:
         check_group(self.name, self.params["group"])
