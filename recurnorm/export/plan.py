@@ -13,14 +13,17 @@ The result is bits per weight per format and the predicted artifact size;
 ``fit_size`` searches the largest width (or depth) whose prediction fits.
 It is the one size estimate: ``recurnorm plan`` prints it, ``recurnorm train``
 prints its one-line form when training starts, and ``--match-bytes`` matches on it.
+``like.py`` predicts the same for any checkpoint's shapes scaled (``plan --like``).
+Code is counted against the cap by the one count, ``budget.cap.Budget``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..budget.cap import DEFAULT_MAX_BYTES
+from ..budget.cap import DEFAULT_MAX_BYTES, Budget
 from ..errors import ConfigError
 from .policy import ExportPolicy
 
@@ -43,14 +46,22 @@ class SizePlan:
     config: dict
     policy: str
     predicted_bytes: int
-    fresh_bytes: int  # the fresh init's artifact, as packed
-    code_bytes: int = 0  # --code files counted with it
+    fresh_bytes: int  # what the prediction grew from, as packed: the fresh init (or, --like, the checkpoint)
+    code_bytes: int = 0  # --code files and --loader counted with it
     formats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    basis: str = ""  # what was planned, for people (the config, or the checkpoint and its scaling)
+    cap: dict = field(default_factory=dict)  # Budget.report of the prediction (the one count)
 
     @property
     def total_bytes(self) -> int:
         """Predicted artifact plus code."""
         return self.predicted_bytes + self.code_bytes
+
+    def counted(self, budget: Budget) -> SizePlan:
+        """This plan with its code counted by the budget (the same count pack and verify use)."""
+        self.cap = {k: v for k, v in budget.report(self.predicted_bytes).items() if k != "tensors"}
+        self.code_bytes = self.cap["code_bytes"]
+        return self
 
     @property
     def weights(self) -> int:
@@ -72,22 +83,28 @@ class SizePlan:
     def lines(self) -> str:
         """The plan for people."""
         c = self.config
+        basis = self.basis or (
+            f"scheme {c['scheme']}, d_model {c['d_model']}, depth {c['depth']}, vocab {c['vocab_size']}"
+        )
         out = [
-            f"plan: scheme {c['scheme']}, d_model {c['d_model']}, depth {c['depth']}, "
-            f"vocab {c['vocab_size']}; {self.policy}",
+            f"plan: {basis}",
+            self.policy,
             f"  {'format':<10} {'weights':>12} {'bytes':>12} {'bits/w':>7}",
         ]
         for fmt, row in sorted(self.formats.items(), key=lambda kv: -kv[1]["bytes"]):
             out.append(f"  {fmt:<10} {row['weights']:>12,} {row['bytes']:>12,} {row['bits_per_weight']:>7.3f}")
+        grew = "the checkpoint itself packs to" if self.basis else "fresh init packs to"
         out.append(
-            f"predicted artifact {self.predicted_bytes:,} B (fresh init packs to "
-            f"{self.fresh_bytes:,} B) + code {self.code_bytes:,} = {self.total_bytes:,} B"
+            f"predicted artifact {self.predicted_bytes:,} B ({grew} {self.fresh_bytes:,} B) "
+            f"+ code {self.code_bytes:,} = {self.total_bytes:,} B"
+            + (f" of {self.cap['max_bytes']:,}; headroom {self.cap['headroom_bytes']:,}" if self.cap else "")
         )
         return "\n".join(out)
 
 
-def predict_size(config, policy, code_bytes: int = 0, seed: int = 0) -> SizePlan:
-    """The predicted artifact of a model config (a ModelConfig or its dict) under a policy.
+def predict_size(config, policy, budget: Budget | None = None, seed: int = 0) -> SizePlan:
+    """The predicted artifact of a model config (a ModelConfig or its dict) under a policy,
+    with the budget's code counted.
 
     ``policy`` is an ExportPolicy or a function of the model giving one (the
     roundtrip's policy reads the model's own control names).
@@ -123,32 +140,44 @@ def predict_size(config, policy, code_bytes: int = 0, seed: int = 0) -> SizePlan
     for f in formats.values():
         f["bytes"] = round(f["bytes"])
         f["bits_per_weight"] = f["bytes"] * 8 / max(f["weights"], 1)
-    return SizePlan(cfg.to_dict(), policy.summary(), round(len(data) + extra), len(data), code_bytes, formats)
+    plan = SizePlan(cfg.to_dict(), policy.summary(), round(len(data) + extra), len(data), formats=formats)
+    return plan.counted(budget or Budget())
 
 
-def fit_size(config: dict, policy, max_bytes: int, *, vary: str = "d_model", code_bytes: int = 0) -> SizePlan:
-    """The plan of the largest d_model (a multiple of 2·n_heads) or depth whose total fits max_bytes."""
+def fit_size(config: dict, policy, budget: Budget, *, vary: str = "d_model") -> SizePlan:
+    """The plan of the largest d_model (a multiple of 2·n_heads) or depth whose total fits the budget."""
     if vary not in ("d_model", "depth"):
         raise ConfigError(f"plan --vary must be d_model or depth, got {vary!r}")
     step = 2 * int(config.get("n_heads", 4)) if vary == "d_model" else 1
     limit = MAX_D_MODEL - MAX_D_MODEL % step if vary == "d_model" else MAX_DEPTH
+    return largest_fitting(lambda v: predict_size({**config, vary: v}, policy, budget), budget, vary, step, limit)
+
+
+def largest_fitting(plan_of: Callable[[int], SizePlan], budget: Budget, vary: str, step: int, limit: int) -> SizePlan:
+    """The plan of the largest multiple of step (up to limit) whose artifact + code fits the budget;
+    sizes grow with width and depth, so a doubling search then a bisection."""
     cache: dict[int, SizePlan] = {}
 
     def plan(v: int) -> SizePlan:
         if v not in cache:
-            cache[v] = predict_size({**config, vary: v}, policy, code_bytes)
+            cache[v] = plan_of(v)
         return cache[v]
 
-    if plan(step).total_bytes > max_bytes:
-        raise ConfigError(f"plan --fit {max_bytes:,}: even {vary} {step} needs {plan(step).total_bytes:,} bytes")
+    def fits(v: int) -> bool:
+        return not plan(v).cap["over_cap"]
+
+    if not fits(step):
+        raise ConfigError(
+            f"plan --fit {budget.max_bytes:,}: even {vary} {step} needs {plan(step).total_bytes:,} bytes with code"
+        )
     lo, hi = step, step * 2  # lo fits; search for a hi that does not
-    while hi <= limit and plan(hi).total_bytes <= max_bytes:
+    while hi <= limit and fits(hi):
         lo, hi = hi, hi * 2
     hi = min(hi, limit + step)
-    while hi - lo > step:  # bytes grow with width and depth: bisect on the grid of steps
+    while hi - lo > step:
         mid = (lo + hi) // 2
         mid -= mid % step
         if mid <= lo:
             break
-        lo, hi = (mid, hi) if plan(mid).total_bytes <= max_bytes else (lo, mid)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return plan(lo)

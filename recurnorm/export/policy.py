@@ -133,7 +133,7 @@ def _value_text(v: Any) -> str:
     return "none" if v is None else str(v)
 
 
-def _matches(name: str, patterns) -> bool:
+def name_matches(name: str, patterns) -> bool:
     """A name convention: case-insensitive (``LayerNorm``, ``layer_norm`` and ``ln_f`` alike)."""
     low = name.lower()
     return any(low == p.lower() or fnmatch.fnmatchcase(low, p.lower()) for p in patterns)
@@ -238,7 +238,7 @@ class ExportPolicy:
         """A small control tensor: listed in control_names or matching a control pattern."""
         if t.numel() > self.control_max_numel:
             return False
-        return name in self.control_names or _matches(name, self.control_patterns)
+        return name in self.control_names or name_matches(name, self.control_patterns)
 
     def is_small_vector(self, t: Tensor) -> bool:
         """A vector (or scalar) small enough to stay in float: biases, per-channel gains."""
@@ -266,7 +266,7 @@ class ExportPolicy:
             if self.quantize_controls:
                 return self.quantizer, dict(self.options), "control (quantize_controls)"
             return self.control_format, {}, "control"
-        if _matches(name, self.embedding_names):
+        if name_matches(name, self.embedding_names):
             return *self.embedding, "embedding"
         if self.is_small_vector(t):
             return self.vector_format, {}, f"small vector (<= {self.keep_float_max_numel} elements)"
