@@ -361,8 +361,9 @@ def _plan_parts(plan: Plan, aliases: set[str]) -> list[str]:
             continue
         groups.setdefault(_reason_class(reason), Counter())[format_spec(fmt, opts)] += 1
         gptq += reason.endswith(GPTQ_MARK)
-    known = [c for c in _CLASS_ORDER if c in groups]
-    order = known[:2] + [c for c in groups if c not in _CLASS_ORDER] + known[2:]
+    head = [c for c in _CLASS_ORDER[:2] if c in groups]  # the main format, or what --fit chose
+    tail = [c for c in _CLASS_ORDER[2:] if c in groups]
+    order = head + [c for c in groups if c not in _CLASS_ORDER] + tail
     parts = []
     for c in order:
         counts = ", ".join(f"{spec} x{n}" for spec, n in groups[c].most_common())
