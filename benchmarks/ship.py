@@ -46,32 +46,11 @@ CONTROL = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight")
 
 
 def golf_state(seed: int = 0) -> dict[str, torch.Tensor]:
-    """17,059,912 parameters with the baseline's names and shapes."""
-    rng = np.random.default_rng(seed)
+    """17,059,912 parameters with the baseline's names and shapes (tests/pg_model.py builds them)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from pg_model import baseline_state
 
-    def w(r, c):
-        x = rng.standard_t(5, size=(r, c)) * np.exp(rng.normal(0, 0.3, (r, 1))) * np.exp(rng.normal(0, 0.5, (1, c)))
-        return torch.from_numpy((0.02 * x).astype(np.float32))
-
-    d, kv, mlp = 512, 256, 1024
-    state = {"tok_emb.weight": w(1024, d), "skip_weights": torch.ones(4, d)}
-    for i in range(9):
-        p = f"blocks.{i}."
-        state.update(
-            {
-                p + "attn.c_q.weight": w(d, d),
-                p + "attn.c_k.weight": w(kv, d),
-                p + "attn.c_v.weight": w(kv, d),
-                p + "attn.proj.weight": w(d, d),
-                p + "mlp.fc.weight": w(mlp, d),
-                p + "mlp.proj.weight": w(d, mlp),
-                p + "attn_scale": torch.ones(d),
-                p + "mlp_scale": torch.ones(d),
-                p + "resid_mix": torch.ones(2, d),
-                p + "attn.q_gain": torch.full((8,), 1.5),
-            }
-        )
-    return state
+    return baseline_state(seed=seed)
 
 
 def policy(fmt: str, embedding: str | None = None) -> ExportPolicy:

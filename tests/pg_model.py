@@ -131,3 +131,23 @@ def baseline_state(
             }
         )
     return state
+
+
+class LossPGModel(PGModel):
+    """The same model with the baseline's contract: forward(idx, targets) -> mean cross entropy."""
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        logits = super().forward(idx)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def build_loss(config: dict | None) -> LossPGModel:
+    """--model-factory for a model whose forward returns the loss."""
+    return LossPGModel(**{**DEFAULTS, **(config or {})})
+
+
+def build_loss_without_length(config: dict | None) -> LossPGModel:
+    """As build_loss, but the model does not say its context length."""
+    model = build_loss(config)
+    del model.seq_len
+    return model

@@ -141,3 +141,43 @@ def test_ci_doc_describes_every_verify_option():
     expected = _options(verify) - {"--help"}
     assert set(OPTION.findall(synopsis)) == expected
     assert in_table == expected
+
+
+# -- formats and policies (docs/POLICY.md, --help) -----------------------------------------
+
+
+def test_policy_doc_formats_table_is_the_generated_one():
+    from recurnorm.quant.registry import formats_markdown
+
+    text = (REPO / "docs" / "POLICY.md").read_text(encoding="utf-8")
+    assert _between(text, "formats") == formats_markdown(), (
+        "docs/POLICY.md: paste the output of python -c "
+        "'from recurnorm.quant.registry import formats_markdown; print(formats_markdown(), end=\"\")'"
+    )
+
+
+def test_every_option_of_every_format_is_documented_and_in_help():
+    from click.testing import CliRunner
+
+    from recurnorm.quant.registry import _REGISTRY, available
+
+    for name in available():
+        cls = _REGISTRY.type_of(name)
+        assert set(cls.option_help) == set(cls.defaults), f"{name}: option_help must cover every option"
+    for command in ("pack", "inspect", "plan"):
+        text = " ".join(CliRunner().invoke(main, [command, "--help"]).output.split())
+        for name in available():
+            assert name in text, (command, name)
+            for option in _REGISTRY.type_of(name).defaults:
+                assert f"{option}=" in text, (command, name, option)
+
+
+def test_the_documented_policy_file_is_what_pack_reads(tmp_path):
+    from recurnorm.export import build_policy
+
+    text = (REPO / "docs" / "POLICY.md").read_text(encoding="utf-8")
+    toml = re.search(r"```toml\n(.*?)```", text, re.S)[1]
+    (tmp_path / "p.toml").write_text(toml)
+    policy = build_policy(None, policy_file=tmp_path / "p.toml")
+    assert policy.quantizer == "int6" and policy.options == {"clip": "sigma:12.85"}
+    assert policy.embedding == ("int8", {"clip": "sigma:20"}) and len(policy.rules) == 3

@@ -239,21 +239,8 @@ def test_pack_without_code_says_that_code_counts(pg_ckpt, tmp_path):
 @pytest.mark.slow  # GPTQ over the calibration windows
 def test_gptq_is_recorded_in_the_manifest_and_the_policy_line(pg_ckpt, tmp_path):
     out = tmp_path / "g.rnpk"
-    r = run(
-        "pack",
-        pg_ckpt,
-        "-q",
-        "int6",
-        "--gptq",
-        "--calib-data",
-        "default",
-        "--calib-tokens",
-        512,
-        "--model-factory",
-        PG_FACTORY,
-        "-o",
-        out,
-    )
+    calib = ["--calib-data", "default", "--calib-tokens", 512, "--model-factory", PG_FACTORY]
+    r = run("pack", pg_ckpt, "-q", "int6", "--gptq", *calib, "-o", out)
     assert r.exit_code == 0, r.output
     meta = read_artifact(out.read_bytes()).metadata
     rules = meta["export"]["rules"]
@@ -261,3 +248,22 @@ def test_gptq_is_recorded_in_the_manifest_and_the_policy_line(pg_ckpt, tmp_path)
     assert rules["blocks.0.attn_scale"] == "control"
     n_gptq = sum(r.endswith("+ GPTQ") for r in rules.values())
     assert f"GPTQ x{n_gptq}" in meta["export"]["policy"] and n_gptq == 4 * 6 + 1  # lm_head is an nn.Linear
+
+
+# -- 8. the --model-factory contract: a model whose forward(x, y) returns the loss --------
+
+
+@pytest.mark.slow  # GPTQ, a calibrated --fit and the loss gate on a foreign model
+def test_a_model_that_returns_its_loss_is_accepted(pg_ckpt, tmp_path):
+    factory = f"{TESTS / 'pg_model.py'}:build_loss"
+    calib = ["--calib-data", "default", "--calib-tokens", 512, "--model-factory", factory]
+    out = tmp_path / "g.rnpk"
+    r = run("pack", pg_ckpt, "-q", "int6", "--gptq", *calib, "-o", out)
+    assert r.exit_code == 0, r.output
+    assert read_artifact(out.read_bytes()).metadata["export"]["rules"]["blocks.0.attn.c_q.weight"].endswith("GPTQ")
+    r = run("pack", pg_ckpt, "--fit", out.stat().st_size + 20_000, *calib, "-o", tmp_path / "f.rnpk")
+    assert r.exit_code == 0 and "direct Δloss" in r.output, r.output
+    r = run("verify", out, "--reference", pg_ckpt, "--max-loss-delta", 1.0, "--model-factory", factory)
+    assert r.exit_code == 0 and "loss gate" in r.output, r.output
+    r = run("pack", pg_ckpt, "--gptq", *calib[:-1], f"{TESTS / 'pg_model.py'}:build_loss_without_length")
+    assert r.exit_code == 2 and "model.seq_len" in r.output, r.output

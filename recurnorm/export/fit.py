@@ -319,10 +319,17 @@ def fit_budget(
     smallest = min(uniform.values())
     if smallest > avail:
         narrow = min(uniform, key=uniform.get)
+        kept = sorted(n for n, (_, _, why) in plan.items() if why == "embedding")
         raise OverCapError(
             f"--fit {budget.max_bytes:,} is impossible: the smallest achievable artifact is "
             f"{smallest:,} bytes (every candidate tensor at {narrow}) + code {code_bytes:,} = "
-            f"{smallest + code_bytes:,} bytes",
+            f"{smallest + code_bytes:,} bytes"
+            + (
+                f"; the embedding keeps {format_spec(*plan[kept[0]][:2])} ({kept[0]}): a rule "
+                f"such as -q '{kept[0]}=int6' lets it shrink"
+                if kept
+                else ""
+            ),
             {"smallest_bytes": smallest, "code_bytes": code_bytes},
         )
 

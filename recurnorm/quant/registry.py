@@ -244,6 +244,21 @@ def formats_help() -> str:
     return "\n".join(lines)
 
 
+def formats_markdown() -> str:
+    """The same as a Markdown table (docs/POLICY.md holds it; a test keeps the two equal)."""
+    rows = ["| formats | what they store | options [default] |", "|---|---|---|"]
+    for fam in format_families():
+        opts = "<br>".join(
+            f"`{o['option']}={o['default']}`"
+            + (f" ({'; '.join(f'{n}: {v}' for n, v in o['differs'].items())})" if o["differs"] else "")
+            + f": {o['help']}"
+            for o in fam["options"]
+        )
+        cells = (", ".join(f"`{n}`" for n in fam["names"]), fam["doc"].rstrip("."), opts or "none")
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
 def get(name: str, **options: Any) -> Quantizer:
     """The quantizer `name` with options; QuantError listing the formats if unknown."""
     return _REGISTRY.get(name, **options)
