@@ -132,7 +132,7 @@ def pack(
     ``quant`` is a -q string (``int6``, ``int4:group=128``, rules); options may
     also come as keywords. A model brings its config into the metadata (a state
     dict may pass ``config=``), and a QAT model is exported with the QAT policy,
-    as ``recurnorm pack`` does.
+    as ``recurnorm pack`` does. A rule that changes no tensor raises ConfigError.
     """
     from torch import nn
 
@@ -153,6 +153,7 @@ def pack(
 
             check_format(policy.quantizer, {**policy.options, **quant_options}, "pack")
             policy = replace(policy, options={**policy.options, **quant_options})
+    policy.check_rules(state, "pack")
     policy, config = checkpoint_policy(policy, config)
     meta = dict(metadata or {})
     if config is not None:
