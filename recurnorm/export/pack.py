@@ -14,6 +14,7 @@ from typing import Any
 from torch import Tensor
 
 from ..quant.qtensor import QTensor
+from ..quant.registry import get
 from .policy import ExportPolicy, Plan
 
 
@@ -57,13 +58,21 @@ def _dedupe(state_dict: dict) -> tuple[dict, dict[str, str]]:
 
 
 def export_qtensors(
-    state_dict: dict, quant: str = "int8", policy: ExportPolicy | None = None, **quant_options
+    state_dict: dict,
+    quant: str = "int8",
+    policy: ExportPolicy | None = None,
+    replace: dict[str, QTensor] | None = None,
+    **quant_options,
 ) -> dict[str, QTensor]:
-    """QTensors for a state dict via the export policy; tied tensors map to one QTensor."""
+    """QTensors for a state dict via the export policy; tied tensors map to one QTensor.
+    ``replace``: QTensors made elsewhere (GPTQ's, or a hint's estimates), used as they are
+    (a tied name's replacement stands for all its names)."""
     unique, aliases = _dedupe(state_dict)
     if policy is None:
         policy = ExportPolicy(quantizer=quant, options=dict(quant_options))
-    qts = dict(policy.export(unique))
+    swap = {aliases.get(n, n): qt for n, qt in (replace or {}).items()}
+    plan = policy.plan({n: t for n, t in unique.items() if n not in swap})
+    qts = {n: swap[n] if n in swap else get(plan[n][0], **plan[n][1]).quantize(t, name=n) for n, t in unique.items()}
     for name, target in aliases.items():
         qts[name] = qts[target]
     return qts
@@ -73,12 +82,7 @@ def quantize(
     state: dict[str, Tensor], policy: ExportPolicy, replace: dict[str, QTensor] | None = None
 ) -> tuple[dict[str, QTensor], Plan]:
     """(QTensors, plan): tied tensors share one QTensor; ``replace`` swaps in QTensors (GPTQ)."""
-    qts = export_qtensors(state, policy=policy)
-    for name, qt in (replace or {}).items():
-        old = qts[name]
-        for n in [n for n, v in qts.items() if v is old]:  # its aliases follow
-            qts[n] = qt
-    return qts, policy.plan(state)
+    return export_qtensors(state, policy=policy, replace=replace), policy.plan(state)
 
 
 def pack_state(

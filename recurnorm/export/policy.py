@@ -321,7 +321,8 @@ class ExportPolicy:
         defaults. With one: what each rule chose, as format counts (tied names, listed in
         ``aliases``, once), so that the line and a tensor's row never disagree."""
         if plan is not None:
-            return "export policy: " + "; ".join(_plan_parts(plan, set(aliases)))
+            order = [f"rule {r.label()}" for r in self.rules] + [f"override {p}" for p in self.overrides]
+            return "export policy: " + "; ".join(_plan_parts(plan, set(aliases), order))
         fitted = any(r.text == FIT_RULE for r in self.rules)
         parts = ["--fit" if fitted else f"weights {format_spec(self.quantizer, self.options)}"]
         parts += [f"rule {r.label()}" for r in self.rules if r.text != FIT_RULE]
@@ -352,7 +353,7 @@ class ExportPolicy:
 _CLASS_ORDER = ("weights", "--fit", "embeddings", "controls", "vectors", "non-float")
 
 
-def _plan_parts(plan: Plan, aliases: set[str]) -> list[str]:
+def _plan_parts(plan: Plan, aliases: set[str], rule_order: list[str]) -> list[str]:
     """``weights int6 x54``, ``--fit int6 x30, int5 x24``, ``rule X x3``, ... for a plan."""
     groups: dict[str, Counter] = {}
     gptq = 0
@@ -363,7 +364,9 @@ def _plan_parts(plan: Plan, aliases: set[str]) -> list[str]:
         gptq += reason.endswith(GPTQ_MARK)
     head = [c for c in _CLASS_ORDER[:2] if c in groups]  # the main format, or what --fit chose
     tail = [c for c in _CLASS_ORDER[2:] if c in groups]
-    order = head + [c for c in groups if c not in _CLASS_ORDER] + tail
+    rank = {label: i for i, label in enumerate(rule_order)}
+    rules = sorted((c for c in groups if c not in _CLASS_ORDER), key=lambda c: rank.get(c, len(rank)))
+    order = head + rules + tail
     parts = []
     for c in order:
         counts = ", ".join(f"{spec} x{n}" for spec, n in groups[c].most_common())
