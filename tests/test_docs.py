@@ -181,3 +181,15 @@ def test_the_documented_policy_file_is_what_pack_reads(tmp_path):
     policy = build_policy(None, policy_file=tmp_path / "p.toml")
     assert policy.quantizer == "int6" and policy.options == {"clip": "sigma:12.85"}
     assert policy.embedding == ("int8", {"clip": "sigma:20"}) and len(policy.rules) == 3
+
+
+def test_the_documented_policy_line_is_what_the_baseline_gets():
+    from pg_model import baseline_state
+
+    from recurnorm.export import build_policy
+
+    text = (REPO / "docs" / "POLICY.md").read_text(encoding="utf-8")
+    line = re.search(r"`-q '([^']+)'`:\n\n```\n(export policy: [^\n]+)\n```", text)
+    policy = build_policy(line[1])
+    state = baseline_state(dim=64, vocab=128)  # the counts depend on the names, not the sizes
+    assert policy.summary(policy.plan(state)) == line[2]
