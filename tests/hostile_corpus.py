@@ -353,6 +353,58 @@ CASES: dict[str, Callable[[], bytes]] = {
     "rans/col-huge-class-ids": _edit(_class_context("col", [1, 1 << 38], [1 << 19, 1 << 19])),
     "rans/one-dimensional-class-context": _edit(_class_context("row", [4000], [1, 4000])),
 }
+
+
+def _lqer_base() -> bytes:
+    """w (int4) with an LQER correction: factors w.lqer_l [2, 64] and w.lqer_r [2, 128] before it."""
+    base = base_qtensors()["int4"]
+    rng = np.random.default_rng(5)
+    left = QTensor("int8", (2, 64), "float32", rng.integers(-9, 9, (2, 64)).astype(np.int8), np.ones(2, np.float16))
+    right = QTensor("int8", (2, 128), "float32", rng.integers(-9, 9, (2, 128)).astype(np.int8), np.ones(2, np.float16))
+    base.lowrank = (left, right)
+    return pack_qtensors({"w": base, "v": base_qtensors()["ternary"]})
+
+
+def _lqer(fn: Callable[[dict], object]) -> Callable[[], bytes]:
+    """A case: the LQER base manifest changed by fn, re-signed (the flag follows the manifest)."""
+
+    def make() -> bytes:
+        m, payload = fmt.split_container(_lqer_base())
+        fn(m)
+        return resign(m, payload)
+
+    return make
+
+
+def _lqer_unflagged() -> bytes:
+    """The LQER base with its header flag cleared: a reader that would ignore the correction."""
+    import hashlib
+
+    data = _lqer_base()
+    m, payload = fmt.split_container(data)
+    raw = fmt.dumps(m)
+    return fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, 0, len(raw), hashlib.sha256(raw).digest()) + raw + payload
+
+
+def _swap_factors(m: dict) -> None:
+    t = m["tensors"]
+    t[1], t[2] = t[2], t[1]  # v sorts first: [v, w.lqer_l, w.lqer_r, w]
+
+
+LQER_CASES: dict[str, Callable[[], bytes]] = {
+    "lqer/flag-cleared": _lqer_unflagged,
+    "lqer/names-reversed": _lqer(_set(("w", "lowrank"), ["w.lqer_r", "w.lqer_l"])),
+    "lqer/entries-swapped": _lqer(_swap_factors),
+    "lqer/one-name": _lqer(_set(("w", "lowrank"), ["w.lqer_r"])),
+    "lqer/missing-name": _lqer(_set(("w", "lowrank"), ["w.lqer_l", "nothing"])),
+    "lqer/not-a-list": _lqer(_set(("w", "lowrank"), "w.lqer_l")),
+    "lqer/wrong-rank-shape": _lqer(_set(("w.lqer_r", "shape"), [3, 128])),
+    "lqer/on-the-wrong-tensor": _lqer(lambda m: _entry(m, "v").update(lowrank=["w.lqer_l", "w.lqer_r"])),
+    "lqer/factor-float16": _lqer(_set(("w.lqer_l", "dtype"), "float16")),
+    "lqer/alias-of-a-factor": _lqer(lambda m: m["tensors"].append({"name": "x", "alias_of": "w.lqer_l"})),
+}
+CASES.update(LQER_CASES)
+
 for _path in TYPED_FIELDS:
     for _label, _value in WRONG_TYPES.items():
         if (_path[-1] == "name" and _label == "string") or (_path[-1] == "group" and _label in ("null", "huge")):

@@ -178,7 +178,8 @@ def test_manifest_is_stored_compressed_and_every_form_reads():
         assert a.manifest == b.manifest
         assert all(np.array_equal(a.qtensors[k].codes, b.qtensors[k].codes) for k in a.qtensors)
     for bad_flags, body, why in (
-        (4, plain, "unsupported artifact flags"),
+        (8, plain, "unsupported artifact flags"),
+        (fmt.LOWRANK_FLAG, plain, "flag for lqer corrections disagrees"),  # no tensor has one
         (compress.ZSTD, b"\x28\xb5\x2f\xfd" + bytes(20), "manifest: zstd"),
         (compress.DEFLATE, bytes(20), "manifest: deflate"),
         (compress.LZMA, compress.compress(compress.LZMA, plain)[:-5], "manifest: lzma"),

@@ -99,6 +99,16 @@ def _artifacts() -> dict[str, bytes]:
             ),
         }
     )
+    # LQER corrections (factors listed before their tensor; bfloat16 and float32 weights; a tied one)
+    state = _state()
+    spec = ExportPolicy(
+        quantizer="int4",
+        options={"lqer": 3, "lqer_l": "int2", "lqer_r": "int8"},
+        embedding_format="int6",
+        embedding_options={"lqer": 2},
+        keep_float_max_numel=0,
+    )
+    out["lqer"] = pack_qtensors(export_qtensors(state, policy=spec))
     return out
 
 

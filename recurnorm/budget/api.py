@@ -109,10 +109,37 @@ def pack_qtensors(
     return _pack(qtensors, metadata, codecs, effort, check)
 
 
+def lowrank_names(name: str) -> tuple[str, str]:
+    """The manifest names of a tensor's LQER factors (listed right before the tensor)."""
+    return f"{name}.lqer_l", f"{name}.lqer_r"
+
+
 def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, check: bool) -> bytes:
     first_name: dict[int, str] = {}
     entries, aliases = [], []
     items: list[tuple[np.ndarray, StreamContext]] = []
+
+    def entry(name: str, qt: QTensor) -> dict:
+        _check_qtensor(name, qt, check)
+        streams = {}
+        for kind in ("scales", "zeros", "codes"):
+            arr = getattr(qt, kind)
+            if arr is None:
+                continue
+            arr = np.ascontiguousarray(arr)
+            dtype = _stream_dtype(arr, f"tensor {name} {kind}")
+            scales = np.asarray(qt.scales) if kind == "codes" and qt.scales is not None else None
+            items.append((arr, StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort)))
+            streams[kind] = {"dtype": dtype, "shape": list(arr.shape), "sha256": _sha(arr, dtype)}
+        return {
+            "name": name,
+            "shape": [int(d) for d in qt.shape],
+            "dtype": str(qt.dtype),
+            "format": qt.format,
+            "params": qt.params,
+            "streams": streams,
+        }
+
     # Sorted names: the artifact must not depend on the dict's insertion order.
     for name in sorted(qtensors):
         qt = qtensors[name]
@@ -125,27 +152,16 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
             aliases.append({"name": name, "alias_of": first_name[id(qt)]})
             continue
         first_name[id(qt)] = name
-        _check_qtensor(name, qt, check)
-        streams = {}
-        for kind in ("scales", "zeros", "codes"):
-            arr = getattr(qt, kind)
-            if arr is None:
-                continue
-            arr = np.ascontiguousarray(arr)
-            dtype = _stream_dtype(arr, f"tensor {name} {kind}")
-            scales = np.asarray(qt.scales) if kind == "codes" and qt.scales is not None else None
-            items.append((arr, StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort)))
-            streams[kind] = {"dtype": dtype, "shape": list(arr.shape), "sha256": _sha(arr, dtype)}
-        entries.append(
-            {
-                "name": name,
-                "shape": [int(d) for d in qt.shape],
-                "dtype": str(qt.dtype),
-                "format": qt.format,
-                "params": qt.params,
-                "streams": streams,
-            }
-        )
+        if qt.lowrank is None:
+            entries.append(entry(name, qt))
+            continue
+        # The factors first, so that a reader has them when it reaches the tensor.
+        names = lowrank_names(name)
+        clash = [n for n in names if n in qtensors]
+        if clash:
+            raise QuantError(f"tensor {name}: its lqer factor name {clash[0]!r} is taken by another tensor")
+        entries += [entry(n, f) for n, f in zip(names, qt.lowrank, strict=True)]
+        entries.append({**entry(name, qt), "lowrank": list(names)})
     # All streams are encoded together: codecs search the whole model in one go.
     encoded = iter(codecs_mod.encode_all(items, codecs))
     chunks: list[bytes] = []
@@ -200,6 +216,8 @@ def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact
             params=t["params"],
         )
         validate.check_decoded(t["name"], qtensors[t["name"]])
+        if "lowrank" in t:  # its factors were decoded just before it (validate checked the order)
+            qtensors[t["name"]].lowrank = tuple(qtensors.pop(n) for n in t["lowrank"])
     return Artifact(manifest, manifest.get("metadata", {}), qtensors, aliases)
 
 
@@ -209,6 +227,14 @@ def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact
 def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> list[dict]:
     """Per stored tensor: name, shape, format, codecs, packed bytes, bits/weight, order-0 bound."""
     rows = []
+    owner = {n: t["name"] for t in manifest["tensors"] for n in t.get("lowrank", ())}
+    if qtensors is not None and owner:  # the factors live on their tensor's QTensor
+        qtensors = dict(qtensors)
+        for t in manifest["tensors"]:
+            for n, f in zip(
+                t.get("lowrank", ()), getattr(qtensors.get(t["name"]), "lowrank", None) or (), strict=False
+            ):
+                qtensors[n] = f
     for t in manifest["tensors"]:
         if "alias_of" in t:
             rows.append({"name": t["name"], "alias_of": t["alias_of"], "bytes": 0})
@@ -225,6 +251,8 @@ def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> 
             "numel": numel,
             "bits_per_weight": packed * 8 / numel if numel else 0.0,
         }
+        if t["name"] in owner:  # an LQER factor: its bytes are part of what its tensor costs
+            row["lowrank_of"] = owner[t["name"]]
         if qtensors is not None and t["name"] in qtensors:
             qt = qtensors[t["name"]]
             side = sum(s["length"] for k, s in t["streams"].items() if k != "codes")

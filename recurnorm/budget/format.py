@@ -4,7 +4,8 @@ Byte layout (docs/FORMAT.md is the normative description):
 
     offset 0   4 bytes  magic b"RNPK"
     offset 4   u16 LE   format version (2; version 1 is still read)
-    offset 6   u16 LE   flags (bits 0-1: the manifest's compressor, compress.py ids; others 0)
+    offset 6   u16 LE   flags (bits 0-1: the manifest's compressor, compress.py ids; bit 2: LQER
+                        corrections present; others 0)
     offset 8   u64 LE   manifest length M (as stored)
     offset 16  32 bytes SHA-256 of the M stored manifest bytes
     offset 48  M bytes  manifest: UTF-8 JSON, sorted keys, no whitespace (compressed as the flags say)
@@ -38,6 +39,10 @@ MAX_MANIFEST_BYTES = 8 << 20
 # The manifest's compressor id sits in the flags' low two bits. Per-tensor JSON repeats
 # keys and hex hashes: deflate or lzma take ~80% off.
 MANIFEST_COMPRESSOR_MASK = 3
+# Bit 2: some tensor carries an LQER correction ("lowrank"). A reader that does not know the
+# field must refuse the artifact rather than return the factors as tensors and the weights
+# uncorrected: format-2 readers refuse unknown flag bits.
+LOWRANK_FLAG = 4
 # Nesting: the manifest's own is 5 levels; a model's config (metadata.config) has room for 60.
 # Python's JSON reader recurses ~1,000 levels deep before it gives up on its own.
 MAX_JSON_DEPTH = 64
@@ -73,6 +78,8 @@ def write_container(manifest: dict, payload: bytes, effort: str = "normal") -> b
     _check_writable(manifest, raw)
     kinds = compress.PORTABLE if effort == "max" or len(raw) >= MANIFEST_LZMA_MIN else (compress.RAW, compress.DEFLATE)
     m, flags = compress.smallest(raw, kinds)
+    if has_lowrank(manifest):
+        flags |= LOWRANK_FLAG
     header = HEADER.pack(MAGIC, VERSION, flags, len(m), hashlib.sha256(m).digest())
     return header + m + payload
 
@@ -142,7 +149,7 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
         raise ArtifactError(
             f"unsupported artifact version {version} (this reader knows {', '.join(map(str, READ_VERSIONS))})"
         )
-    if flags & ~MANIFEST_COMPRESSOR_MASK or (version == 1 and flags > compress.ZSTD):
+    if flags & ~(MANIFEST_COMPRESSOR_MASK | LOWRANK_FLAG) or (version == 1 and flags > compress.ZSTD):
         raise ArtifactError(f"unsupported artifact flags {flags:#x}")
     if mlen > MAX_MANIFEST_BYTES or HEADER_SIZE + mlen > len(data):
         raise ArtifactError(f"truncated artifact: manifest of {mlen} bytes does not fit")
@@ -167,7 +174,14 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
     if hashlib.sha256(payload).hexdigest() != manifest.get("payload_sha256"):
         raise ArtifactError("payload checksum mismatch (corrupt artifact)")
     validate_manifest(manifest, max_decoded_bytes)
+    if bool(flags & LOWRANK_FLAG) != has_lowrank(manifest):
+        raise ArtifactError("header flag for lqer corrections disagrees with the manifest")
     return manifest, payload
+
+
+def has_lowrank(manifest: dict) -> bool:
+    """True when a tensor entry carries an LQER correction."""
+    return any(isinstance(t, dict) and "lowrank" in t for t in manifest.get("tensors", ()))
 
 
 def _is_int(v: Any) -> bool:

@@ -244,10 +244,10 @@ def decode(src, max_bytes=1 << 30):
     try:
         magic, ver, flags, mlen, sha = struct.unpack_from("<4sHHQ32s", data)
         need(len(data) <= limit, "larger than max_bytes allows")
-        need(magic == b"RNPK" and ver == 2 and flags < 4 and mlen <= MANIFEST, "not a format-2 .rnpk")
+        need(magic == b"RNPK" and ver == 2 and flags < 8 and mlen <= MANIFEST, "not a format-2 .rnpk")  # bit 2: lqer
         m = bytes(data[48 : 48 + mlen])
         need(hashlib.sha256(m).digest() == sha, "manifest hash mismatch")
-        man = json.loads(inflate(flags, m, MANIFEST), parse_constant=int)  # (no NaN/Infinity)
+        man = json.loads(inflate(flags & 3, m, MANIFEST), parse_constant=int)  # (no NaN/Infinity)
         pay = data[48 + mlen :]
         need(hashlib.sha256(pay).hexdigest() == man["payload_sha256"], "payload hash mismatch")
         # The bytes decoding needs, from the manifest, before any array is made: per stored
@@ -307,7 +307,11 @@ def decode(src, max_bytes=1 << 30):
             out[name] = (
                 out[t["alias_of"]]
                 if "alias_of" in t
-                else dequantize(t, *(arrays.pop((name, k), None) for k in ("codes", "scales", "zeros")))
+                else dequantize(
+                    t,
+                    *(arrays.pop((name, k), None) for k in ("codes", "scales", "zeros")),
+                    [*map(out.pop, t.get("lowrank", []))],
+                )
             )
         return out, man.get("metadata", {})
     except RnpkError:
@@ -316,8 +320,9 @@ def decode(src, max_bytes=1 << 30):
         raise RnpkError(f"rnpk: malformed artifact ({e!r})") from None
 
 
-def dequantize(t, codes, scales, zeros):
-    """The tensor (numpy; bfloat16 as its uint16 bits, dtype BF16) in its original dtype and shape."""
+def dequantize(t, codes, scales, zeros, lr):
+    """The tensor (numpy; bfloat16 as its uint16 bits, dtype BF16) in its original dtype and shape;
+    lr: its LQER factors L [r, rows] and R [r, cols] (listed, and so decoded, right before it)."""
     fmt, n, dtype = t["format"], dims(t["shape"]), t["dtype"]
     if fmt in ("fp32", "fp16", "bf16"):
         bits = codes.ravel()[:n]
@@ -340,6 +345,9 @@ def dequantize(t, codes, scales, zeros):
             v -= zeros.astype(np.float32)[:, None]
         v *= scales.astype(np.float32)[:, None]
     v = v.ravel()[:n]
+    # + L[k]ᵀ R[k], rank by rank in float32: recurnorm's order and bits (equal ranks: validated)
+    for a, b in zip(*lr):  # noqa: B905
+        v = v + np.outer(a, b).ravel()
     if dtype == "bfloat16":  # round to nearest even, as torch does: in place, a piece at a time
         b = v.view(np.uint32)
         for i in range(0, n, 1 << 20):

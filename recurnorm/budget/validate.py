@@ -117,7 +117,7 @@ def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
     names: set[str] = set()
     total_elements = total_bytes = 0
     n_aliases = 0
-    for t in tensors:
+    for i, t in enumerate(tensors):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise ArtifactError("manifest tensor entry without a name")
         name = t["name"]
@@ -141,6 +141,8 @@ def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
             total_bytes += stored[target]  # unpack writes a copy per name
         else:
             nbytes, elements = _check_tensor(t, name, plen)
+            if "lowrank" in t:
+                _check_lowrank(t, name, tensors[max(i - 2, 0) : i], stored)
             stored[name] = nbytes
             total_bytes += nbytes
             total_elements += elements
@@ -151,6 +153,30 @@ def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
                 f"tensor {name!r}: decoding needs more than {limit:,} bytes (--max-decoded-bytes raises the limit)"
             )
     return total_bytes
+
+
+def _check_lowrank(t: dict, name: str, before: list, stored: dict[str, int]) -> None:
+    """An LQER correction: the two stored entries right before the tensor, [r, rows] and
+    [r, cols] float32 factors of its matrix view, each used once (then no longer aliasable)."""
+    where = f"tensor {name!r} lowrank"
+    names = t["lowrank"]
+    if (
+        not isinstance(names, list)
+        or len(names) != 2
+        or [e.get("name") for e in before] != names
+        or not all(n in stored and "lowrank" not in e for n, e in zip(names, before, strict=False))
+    ):
+        raise ArtifactError(f"{where}: must name the two stored factor entries listed right before it")
+    shape = t["shape"]
+    if len(shape) < 2 or t["format"] == "raw":
+        raise ArtifactError(f"{where}: a correction needs a float matrix, not shape {shape} format {t['format']}")
+    rows, cols = shape[0], math.prod(shape[1:])
+    left, right = (e["shape"] for e in before)
+    r = left[0] if len(left) == 2 else 0
+    if not (r >= 1 and left == [r, rows] and right == [r, cols]) or any(e["dtype"] != "float32" for e in before):
+        raise ArtifactError(f"{where}: factors {left} and {right} are not float32 [r, {rows}] and [r, {cols}]")
+    for n in names:  # consumed: no alias may name a factor, no other tensor may reuse it
+        del stored[n]
 
 
 def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:

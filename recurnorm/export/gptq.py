@@ -67,7 +67,7 @@ class GPTQExporter:
 
     def gptq_qtensors(self, plan: Plan) -> dict[str, QTensor]:
         """GPTQ QTensors for every planned weight that has a Hessian and a scale-and-round format."""
-        from ..quant import get
+        from ..quant import lqer
         from ..quant.gptq import gptq_quantize
         from ..quant.grid import GridQuantizer
 
@@ -76,13 +76,20 @@ class GPTQExporter:
             proj = name.removesuffix(".weight")
             if not name.endswith(".weight") or proj not in self.hessians:
                 continue
-            quantizer = get(fmt, **opts)
+            quantizer, spec = lqer.quantizer_for(fmt, opts)
             if not isinstance(quantizer, GridQuantizer) or fmt == "int8_pg" or self.state[name].dim() != 2:
                 continue
-            key = (name, fmt, tuple(sorted(opts.items())))
-            if key not in self._cache:
-                self._cache[key] = gptq_quantize(
+            base = (name, fmt, tuple(sorted(quantizer.params.items())))
+            if base not in self._cache:
+                self._cache[base] = gptq_quantize(
                     self.state[name], self.hessians[proj], quantizer, self.block, self.damp, name=name
+                )
+            key = (*base, spec)  # the LQER correction of GPTQ's error, weighted by the same Hessian
+            if key not in self._cache:
+                self._cache[key] = (
+                    self._cache[base]
+                    if spec is None
+                    else lqer.correct(self.state[name], self._cache[base], spec, self.hessians[proj], name)
                 )
             out[name] = self._cache[key]
         return out

@@ -82,7 +82,8 @@ def quantize(
     state: dict[str, Tensor], policy: ExportPolicy, replace: dict[str, QTensor] | None = None
 ) -> tuple[dict[str, QTensor], Plan]:
     """(QTensors, plan): tied tensors share one QTensor; ``replace`` swaps in QTensors (GPTQ)."""
-    return export_qtensors(state, policy=policy, replace=replace), policy.plan(state)
+    qts = export_qtensors(state, policy=policy, replace=replace)
+    return policy.finish(state, qts, policy.plan(state))
 
 
 def pack_state(

@@ -45,8 +45,8 @@ from typing import Any
 from torch import Tensor
 
 from ..errors import ConfigError, QuantError
+from ..quant import lqer
 from ..quant.qtensor import QTensor
-from ..quant.registry import get
 
 DEFAULT_QUANTIZER = "int8"
 KEEP_FLOAT_MAX_NUMEL = 65_536  # small float *vectors* cost little: keep them fp16
@@ -201,7 +201,7 @@ class ExportPolicy:
         self.rules = tuple(self.rules)
         for fmt, opts, where in self._choices():
             try:  # a bad format or option fails here, before any tensor is touched
-                get(fmt, **opts)
+                lqer.quantizer_for(fmt, opts)
             except QuantError as exc:
                 raise QuantError(f"export policy {where}: {exc}") from None
 
@@ -248,8 +248,8 @@ class ExportPolicy:
         """Only an exact-name (or fp32) rule changes a control tensor or a small vector."""
         return self.is_control(name, t) or self.is_small_vector(t)
 
-    def choose(self, name: str, t: Tensor) -> tuple[str, dict[str, Any], str]:
-        """(format, options, reason) for one tensor; the reason names the rule that chose it."""
+    def forced(self, name: str, t: Tensor) -> tuple[str, dict[str, Any], str] | None:
+        """Rules 1-3: what a non-float tensor, an override or a user rule decides, or None."""
         if not t.is_floating_point():
             return "raw", {}, f"non-float ({str(t.dtype).removeprefix('torch.')})"
         if t.numel() == 0:  # nothing to quantize; a grid format would still lay out a scale a row
@@ -257,11 +257,18 @@ class ExportPolicy:
         for pattern, (fmt, opts) in self.overrides.items():
             if fnmatch.fnmatchcase(name, pattern):
                 return fmt, dict(opts), f"override {pattern}"
-        control = self.is_control(name, t)
         protected = self._protected(name, t)
         for rule in self.rules:
             if rule.reaches(name, protected):
                 return rule.format, dict(rule.options), rule.text if rule.text == FIT_RULE else f"rule {rule.label()}"
+        return None
+
+    def choose(self, name: str, t: Tensor) -> tuple[str, dict[str, Any], str]:
+        """(format, options, reason) for one tensor; the reason names the rule that chose it."""
+        chosen = self.forced(name, t)
+        if chosen is not None:
+            return chosen
+        control = self.is_control(name, t)
         if control:
             if self.quantize_controls:
                 return self.quantizer, dict(self.options), "control (quantize_controls)"
@@ -314,7 +321,12 @@ class ExportPolicy:
     def export(self, state_dict: dict[str, Tensor], plan: Plan | None = None) -> dict[str, QTensor]:
         """Quantize a whole state dict according to the plan (this policy's unless given)."""
         plan = self.plan(state_dict) if plan is None else plan
-        return {name: get(fmt, **opts).quantize(state_dict[name], name=name) for name, (fmt, opts, _) in plan.items()}
+        return {name: lqer.quantize(state_dict[name], fmt, opts, name) for name, (fmt, opts, _) in plan.items()}
+
+    def finish(self, state_dict: dict[str, Tensor], qtensors: dict[str, QTensor], plan: Plan):
+        """(qtensors, plan) after decisions that need every tensor quantized (a recipe's LQER on
+        its worst tensors); this policy has none."""
+        return qtensors, plan
 
     def summary(self, plan: Plan | None = None, aliases=()) -> str:
         """One line. Without a plan: the main format and every rule that differs from the

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, QuantError
-from .policy import ExportPolicy, Rule
+from .policy import ExportPolicy, Rule, format_spec
 
 POLICY_KEYS = ("format", "options", "embedding", "keep_float", "quantize_controls", "rules")
 
@@ -48,10 +48,10 @@ def _value(raw: str) -> Any:
 
 def check_format(fmt: str, options: dict[str, Any], where: str) -> None:
     """ConfigError naming an unknown format or option (or a bad value) and the known ones."""
-    from ..quant import get
+    from ..quant import lqer
 
     try:
-        get(fmt, **options)
+        lqer.quantizer_for(fmt, options)
     except QuantError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -144,7 +144,10 @@ def build_policy(
     """
     doc = read_policy_file(policy_file) if policy_file is not None else {}
     where = f"--policy {policy_file}"
+    recipe, quant = _recipe_item(quant)
     main, rules = parse_quant(quant) if quant else (None, [])
+    if recipe is not None and main is not None:
+        raise ConfigError(f"-q {recipe}: a recipe is the main format; {format_spec(*main)!r} cannot join it")
     file_rules: list[Rule] = []
     for item in doc.get("rules", []):
         if not isinstance(item, str) or not _is_rule(item):
@@ -175,6 +178,25 @@ def build_policy(
     if keep_float_max_numel is not None:
         args["keep_float_max_numel"] = keep_float_max_numel
     try:
+        if recipe is not None:
+            from .recipes import recipe_policy
+
+            args = {k: v for k, v in args.items() if k not in ("quantizer", "options")}
+            return recipe_policy(recipe, **args)
         return ExportPolicy(**args)
     except QuantError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _recipe_item(quant: str | None) -> tuple[str | None, str | None]:
+    """(``@NAME`` if -q names a recipe, the rest of -q): ``@pg-record,tok_emb.weight=int8``."""
+    if not quant:
+        return None, quant
+    items = [s.strip() for s in quant.split(",")]
+    named = [s for s in items if s.startswith("@")]
+    if not named:
+        return None, quant
+    if len(named) > 1:
+        raise ConfigError(f"-q: two recipes in {quant!r}")
+    rest = ",".join(s for s in items if not s.startswith("@"))
+    return named[0], rest or None

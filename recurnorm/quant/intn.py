@@ -45,8 +45,10 @@ class IntN(GridQuantizer):
         "clip_search": False,  # grid over CLIP_RATIOS minimizing each group's MSE
         "asymmetric": False,  # scale + integer zero point
         "clip_percentile": None,  # clip each group at this percentile of |w| (None: absmax)
-        # "sigma:K": clip each group at K standard deviations of its values, as the Parameter
-        # Golf records do (k * std(row)); replaces clip_percentile when set.
+        # "sigma:K": clip each group at K standard deviations of its values (capped at its
+        # absmax); "std:K": the Parameter Golf records' SDClip exactly, scale = K * std(row) / qmax
+        # (torch's unbiased std, no cap: the grid may reach past the row's largest value, which
+        # entropy coding does not pay for). Either replaces clip_percentile when set.
         "clip": None,
     }
     nullable: ClassVar[frozenset[str]] = frozenset({"group", "clip_percentile"})  # None: per row / absmax
@@ -68,16 +70,16 @@ class IntN(GridQuantizer):
         if cp is not None and not (isinstance(cp, (int, float)) and 50.0 < cp <= 100.0):
             raise QuantError(f"{self.name}: clip_percentile must be in (50, 100] or None, got {cp!r}")
         if p["clip"] is not None and self.clip_sigmas() is None:
-            raise QuantError(f"{self.name}: clip must be 'sigma:K' with K > 0, or None; got {p['clip']!r}")
+            raise QuantError(f"{self.name}: clip must be 'sigma:K' or 'std:K' with K > 0, or None; got {p['clip']!r}")
 
     def clip_sigmas(self) -> float | None:
-        """K of a "sigma:K" clip, or None."""
+        """K of a "sigma:K" or "std:K" clip, or None."""
         kind, _, k = str(self.params["clip"]).partition(":")
         try:
             value = float(k)
         except ValueError:
             return None
-        return value if kind == "sigma" and value > 0 and math.isfinite(value) else None
+        return value if kind in ("sigma", "std") and value > 0 and math.isfinite(value) else None
 
     @property
     def qmax(self) -> int:
@@ -105,6 +107,9 @@ class IntN(GridQuantizer):
             return x.new_zeros(G), x.new_zeros(G)
         cp = self.params["clip_percentile"]
         k = self.clip_sigmas()
+        if k is not None and str(self.params["clip"]).startswith("std:"):
+            hi = k * x.std(1) if L > 1 else x.abs().amax(1)  # (one value has no unbiased std)
+            return -hi, hi  # symmetric about 0, asymmetric grids too
         if k is not None:
             mu, sd = x.mean(1), x.std(1, correction=0)
             lo, hi = torch.maximum(x.amin(1), mu - k * sd), torch.minimum(x.amax(1), mu + k * sd)

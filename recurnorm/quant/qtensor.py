@@ -24,6 +24,10 @@ class QTensor:
     - ``scales`` / ``zeros``: 1-D float ndarray of length ``G``, or None.
     - ``params``: JSON-serializable options the format needs to dequantize
       (bits, group size, ...). ``format`` is the registry name.
+    - ``lowrank``: None, or a low-rank correction of the quantization error (LQER,
+      ``quant/lqer.py``): two QTensors ``L [r, rows]`` and ``R [r, cols]`` of the tensor
+      viewed as ``[rows, cols]``, added to the dequantized values
+      ``Σ_k L[k]ᵀ R[k]`` (``lqer.apply``, the one order every reader sums in).
     """
 
     format: str
@@ -33,6 +37,7 @@ class QTensor:
     scales: np.ndarray | None = None
     zeros: np.ndarray | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    lowrank: tuple[QTensor, QTensor] | None = None
 
     @property
     def numel(self) -> int:
@@ -65,4 +70,6 @@ class QTensor:
             and same(self.codes, other.codes)
             and same(self.scales, other.scales)
             and same(self.zeros, other.zeros)
+            and (self.lowrank is None) == (other.lowrank is None)
+            and (self.lowrank is None or all(a.equal(b) for a, b in zip(self.lowrank, other.lowrank, strict=True)))
         )

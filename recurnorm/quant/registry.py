@@ -265,8 +265,13 @@ def get(name: str, **options: Any) -> Quantizer:
 
 
 def dequantize(qt: QTensor, *, original_dtype: bool = False) -> Tensor:
-    """Dequantize any QTensor by rebuilding its quantizer from format and params."""
+    """Dequantize any QTensor by rebuilding its quantizer from format and params (plus its LQER
+    correction, when it has one)."""
     t = get(qt.format, **qt.params).dequantize(qt)
+    if qt.lowrank is not None:
+        from .lqer import apply_to
+
+        t = apply_to(t, qt)
     return restore_dtype(t, qt) if original_dtype else t
 
 
