@@ -16,7 +16,7 @@ from recurnorm.budget import pack_qtensors, read_artifact, unpack
 from recurnorm.errors import ArtifactError, ConfigError, QuantError
 from recurnorm.export.pack import quantize
 from recurnorm.export.spec import build_policy, parse_format
-from recurnorm.quant import dequantize, get, lqer
+from recurnorm.quant import dequantize, extras, get, lqer
 
 
 def _trained_like(rows=96, cols=160, seed=0) -> torch.Tensor:
@@ -108,7 +108,7 @@ def test_options_are_checked_and_spelled_in_q():
     with pytest.raises(QuantError):
         lqer.split_options({"lqer": 999})
     # a vector that takes the main format has nothing low-rank to correct: it comes as it is
-    qt = lqer.quantize(torch.randn(300), "int6", {"lqer": 4})
+    qt = extras.quantize(torch.randn(300), "int6", {"lqer": 4})
     assert qt.lowrank is None
 
 
@@ -213,3 +213,66 @@ def test_recipe_errors_and_rules():
     state = _baseline_state(layers=1)
     _, plan = quantize(state, build_policy("@pg-record,tok_emb.weight=int8"))
     assert plan["tok_emb.weight"][0] == "int8"  # a user rule still comes first
+
+
+# ------------------------------------------------------------------ --fit with LQER candidates
+
+
+def test_fit_with_lqer_candidates_never_exceeds_its_budget(trained_tiny, tmp_path):
+    """Budgets from the narrowest to the widest: every artifact lands at or under its budget, the
+    factors' bytes are counted with their tensor, and where a correction is chosen it is in the artifact."""
+    from recurnorm.export.fit import calibration_loss_fn, fit_measured, measure, parse_formats
+    from recurnorm.export.gptq import GPTQExporter, calibration_windows
+    from recurnorm.model import state_dict_for_export
+
+    model, corpus = trained_tiny
+    windows = calibration_windows(model, corpus.train_tokens, 2048)
+    exporter = GPTQExporter(model, corpus.train_tokens, 2048)
+    state = state_dict_for_export(model)
+    formats = parse_formats("int8,int6:lqer=4,int5:clip=std:5:lqer=2:lqer_r=int8,int4:lqer=4,int4")
+    m = measure(
+        state,
+        build_policy("int8"),
+        formats=formats,
+        loss_fn=calibration_loss_fn(model, windows),
+        hessians={f"{k}.weight": v for k, v in exporter.hessians.items()},
+        quantize_fn=exporter.quantize,
+    )
+    assert m.method.startswith("Hessian proxy")
+    # the correction's factors are counted in its tensor's bytes
+    n = "blocks.0.attn.q.weight"
+    assert m.bytes_table[n]["int6:lqer=4"] > m.bytes_table[n]["int4"]
+    lo, hi = min(m.uniform.values()), max(m.uniform.values())
+    chose_lqer = False
+    for budget in np.linspace(lo + 200, hi, 6).astype(int):
+        fit = fit_measured(m, int(budget))
+        assert fit.measured_bytes == len(fit.data) <= budget
+        art = read_artifact(fit.data)
+        fixed = {name for name, qt in art.qtensors.items() if qt.lowrank is not None}
+        want = {name for name, spec in fit.allocation.items() if "lqer" in spec}
+        assert fixed == want
+        chose_lqer |= bool(want)
+    assert chose_lqer  # on this model some budget pays for a correction
+
+
+@pytest.mark.slow  # GPTQ, Hessians and a fit through the CLI
+def test_cli_fit_with_everything(trained_tiny, tmp_path):
+    from click.testing import CliRunner
+
+    from recurnorm.cli.main import main
+    from recurnorm.model import save_checkpoint
+
+    model, _ = trained_tiny
+    ckpt = save_checkpoint(model, tmp_path / "ck")
+    runner = CliRunner()
+    r = runner.invoke(main, ["pack", str(ckpt), "-q", "int6", "-o", str(tmp_path / "u.rnpk"), "--json"])
+    budget = int(0.9 * (tmp_path / "u.rnpk").stat().st_size)
+    args = ["pack", str(ckpt), "-o", str(tmp_path / "f.rnpk"), "--fit", str(budget), "--gptq"]
+    args += ["--calib-data", "default", "--calib-tokens", "2048", "--fit-formats", "quick"]
+    args += ["--fit-sensitivity", "hessian", "--json"]
+    r = runner.invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "f.rnpk").stat().st_size <= budget
+    r = runner.invoke(main, ["pack", str(ckpt), "-q", "@pg-record", "-o", str(tmp_path / "r.rnpk"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert "@pg-record" in r.output

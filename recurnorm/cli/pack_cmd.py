@@ -198,11 +198,19 @@ def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_
 )
 @click.option(
     "--fit-sensitivity",
-    type=click.Choice(["direct", "fisher"]),
+    type=click.Choice(["direct", "fisher", "hessian"]),
     default="direct",
     show_default=True,
     help="direct: calibration Δloss with each tensor alone quantized (formats x tensors passes); "
-    "fisher: ½ΣFδ² from one backward per window (cheaper on large models)",
+    "fisher: ½ΣFδ² from one backward per window (cheaper on large models); "
+    "hessian: tr(δHδᵀ) of each layer's calibration inputs, scaled by one Δloss pass per tensor "
+    "(many candidates, e.g. --fit-formats all)",
+)
+@click.option(
+    "--fit-embeddings",
+    is_flag=True,
+    help="--fit chooses the embeddings' formats too, by the same measured loss "
+    "(by default they keep the policy's int8: the input and, tied, the output)",
 )
 @click.option(
     "--model-factory",
@@ -233,6 +241,7 @@ def pack(
     tokenizer,
     calib_tokens,
     fit_sensitivity,
+    fit_embeddings,
     model_factory,
 ):
     """Quantize and entropy-pack any checkpoint into one .rnpk artifact.
@@ -255,8 +264,9 @@ def pack(
         )
     policy = policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
     formats = parse_formats(fit_formats) if fit_formats is not None else None
-    if fit_formats is not None and fit_bytes is None:
-        raise click.UsageError("--fit-formats only applies with --fit BYTES")
+    for given, flag in ((fit_formats is not None, "--fit-formats"), (fit_embeddings, "--fit-embeddings")):
+        if given and fit_bytes is None:
+            raise click.UsageError(f"{flag} only applies with --fit BYTES")
     out = out or ckpt.with_name((ckpt.stem if ckpt.is_file() else ckpt.name) + ".rnpk")
     check_writable(out, force, _inputs(ckpt, *code_files, *([loader] if loader else [])))
     cap = max_bytes or fit_bytes or DEFAULT_MAX_BYTES
@@ -275,6 +285,7 @@ def pack(
         calib_tokens=calib_tokens,
         model_factory=model_factory,
         sensitivity=fit_sensitivity,
+        fit_embeddings=fit_embeddings,
         progress=progress,
     )
     data, rows = packed.data, packed.rows

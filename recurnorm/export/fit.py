@@ -3,7 +3,8 @@
 1. Candidates: every weight matrix the policy would quantize with its main format
    (embeddings, controls, vectors, user rules and QAT projections stay as the policy
    says: the embedding keeps its int8, as the records do, since it is the input and,
-   tied, the output too; a rule for it is the way to change that).
+   tied, the output too; a rule for it fixes another format, and ``embeddings=True``,
+   ``pack --fit-embeddings``, makes it a candidate like the others).
 2. Bytes: the whole model is packed once per candidate format and each
    tensor's bytes are read from the artifact's manifest (the packer's measured
    stream lengths, not estimates); everything else (controls, manifest) is the
@@ -40,7 +41,29 @@ from .policy import FIT_RULE, ExportPolicy, Plan, Rule, format_spec
 # Candidate formats, widest first. Ternary only where asked (--fit-formats): a model
 # not trained for it loses far more than the bytes are worth.
 DEFAULT_FORMATS = ("int8", "int7", "int6", "int5", "int4")
-CANDIDATE_REASONS = ("weight",)
+CANDIDATE_REASONS = ("weight",)  # (+ "embedding" where the user asks: embeddings=True)
+
+
+def _grid(bits_clips: dict[int, tuple[float, ...]], lqer: tuple[str, ...], rdo: tuple[str, ...] = ()) -> tuple:
+    """Candidate specs: each width with its default clip and each std:K clip, then variants."""
+    out = []
+    for bits, clips in bits_clips.items():
+        row = "" if bits > 4 else ":group=none"  # one scale per row: the std clip is per row
+        out.append(f"int{bits}{row}")
+        out += [f"int{bits}:clip=std:{k:g}{row}" for k in clips]
+    return tuple(out) + lqer + rdo
+
+
+# Named candidate sets for --fit-formats. Bits x SDClip k x LQER rank, measured on
+# benchmarks/frontier.py's checkpoints (each k and rank below was on some tensor's
+# bytes/loss frontier there; see the README's frontier table).
+FORMAT_SETS: dict[str, tuple[str, ...]] = {
+    "all": _grid(
+        {8: (8, 12), 7: (6, 8, 12), 6: (4, 5, 6, 8), 5: (3, 4, 5, 6), 4: (3, 4)},
+        ("int6:clip=std:8:lqer=4", "int5:clip=std:5:lqer=4", "int5:clip=std:6:lqer=4"),
+    ),
+    "quick": _grid({8: (), 6: (5, 8), 5: (4,), 4: (3,)}, ("int6:clip=std:8:lqer=4",)),
+}
 DP_UNITS = 100_000  # knapsack resolution: each tensor's bytes are rounded up to budget / DP_UNITS
 MAX_REPAIRS = 6
 
@@ -113,10 +136,12 @@ class FitResult:
 
 
 def parse_formats(text: str | None) -> tuple[tuple[str, dict[str, Any]], ...]:
-    """``int8,int6,int4:group=128`` -> validated (format, options), widest first as given."""
+    """``int8,int6,int4:group=128`` -> validated (format, options), widest first as given; a
+    name of FORMAT_SETS (``all``, ``quick``) stands for its candidates."""
     from .spec import parse_format
 
     items = DEFAULT_FORMATS if not text else tuple(s.strip() for s in text.split(","))
+    items = tuple(dict.fromkeys(x for item in items for x in FORMAT_SETS.get(item, (item,))))
     specs = tuple(parse_format(s, "--fit-formats") for s in items)
     if len(specs) < 1:
         raise ConfigError("--fit-formats needs at least one format")
@@ -146,9 +171,12 @@ def _pack(
     from ..budget.api import pack_qtensors, read_artifact, tensor_stats
     from .pack import export_metadata
 
-    data = pack_qtensors(qts, {**metadata, "export": export_metadata(policy, plan, qts)}, effort=effort)
-    rows = tensor_stats(read_artifact(data).manifest)
-    return data, {r["name"]: int(r["bytes"]) for r in rows}
+    data = pack_qtensors(qts, {**metadata, "export": export_metadata(policy, plan)}, effort=effort)
+    per: dict[str, int] = {}
+    for r in tensor_stats(read_artifact(data).manifest):  # an LQER factor's bytes are its tensor's
+        owner = r.get("lowrank_of", r["name"])
+        per[owner] = per.get(owner, 0) + int(r["bytes"])
+    return data, per
 
 
 def default_quantize(state: dict[str, Tensor], policy: ExportPolicy):
@@ -248,6 +276,18 @@ def fisher_proxy(fisher: Tensor, original: Tensor, approx: Tensor) -> float:
     return 0.5 * float((fisher.reshape(d.shape) * d.square()).sum())
 
 
+def output_proxy(original: Tensor, approx: Tensor, H: Tensor | None = None) -> float:
+    """tr(δ H δᵀ) with δ = W − Ŵ as [rows, cols] and H = Σ xxᵀ of the inputs: the squared error
+    of the layer's outputs on the calibration batches; Σ δ² where no H fits."""
+    d = (original.detach().float() - approx.float()).reshape(original.shape[0], -1) if original.dim() else None
+    if d is None:
+        return float((original.detach().float() - approx.float()).square().sum())
+    if H is None or H.shape != (d.shape[1], d.shape[1]):
+        return float(d.square().sum())
+    d = d.double()
+    return float(((d @ H.double()) * d).sum())
+
+
 def weight_proxy(original: Tensor, approx: Tensor) -> float:
     """Relative reconstruction error weighted by size: Σ(W − Ŵ)² / mean(W²)."""
     w = original.detach().float()
@@ -255,27 +295,52 @@ def weight_proxy(original: Tensor, approx: Tensor) -> float:
     return float((w - approx.float()).square().sum()) / ms if ms > 0 else 0.0
 
 
-def fit_budget(
+@dataclass
+class Measured:
+    """Steps 1-3 of a fit (candidates, measured bytes, sensitivities): what every budget shares."""
+
+    state: dict[str, Tensor]
+    policy: ExportPolicy
+    plan: Plan
+    formats: tuple
+    specs: list[str]
+    names: list[str]
+    aliases: dict[str, str]
+    bytes_table: dict[str, dict[str, int]]
+    sensitivity: dict[str, dict[str, float]]
+    uniform: dict[str, int]
+    fixed_bytes: int
+    method: str
+    mode: str
+    quantize_fn: Quantize
+    metadata: dict
+    effort: str
+
+
+def measure(
     state: dict[str, Tensor],
     policy: ExportPolicy,
-    budget: Budget | int,
     *,
     formats=None,
     loss_fn: LossFn | None = None,
     fisher: dict[str, Tensor] | None = None,
+    hessians: dict[str, Tensor] | None = None,
     method: str = "",
     quantize_fn: Quantize | None = None,
     metadata: dict | None = None,
     effort: str = "normal",
+    embeddings: bool = False,
     progress: Callable[[str], None] | None = None,
-) -> FitResult:
-    """Choose formats for the candidate tensors so that the artifact fits the budget (a cap
-    with its code and loader counted, or a bare number of bytes).
+) -> Measured:
+    """Bytes of every candidate tensor in every format (real packs) and its sensitivity to each.
 
     ``fisher`` (diagonal Fisher per tensor) gives the second-order sensitivity;
-    else ``loss_fn`` measures the calibration loss with some tensors replaced
-    (direct sensitivity); neither falls back to the weight-space proxy. OverCapError names
-    the smallest achievable size when even the narrowest format is too big.
+    ``hessians`` ({tensor name: Σ xxᵀ of its inputs}) with ``loss_fn`` give the Hessian
+    proxy: tr(δHδᵀ) per candidate, scaled to Δloss by one direct measurement per tensor
+    (at its largest proxy), so many candidates (bits x clip x LQER rank) cost one loss
+    pass per tensor; else ``loss_fn`` measures the calibration loss with each tensor and
+    format swapped in (direct sensitivity); none falls back to the weight-space proxy.
+    ``embeddings``: the embeddings are candidates too (they keep the policy's format otherwise).
     """
     from ..quant import dequantize
 
@@ -283,21 +348,32 @@ def fit_budget(
     quantize_fn = quantize_fn or default_quantize
     metadata = dict(metadata or {})
     say = progress or (lambda _msg: None)
-    budget = as_budget(budget)
-    avail, code_bytes = budget.artifact_room(), budget.code_total()
     plan = policy.plan(state)
-    names = sorted(n for n, (_, _, why) in plan.items() if why in CANDIDATE_REASONS)
+    reasons = CANDIDATE_REASONS + ("embedding",) * embeddings
+    names = sorted(n for n, (_, _, why) in plan.items() if why in reasons)
     if not names:
         raise ConfigError("--fit: the policy leaves no weight matrix to choose a format for (rules fix them all)")
 
-    # 2. measured bytes of every candidate under every format (one real pack per format)
+    # 2. measured bytes of every candidate under every format (one real pack per format), and
+    # 3. each tensor's sensitivity to it, measured as the pack is at hand (nothing dequantized
+    # is kept beyond one candidate per tensor: 40 candidates of a 22.7M-weight model would be GBs)
     specs = [format_spec(f, o) for f, o in formats]
-    bytes_table: dict[str, dict[str, int]] = {n: {} for n in names}
-    deq: dict[str, dict[str, Tensor]] = {n: {} for n in names}
     uniform: dict[str, int] = {}
     fixed: list[int] = []
     aliases: dict[str, str] = {}  # tied tensors: one QTensor, one choice (the first name's)
     all_names = names
+    sens: dict[str, dict[str, float]] = {}
+    mode = (
+        "fisher"
+        if fisher is not None
+        else "hessian"
+        if hessians is not None and loss_fn is not None
+        else "direct"
+        if loss_fn is not None
+        else "weight"
+    )
+    base = loss_fn({}) if mode in ("direct", "hessian") else 0.0
+    ref: dict[str, tuple[float, Tensor]] = {}  # hessian: each tensor's candidate of largest proxy
     for (fmt, opts), spec in zip(formats, specs, strict=True):
         say(f"fit: packing every candidate as {spec}")
         pol = _uniform_policy(policy, all_names, fmt, opts)
@@ -308,14 +384,89 @@ def fit_budget(
                 aliases.update({n: first[id(qts[n])]} if id(qts[n]) in first else {})
                 first.setdefault(id(qts[n]), n)
             names = [n for n in all_names if n not in aliases]
-            bytes_table = {n: {} for n in names}
+            bytes_table: dict[str, dict[str, int]] = {n: {} for n in names}
+            sens = {n: {} for n in names}
         data, per_tensor = _pack(qts, pplan, pol, metadata, effort)
         uniform[spec] = len(data)
         for n in names:
             bytes_table[n][spec] = per_tensor.get(n, 0)
-            deq[n][spec] = dequantize(qts[n], original_dtype=True)
+            d = dequantize(qts[n], original_dtype=True)
+            if mode == "fisher":
+                sens[n][spec] = fisher_proxy(fisher[n], state[n], d)
+            elif mode == "hessian":
+                sens[n][spec] = output_proxy(state[n], d, hessians.get(n))
+                if n not in ref or sens[n][spec] > ref[n][0]:
+                    ref[n] = (sens[n][spec], d)
+            elif mode == "direct":
+                sens[n][spec] = loss_fn({n: d}) - base
+            else:
+                sens[n][spec] = weight_proxy(state[n], d)
         fixed.append(len(data) - sum(bytes_table[n][spec] for n in names))
-    fixed_bytes = max(fixed)
+    if mode == "hessian":  # proxies to Δloss: one direct measurement per tensor, at its largest proxy
+        for i, n in enumerate(names):
+            say(f"fit: sensitivity {i + 1}/{len(names)} {n}")
+            top, d = ref.pop(n)
+            scale = max(loss_fn({n: d}) - base, 0.0) / top if top > 0 else 0.0
+            sens[n] = {spec: scale * v for spec, v in sens[n].items()}
+    method = (
+        method
+        or {
+            "fisher": "Fisher (½ Σ F δ²) per tensor on training-split calibration batches",
+            "hessian": "Hessian proxy tr(δHδᵀ) per tensor and format, scaled by one direct Δloss per tensor "
+            "on training-split calibration batches",
+            "direct": "direct Δloss per tensor on training-split calibration batches",
+            "weight": "weight-space proxy (relative reconstruction error x size): recurnorm cannot evaluate this checkpoint",
+        }[mode]
+    )
+    return Measured(
+        state,
+        policy,
+        plan,
+        formats,
+        specs,
+        names,
+        aliases,
+        bytes_table,
+        sens,
+        uniform,
+        max(fixed),
+        method,
+        mode,
+        quantize_fn,
+        metadata,
+        effort,
+    )
+
+
+def fit_budget(
+    state: dict[str, Tensor],
+    policy: ExportPolicy,
+    budget: Budget | int,
+    *,
+    progress: Callable[[str], None] | None = None,
+    measured: Measured | None = None,
+    **measure_kw,
+) -> FitResult:
+    """Choose formats for the candidate tensors so that the artifact fits the budget (a cap
+    with its code and loader counted, or a bare number of bytes).
+
+    The candidates are measured first (`measure`, which takes the other keywords) unless
+    ``measured`` comes from an earlier fit of the same state and policy: several budgets then
+    cost one measurement. OverCapError names the smallest achievable size when even the
+    narrowest format is too big.
+    """
+    m = measured or measure(state, policy, progress=progress, **measure_kw)
+    return fit_measured(m, budget, progress=progress)
+
+
+def fit_measured(m: Measured, budget: Budget | int, *, progress: Callable[[str], None] | None = None) -> FitResult:
+    """Steps 4-5 on a measurement: the knapsack under the budget, packed for real."""
+    say = progress or (lambda _msg: None)
+    budget = as_budget(budget)
+    avail, code_bytes = budget.artifact_room(), budget.code_total()
+    state, policy, plan, formats, specs, names = m.state, m.policy, m.plan, m.formats, m.specs, m.names
+    aliases, bytes_table, sens, uniform, fixed_bytes = m.aliases, m.bytes_table, m.sensitivity, m.uniform, m.fixed_bytes
+    quantize_fn, metadata, effort, mode, method = m.quantize_fn, m.metadata, m.effort, m.mode, m.method
     smallest = min(uniform.values())
     if smallest > avail:
         narrow = min(uniform, key=uniform.get)
@@ -332,28 +483,6 @@ def fit_budget(
             ),
             {"smallest_bytes": smallest, "code_bytes": code_bytes},
         )
-
-    # 3. sensitivity of each tensor to each format
-    sens: dict[str, dict[str, float]] = {n: {} for n in names}
-    if fisher is not None:
-        for n in names:
-            for spec in specs:
-                sens[n][spec] = fisher_proxy(fisher[n], state[n], deq[n][spec])
-        method = method or "Fisher (½ Σ F δ²) per tensor on training-split calibration batches"
-    elif loss_fn is not None:
-        base = loss_fn({})
-        for i, n in enumerate(names):
-            say(f"fit: sensitivity {i + 1}/{len(names)} {n}")
-            for spec in specs:
-                sens[n][spec] = loss_fn({n: deq[n][spec]}) - base
-        method = method or "direct Δloss per tensor on training-split calibration batches"
-    else:
-        for n in names:
-            for spec in specs:
-                sens[n][spec] = weight_proxy(state[n], deq[n][spec])
-        method = method or (
-            "weight-space proxy (relative reconstruction error x size): recurnorm cannot evaluate this checkpoint"
-        )
     # Wider is never predicted worse than narrower (measurement noise), and ties go to the wider.
     order = sorted(range(len(specs)), key=lambda j: -np.mean([bytes_table[n][specs[j]] for n in names]))
     losses = np.zeros((len(names), len(specs)))
@@ -362,7 +491,10 @@ def fit_budget(
         run = 0.0
         scale = max(abs(v) for v in sens[n].values()) or 1.0
         for rank, j in enumerate(order):
-            run = max(run, sens[n][specs[j]], 0.0)
+            # Direct measurements are noisy: a narrower format is never predicted better than a
+            # wider one. The proxies are smooth and their candidates differ in more than width
+            # (a clip or a correction can make a smaller candidate better): taken as they are.
+            run = max(run, sens[n][specs[j]], 0.0) if mode == "direct" else max(sens[n][specs[j]], 0.0)
             losses[i, j] = run + 1e-9 * scale * rank
             costs_b[i, j] = bytes_table[n][specs[j]]
 

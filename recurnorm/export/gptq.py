@@ -54,20 +54,25 @@ class GPTQExporter:
         block: int = 128,
         damp: float = 0.01,
         seq_len: int | None = None,
+        batches: list | None = None,
     ):
+        """``batches``: the model's own calibration inputs (e.g. padded sentences of an encoder),
+        each run as ``model(batch)``, instead of training-token windows."""
         from ..evaluate.factory import run_forward
         from ..quant.gptq import collect_hessians
 
         self.model = model
         self.block, self.damp = block, damp
         self.state = state_dict_for_export(model)
-        batches = calibration_windows(model, train_tokens, n_tokens, seq_len)
-        self.hessians = collect_hessians(model, batches, linear_layers(model), run_forward)
+        forward = None  # the model's own inputs: model(batch)
+        if batches is None:
+            batches, forward = calibration_windows(model, train_tokens, n_tokens, seq_len), run_forward
+        self.hessians = collect_hessians(model, batches, linear_layers(model), forward)
         self._cache: dict[tuple, QTensor] = {}
 
     def gptq_qtensors(self, plan: Plan) -> dict[str, QTensor]:
         """GPTQ QTensors for every planned weight that has a Hessian and a scale-and-round format."""
-        from ..quant import lqer
+        from ..quant import extras, lqer
         from ..quant.gptq import gptq_quantize
         from ..quant.grid import GridQuantizer
 
@@ -76,13 +81,14 @@ class GPTQExporter:
             proj = name.removesuffix(".weight")
             if not name.endswith(".weight") or proj not in self.hessians:
                 continue
-            quantizer, spec = lqer.quantizer_for(fmt, opts)
+            quantizer, extra = extras.split(fmt, opts)
+            spec = extra.lowrank
             if not isinstance(quantizer, GridQuantizer) or fmt == "int8_pg" or self.state[name].dim() != 2:
                 continue
-            base = (name, fmt, tuple(sorted(quantizer.params.items())))
+            base = (name, fmt, tuple(sorted(quantizer.params.items())), extra.rdo)
             if base not in self._cache:
                 self._cache[base] = gptq_quantize(
-                    self.state[name], self.hessians[proj], quantizer, self.block, self.damp, name=name
+                    self.state[name], self.hessians[proj], quantizer, self.block, self.damp, name=name, rdo=extra.rdo
                 )
             key = (*base, spec)  # the LQER correction of GPTQ's error, weighted by the same Hessian
             if key not in self._cache:

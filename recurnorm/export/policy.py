@@ -45,7 +45,7 @@ from typing import Any
 from torch import Tensor
 
 from ..errors import ConfigError, QuantError
-from ..quant import lqer
+from ..quant import extras
 from ..quant.qtensor import QTensor
 
 DEFAULT_QUANTIZER = "int8"
@@ -201,7 +201,7 @@ class ExportPolicy:
         self.rules = tuple(self.rules)
         for fmt, opts, where in self._choices():
             try:  # a bad format or option fails here, before any tensor is touched
-                lqer.quantizer_for(fmt, opts)
+                extras.split(fmt, opts)
             except QuantError as exc:
                 raise QuantError(f"export policy {where}: {exc}") from None
 
@@ -321,7 +321,7 @@ class ExportPolicy:
     def export(self, state_dict: dict[str, Tensor], plan: Plan | None = None) -> dict[str, QTensor]:
         """Quantize a whole state dict according to the plan (this policy's unless given)."""
         plan = self.plan(state_dict) if plan is None else plan
-        return {name: lqer.quantize(state_dict[name], fmt, opts, name) for name, (fmt, opts, _) in plan.items()}
+        return {name: extras.quantize(state_dict[name], fmt, opts, name) for name, (fmt, opts, _) in plan.items()}
 
     def finish(self, state_dict: dict[str, Tensor], qtensors: dict[str, QTensor], plan: Plan):
         """(qtensors, plan) after decisions that need every tensor quantized (a recipe's LQER on

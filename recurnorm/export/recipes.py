@@ -32,7 +32,7 @@ from typing import Any
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..quant import lqer
+from ..quant import extras, lqer
 from ..quant.qtensor import QTensor
 from .policy import ExportPolicy, Plan, _matches
 
@@ -69,7 +69,7 @@ class RecordPolicy(ExportPolicy):
     def __post_init__(self) -> None:
         super().__post_init__()
         for key in ("gate", "embedding", "attention", "mlp", "matrix"):
-            lqer.quantizer_for(*self.recipe[key])
+            extras.split(*self.recipe[key])
 
     def choose(self, name: str, t: Tensor) -> tuple[str, dict[str, Any], str]:
         forced = self.forced(name, t)

@@ -22,7 +22,10 @@ from .policy import ExportPolicy
 FIT_CALIB_TOKENS = 32768
 # fisher: ½ Σ F δ² from one backward per calibration window (cheap, smooth); direct: the
 # calibration loss with each tensor alone quantized, one pass per tensor and format.
-SENSITIVITIES = ("fisher", "direct")
+# hessian: tr(δHδᵀ) per tensor and candidate with H = Σ xxᵀ of the layer's calibration inputs,
+# scaled by one direct Δloss per tensor: one loss pass per tensor whatever the number of
+# candidates (bits x clip x LQER rank), where direct takes one per tensor and candidate.
+SENSITIVITIES = ("fisher", "direct", "hessian")
 
 
 @dataclass
@@ -122,6 +125,7 @@ def ship_source(
     calib_tokens: int | None = None,
     seq_len: int | None = None,
     sensitivity: str = "direct",
+    fit_embeddings: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> Packed:
     """Pack a Source under a policy: rules checked against its names, then GPTQ and --fit as asked."""
@@ -157,7 +161,7 @@ def ship_source(
         rows, meta = packed_rows(data)
         return Packed(data, rows, policy, meta, notes, state=src.state)
 
-    loss_fn = fisher = None
+    loss_fn = fisher = hessians = None
     if sensitivity not in SENSITIVITIES:
         raise ConfigError(f"--fit-sensitivity {sensitivity!r}: expected one of {', '.join(SENSITIVITIES)}")
     if train_tokens is not None:
@@ -171,6 +175,12 @@ def ship_source(
             fisher = fisher_diagonal(src.model, windows)
         else:
             loss_fn = calibration_loss_fn(src.model, windows)
+        if sensitivity == "hessian":
+            from ..quant.gptq import collect_hessians
+            from .gptq import linear_layers
+
+            found = exporter.hessians if gptq else collect_hessians(src.model, windows, linear_layers(src.model))
+            hessians = {f"{k}.weight": v for k, v in found.items()}
     else:
         notes.append("fit: no --calib-data: sensitivities are a weight-space proxy, not measured Δloss")
     result = fit_budget(
@@ -180,9 +190,11 @@ def ship_source(
         formats=fit_formats,
         loss_fn=loss_fn,
         fisher=fisher,
+        hessians=hessians,
         quantize_fn=quantize_fn,
         metadata=metadata,
         effort=effort,
+        embeddings=fit_embeddings,
         progress=progress,
     )
     rows, meta = packed_rows(result.data)

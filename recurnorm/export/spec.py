@@ -48,10 +48,10 @@ def _value(raw: str) -> Any:
 
 def check_format(fmt: str, options: dict[str, Any], where: str) -> None:
     """ConfigError naming an unknown format or option (or a bad value) and the known ones."""
-    from ..quant import lqer
+    from ..quant import extras
 
     try:
-        lqer.quantizer_for(fmt, options)
+        extras.split(fmt, options)
     except QuantError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

@@ -36,9 +36,10 @@ def gptq_quantize(
     block: int = 128,
     damp: float = 0.01,
     name: str = "tensor",
+    rdo: float = 0.0,
 ) -> QTensor:
     """GPTQ-quantize W [out, in] given H = Σ xxᵀ [in, in]; a QTensor of `quantizer`'s format."""
-    return gptq_with_weights(W, H, quantizer, block, damp, name)[0]
+    return gptq_with_weights(W, H, quantizer, block, damp, name, rdo)[0]
 
 
 @torch.no_grad()
@@ -49,12 +50,15 @@ def gptq_with_weights(
     block: int = 128,
     damp: float = 0.01,
     name: str = "tensor",
+    rdo: float = 0.0,
 ) -> tuple[QTensor, Tensor]:
     """(QTensor, the GPTQ weights Ŵ as the algorithm computed them).
 
     Group-wise formats whose groups tile the rows (in % group == 0) fit each
     group's scale when GPTQ reaches it, on the error-updated weights; other
     layouts (per row, per tensor, groups straddling rows) fit scales on W first.
+    ``rdo`` > 0 rounds each column rate-aware (quant/rdo.py) with the code lengths of the
+    tensor's nearest-rounded codes; GPTQ then pushes that error onto later columns as any other.
     """
     q = _grid_quantizer(quantizer)
     if not W.is_floating_point():
@@ -79,6 +83,14 @@ def gptq_with_weights(
     Z = None if Z_full is None else Z_full[: rows * cols].reshape(rows, cols)
     scales = torch.zeros(G)
     zeros: Tensor | None = None
+    lengths = None
+    if rdo:
+        from .rdo import code_lengths
+
+        if dynamic or not hasattr(q, "code_range"):
+            raise QuantError(f"{name}: rate-aware rounding in GPTQ needs scales fixed before it (per row or tensor)")
+        lo, hi = q.code_range()
+        lengths = code_lengths(q.encode_grid(W, S, Z), lo, hi)
 
     # Dead inputs (never active in calibration) carry no error signal: decouple them.
     dead = torch.diag(H) == 0
@@ -113,7 +125,13 @@ def gptq_with_weights(
             w = W1[:, i]
             s_c = S[:, col]
             z_c = None if Z is None else Z[:, col]
-            c = q.encode_grid(w, s_c, z_c)
+            if lengths is None:
+                c = q.encode_grid(w, s_c, z_c)
+            else:
+                from .rdo import rate_aware
+
+                y = w / torch.where(s_c > 0, s_c, 1.0) + (0 if z_c is None else z_c)
+                c = rate_aware(y, lo, hi, rdo, lengths=lengths)
             wq = q.decode_grid(c, s_c, z_c)
             codes[:, col] = c
             W_hat[:, col] = wq

@@ -142,18 +142,3 @@ def error_norm(W: Tensor, qt: QTensor) -> float:
     from .registry import dequantize
 
     return float((W.detach().float() - dequantize(qt)).norm())
-
-
-def quantizer_for(fmt: str, options: dict[str, Any]):
-    """(the format's quantizer, the LQER request or None) of a format spec; QuantError if bad."""
-    from .registry import get
-
-    rest, spec = split_options(options, f"format {fmt!r}")
-    return get(fmt, **rest), spec
-
-
-def quantize(t: Tensor, fmt: str, options: dict[str, Any], name: str = "tensor", H: Tensor | None = None) -> QTensor:
-    """t in a format spec whose options may ask for an LQER correction (H: the input Hessian)."""
-    quantizer, spec = quantizer_for(fmt, options)
-    qt = quantizer.quantize(t, name=name)
-    return qt if spec is None else correct(t, qt, spec, H, name)
