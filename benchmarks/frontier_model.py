@@ -28,8 +28,8 @@ from pathlib import Path
 
 CACHE = Path(os.path.expanduser("~/.cache/recurnorm-bench"))
 MODEL = dict(vocab_size=256, d_model=192, n_heads=4, depth=6, seq_len=128, mlp_ratio=4.0, scheme="unique")
-TRAIN = dict(steps=2000, batch_size=16, lr=2e-3, warmup=100, weight_decay=0.1, optimizer="adamw", seed=0)
-EVAL_EVERY = 250
+TRAIN = dict(steps=1400, batch_size=16, lr=2e-3, warmup=100, weight_decay=0.1, optimizer="adamw", seed=0)
+EVAL_EVERY = 200
 NAME = f"frontier-unique-d{MODEL['d_model']}x{MODEL['depth']}-s{TRAIN['steps']}"
 
 

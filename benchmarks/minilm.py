@@ -200,13 +200,14 @@ def load_model(state: dict[str, Tensor] | None = None) -> MiniLM:
 
 
 def paragraphs(split: str, limit: int) -> list[str]:
-    """Paragraphs of the default corpus's training or validation split (>= 40 characters)."""
+    """Up to `limit` paragraphs (>= 40 characters) of the default corpus's training or validation
+    split, spread evenly over it (its documents are topics in name order)."""
     from recurnorm.train.data import default_documents, split_documents
 
     train, val = split_documents(default_documents(), 0.1)
     text = train if split == "train" else val
     out = [p.strip() for p in text.split("\n\n") if len(p.strip()) >= 40]
-    return out[:limit]
+    return out[:: max(1, len(out) // max(limit, 1))][:limit]
 
 
 def batches(tok: WordPiece, texts: list[str], max_tokens: int = MAX_TOKENS, batch: int = 32) -> list[Tensor]:

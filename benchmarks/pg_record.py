@@ -17,15 +17,17 @@ line), written anew for any state dict:
 - bytes: the int8 code tensors grouped by role across layers (embedding, q, k, v, attention
   output, MLP in, MLP out), rows of the embedding, q and MLP-in sorted by a greedy L1
   nearest-neighbour chain (permutation stored as uint16), each group transposed and
-  compressed with ``lrzip -z -L 9`` (ZPAQ) as the record does, and here also with
-  ``zpaq a -m5`` (no LZ4 pre-test) and brotli-11, keeping the smallest per group; the
-  rest (scales, fp16 tensors, LQER factors, the permutations, shapes) brotli-11.
+  compressed with ZPAQ (``zpaq a -m5``: the context mixing of the record's
+  ``lrzip -z -L 9`` without lrzip's LZ4 pre-test) and with brotli-11, keeping the smaller
+  per group; the rest (scales, fp16 tensors, LQER factors, the permutations, shapes)
+  brotli-11. ``compressors`` may add "lrzip" (the record's own command; on the shared
+  machine these figures were measured on it slept ~8 minutes per 3 MB group for 10 s of CPU).
 
 Where this differs, in the anchor's favour: the remainder is safetensors + JSON rather
 than ``torch.save`` (no pickle here; its container is a few hundred bytes smaller), each
-group takes the best of three compressors, and rows beyond ``SORT_MAX_ROWS`` are not
+group takes the better of its compressors, and rows beyond ``SORT_MAX_ROWS`` are not
 sorted (the greedy chain is quadratic: a 30,522-row embedding would take tens of minutes
-in numpy; the sort is worth ~0.1% of a ZPAQ group, /work/shared/docs/reference.md §8).
+in numpy; the sort is worth ~0.1% of a ZPAQ group, reference §8 of the project's notes).
 """
 
 from __future__ import annotations

@@ -54,7 +54,9 @@ QUANT_HELP = (
     "format with options (int6, int4:group=128, int6:clip=sigma:12) or rules, first match wins "
     "('tok_emb.weight=int8,blocks.*.mlp.*=int5,*=int6'); a wildcard rule reaches weights "
     "and embeddings, a control tensor only by its exact name; a rule that changes no tensor "
-    "is refused. Formats and options: below"
+    "is refused; export options beside any intN: lqer=RANK (lqer_l/lqer_r=FORMAT: a low-rank "
+    "correction), rdo=λ (rate-aware rounding); @pg-record: the best Parameter Golf record's export. "
+    "Formats and options: below"
 )
 POLICY_EPILOG = """\b
 -q FORMAT[:OPTION=VALUE...] or PATTERN=FORMAT[:...],... (values: true/false, none, numbers, text).
