@@ -276,3 +276,39 @@ def test_cli_fit_with_everything(trained_tiny, tmp_path):
     r = runner.invoke(main, ["pack", str(ckpt), "-q", "@pg-record", "-o", str(tmp_path / "r.rnpk"), "--json"])
     assert r.exit_code == 0, r.output
     assert "@pg-record" in r.output
+
+
+# ------------------------------------------------------------------ rate-aware rounding
+
+
+def test_rate_aware_rounding_trades_a_little_error_for_fewer_bytes():
+    """Same grid, same scales: codes move only to a neighbour, the packed codes shrink, and the
+    error grows by less than a coarser step would cost for the same bytes."""
+    from recurnorm.quant.rdo import SLOPE, rate_aware
+
+    w = torch.randn(256, 512, generator=torch.Generator().manual_seed(3)) * 0.02  # no outliers: clips never bite
+    plain = get("int6", clip="std:12").quantize(w)
+    rdo = extras.quantize(w, "int6", {"clip": "std:12", "rdo": SLOPE})
+    assert np.array_equal(rdo.scales, plain.scales) and rdo.params == plain.params
+    assert np.abs(rdo.codes.astype(int) - plain.codes.astype(int)).max() == 1
+    b_plain, b_rdo = len(pack_qtensors({"w": plain})), len(pack_qtensors({"w": rdo}))
+    e_plain, e_rdo = (float((w - dequantize(q)).square().sum()) for q in (plain, rdo))
+    assert b_rdo < b_plain and e_plain < e_rdo
+    coarse = get("int6", clip="std:13").quantize(w)  # a coarser step: fewer bytes, more error
+    b_c, e_c = len(pack_qtensors({"w": coarse})), float((w - dequantize(coarse)).square().sum())
+    assert (e_rdo - e_plain) / (b_plain - b_rdo) < (e_c - e_plain) / (b_plain - b_c)
+    assert torch.equal(rate_aware(torch.tensor([0.2, 2.7]), -3, 3, 0.0), torch.tensor([0.0, 3.0]))
+    with pytest.raises(ConfigError, match="rdo"):
+        build_policy("nf4:rdo=0.1")
+
+
+def test_rate_aware_rounding_inside_gptq():
+    from recurnorm.quant.gptq import gptq_quantize
+
+    w = _trained_like(64, 160)
+    x = torch.randn(3000, 160, generator=torch.Generator().manual_seed(2))
+    H = x.T @ x
+    q = get("int5", clip="std:6")
+    plain, rdo = gptq_quantize(w, H, q), gptq_quantize(w, H, q, rdo=0.2)
+    assert len(pack_qtensors({"w": rdo})) < len(pack_qtensors({"w": plain}))
+    assert rdo.codes.min() >= -15 and rdo.codes.max() <= 15
