@@ -16,7 +16,7 @@ Methods, per checkpoint, one run:
   policy: embeddings int8, controls fp32);
 - ``record``: the record's export, re-implemented (benchmarks/pg_record.py: GPTQ with
   SDClip per role, int7 embedding, LQER on the 3 worst, per-role groups, ZPAQ or brotli-11);
-- ``best``: ``recurnorm pack --fit BYTES --gptq --fit-formats all --fit-sensitivity hessian``
+- ``best``: ``recurnorm pack --fit BYTES --gptq --fit-formats all --fit-sensitivity hessian --fit-embeddings``
   (bits x clip x LQER rank, GPTQ codes, the packer's measured bytes) at the record's bytes
   and at 85% and 70% of them; one measurement serves the three budgets.
 
@@ -207,6 +207,7 @@ def run_case(case, args, rows: list[dict]) -> None:
         hessians=case.hessians,
         quantize_fn=case.exporter.quantize,
         metadata=case.metadata,
+        embeddings=True,  # everything: the embedding's format is chosen by loss too (--fit-embeddings)
         progress=_say if args.verbose else None,
     )
     measured_s = time.time() - t

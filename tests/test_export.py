@@ -307,6 +307,19 @@ def test_fit_with_direct_sensitivity_prefers_the_cheap_tensors(tiny_ckpt):
     assert fit.predicted_dloss <= min(sum(fit.sensitivity[n]["int4"] for n in fit.allocation), 1e9) + 1e-9
 
 
+def test_fit_embeddings_lets_the_fit_choose_the_embedding_too(pg_ckpt, tmp_path):
+    s4 = uniform_size(pg_ckpt, "int4")  # every weight matrix int4, the embedding int8
+    args = ["pack", str(pg_ckpt), "--fit", str(s4 - 200), "-o", str(tmp_path / "f.rnpk")]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 3 and "the embedding keeps int8" in r.output  # by default it stays int8
+    r = CliRunner().invoke(main, [*args, "--fit-embeddings", "--json"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "f.rnpk").stat().st_size <= s4 - 200
+    assert formats_of((tmp_path / "f.rnpk").read_bytes())["tok_emb.weight"] != "int8"
+    r = CliRunner().invoke(main, ["pack", str(pg_ckpt), "--fit-embeddings", "-o", str(tmp_path / "g.rnpk")])
+    assert r.exit_code == 2 and "--fit-embeddings only applies with --fit BYTES" in r.output
+
+
 def test_over_cap_refusal_names_what_would_fit(pg_ckpt, tmp_path):
     s6 = uniform_size(pg_ckpt, "int6")
     r = CliRunner().invoke(

@@ -13,8 +13,8 @@ from typing import Any
 
 from torch import Tensor
 
+from ..quant import extras
 from ..quant.qtensor import QTensor
-from ..quant.registry import get
 from .policy import ExportPolicy, Plan
 
 
@@ -72,7 +72,7 @@ def export_qtensors(
         policy = ExportPolicy(quantizer=quant, options=dict(quant_options))
     swap = {aliases.get(n, n): qt for n, qt in (replace or {}).items()}
     plan = policy.plan({n: t for n, t in unique.items() if n not in swap})
-    qts = {n: swap[n] if n in swap else get(plan[n][0], **plan[n][1]).quantize(t, name=n) for n, t in unique.items()}
+    qts = {n: swap[n] if n in swap else extras.quantize(t, plan[n][0], plan[n][1], n) for n, t in unique.items()}
     for name, target in aliases.items():
         qts[name] = qts[target]
     return qts

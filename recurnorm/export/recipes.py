@@ -34,7 +34,7 @@ from torch import Tensor
 from ..errors import ConfigError
 from ..quant import extras, lqer
 from ..quant.qtensor import QTensor
-from .policy import ExportPolicy, Plan, _matches
+from .policy import ExportPolicy, Plan, name_matches
 
 RECORD = {
     "small_max_numel": 65_536,  # INT8_KEEP_FLOAT_MAX_NUMEL's successor: `t.numel() <= 65536`
@@ -54,9 +54,9 @@ RECIPE_REASON = "@pg-record"
 
 def role(name: str) -> str:
     """attention, mlp or matrix: the record's clip role of a weight by its name."""
-    if _matches(name, ATTENTION):
+    if name_matches(name, ATTENTION):
         return "attention"
-    return "mlp" if _matches(name, MLP) else "matrix"
+    return "mlp" if name_matches(name, MLP) else "matrix"
 
 
 @dataclass
@@ -76,11 +76,11 @@ class RecordPolicy(ExportPolicy):
         if forced is not None:
             return forced
         r = self.recipe
-        if t.dim() == 2 and _matches(name, GATES) and 32 <= t.numel() <= 8192:
+        if t.dim() == 2 and name_matches(name, GATES) and 32 <= t.numel() <= 8192:
             return (*r["gate"], f"{RECIPE_REASON} gate")
         if t.numel() <= r["small_max_numel"]:
             return "fp16", {}, f"{RECIPE_REASON} <= {r['small_max_numel']:,} values"
-        if _matches(name, self.embedding_names):
+        if name_matches(name, self.embedding_names):
             return (*r["embedding"], f"{RECIPE_REASON} embedding")
         kind = role(name)
         return (*r[kind], f"{RECIPE_REASON} {kind}")
