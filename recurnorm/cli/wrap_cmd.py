@@ -55,7 +55,7 @@ def _read_source(path: Path) -> str:
 @click.option(
     "--ascii",
     is_flag=True,
-    help="base85 instead of a latin-1 literal (+25%%): for a program that reads its own file as UTF-8",
+    help="base85 instead of a latin-1 literal (+25%): for a program that reads its own file as UTF-8",
 )
 @click.option("--force", is_flag=True, help="overwrite OUT")
 @click.option("--json", "as_json", is_flag=True, help="print what was written (or checked) as JSON")
