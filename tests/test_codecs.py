@@ -22,6 +22,8 @@ def _gauss(n_rows, n_cols, qmax, rng):
 @pytest.mark.parametrize("name", codecs.available())
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "int32", "int64", "uint64", "bool"])
 def test_codec_round_trip(name, dtype):
+    if name == "fields":
+        pytest.skip("fields codes float words only (tests/test_fields.py)")
     rng = np.random.default_rng(1)
     arr = rng.integers(0, 3 if dtype == "bool" else 100, size=(7, 300)).astype(dtype)
     if dtype == "bool":

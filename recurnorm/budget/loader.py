@@ -19,7 +19,7 @@ from ..codewrap.selfextract import make
 
 SOURCE = Path(__file__).with_name("rnpk_load.py")
 MODULE = "rnpk_load"  # the name programs import it by
-LOADER_CODECS = ("raw", "deflate", "lzma", "rans")  # what rnpk_load decodes
+LOADER_CODECS = ("raw", "deflate", "lzma", "rans", "fields")  # what rnpk_load decodes
 PUBLIC = {"load", "decode", "RnpkError"}  # the names a user calls (and catches), kept as they are
 
 
@@ -57,6 +57,11 @@ def loader_problem(data: bytes, manifest: dict) -> str | None:
             if s["codec"] not in LOADER_CODECS:
                 return f"{where} uses the {s['codec']} codec"
             body = payload[s["offset"] : s["offset"] + s["length"]]
-            if s["codec"] == "rans" and not set(rans.side_compressors(body)) <= set(compress.PORTABLE):
+            if s["codec"] == "fields":  # a tail (its compressor id in the first varint), then rans
+                head, pos = rans._read_varint(body, 0)
+                if head & 3 not in compress.PORTABLE:
+                    return f"{where} has a zstd-compressed fields tail"
+                body = body[pos + (head >> 2) :]
+            if s["codec"] in ("rans", "fields") and not set(rans.side_compressors(body)) <= set(compress.PORTABLE):
                 return f"{where} has zstd-compressed rans side data"
     return None

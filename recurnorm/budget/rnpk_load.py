@@ -166,6 +166,30 @@ class Stream:
         self.n, self.done = n, done
 
 
+def fields(body, p, n, dt, done):
+    """A fields stream: float words as a tail (sign above the low mantissa bits: byte planes,
+    then bit planes) and a rans stream of head symbols (the exponent, less `base` unless 0,
+    above the `hi` top mantissa bits). (The rans body, and the head symbols' callback; a tail
+    of the wrong size, or shifts past the word, raise.)"""
+    m, h, w, u = p["mant"], p["hi"], 8 * dt.itemsize, f"<u{dt.itemsize}"
+    need(m < w - 1, "bad rans params")
+    b = np.frombuffer(body, np.uint8)
+    o = np.flatnonzero(b[:5] < 128)[0] + 1
+    v, (q, r), c = varints(b[:o], 1)[0], divmod(m - h + 1, 8), -(-n // 8)
+    tail = inflate(v & 3, b[o : o + (v >> 2)], q * n + r * c)
+    t = np.zeros(n, u)
+    for j in range(q + r):  # byte plane j: bits 8j..; then bit plane j - q: bit j + 7q
+        x = np.frombuffer(tail, np.uint8, n if j < q else c, min(j, q) * n + max(j - q, 0) * c)
+        t |= (x if j < q else np.unpackbits(x)[:n]).astype(u) << min(8 * j, j + 7 * q)
+
+    def got(sym):
+        x = sym.astype(u) + p["offset"]
+        x[x >= 1 << h] += p["base"] << h  # (exponent 0 stays 0)
+        done((x << m - h | t >> m - h << w - 1 | t & (1 << m - h) - 1).view(dt), 0)
+
+    return b[o + (v >> 2) :], got
+
+
 def decode_rans(streams):
     """Decode every stream together: lane j of a stream takes units j, j + lanes, ...; each
     step advances every lane of every stream that still has units, in one set of numpy calls."""
@@ -260,7 +284,7 @@ def decode(src, max_bytes=1 << 30):
                 sum(
                     dims(s["shape"]) * np.dtype(s["dtype"]).itemsize
                     + (
-                        s["codec"] == "rans"
+                        "nsym" in s["params"]
                         and 32
                         * s["params"].get("k", 1)
                         * min(s["params"]["nsym"], 4097) ** min(s["params"].get("tuple", 1), 9)
@@ -278,9 +302,8 @@ def decode(src, max_bytes=1 << 30):
             dt, n, p, key = np.dtype(s["dtype"]).newbyteorder("<"), dims(s["shape"]), s["params"], (t["name"], kind)
             body = pay[s["offset"] : s["offset"] + s["length"]]
 
-            def done(sym):  # symbols + offset (wrapping in the dtype's width) = the codes; then their hash
+            def done(sym, off=p.get("offset", 0)):  # symbols + offset (wrapping) = the codes; their hash
                 a = sym.astype(dt)
-                off = p.get("offset", 0)
                 if off:
                     v = a.view(f"<u{dt.itemsize}")
                     v += v.dtype.type(off % 256**dt.itemsize)
@@ -288,8 +311,10 @@ def decode(src, max_bytes=1 << 30):
                 need(hashlib.sha256(a).hexdigest() == s["sha256"], f"{key} hash mismatch")
                 arrays[key] = a
 
-            if s["codec"] == "rans":
+            if s["codec"] in ("rans", "fields"):
                 L = s["shape"][1] if len(s["shape"]) == 2 else n
+                if s["codec"] == "fields":
+                    body, done = fields(body, p, n, dt, done)
                 return rans.append(Stream(body, p, n, t["shape"], L, arrays.get((t["name"], "scales")), done))
             kind = {"raw": 0, "deflate": 2, "lzma": 3}.get(s["codec"], 1)  # zstd is not portable
             lay = p.get("layout", "plain")
