@@ -613,6 +613,75 @@ R2_CASES: dict[str, Callable[[], bytes]] = {
     "r2-lenient/nib4-padding-symbol": lambda: _repadded(np.arange(15, dtype=np.int8).reshape(1, 15), "nib4"),
     "r2-lenient/pack6-padding-symbol": lambda: _repadded(np.arange(61, dtype=np.int8).reshape(1, 61), "pack6"),
 }
+
+
+def _fields_base() -> bytes:
+    """601 bf16 words (zeros and a denormal among them) coded with fields."""
+    w = (np.random.default_rng(7).standard_normal(601) * 0.02).astype(np.float32)
+    w[:3] = 0.0, -0.0, 1e-39
+    qt = QTensor("bf16", (601,), "bfloat16", (w.view(np.uint32) >> 16).astype(np.uint16).reshape(1, -1))
+    return pack_qtensors({"f": qt}, codecs=("fields", "raw"))
+
+
+def _fields(fn: Callable[[dict, bytes], bytes | None]) -> Callable[[], bytes]:
+    """A case: the fields stream's entry (and params) changed by fn(stream, body), which may
+    return a new body (the stream's length follows it)."""
+
+    def make() -> bytes:
+        m, payload = fmt.split_container(_fields_base())
+        s = m["tensors"][0]["streams"]["codes"]
+        assert s["codec"] == "fields"
+        body = fn(s, payload)
+        body = body if isinstance(body, bytes) else payload
+        s["length"] = len(body)
+        return resign(m, body)
+
+    return make
+
+
+def _retail(declared: Callable[[int], int], z: int | None = None, extra: bytes = b"") -> Callable[[dict, bytes], bytes]:
+    """The tail's header declaring declared(T) bytes (and compressor z), extra bytes after it."""
+
+    def fn(s: dict, body: bytes) -> bytes:
+        head, pos = rans._read_varint(body, 0)
+        t = head >> 2
+        new = rans.varint_encode(np.array([4 * declared(t) + (head & 3 if z is None else z)]))
+        return new + body[pos : pos + t] + extra + body[pos + t :]
+
+    return fn
+
+
+def _pad_bit(s: dict, body: bytes) -> bytes:
+    """A padding bit set in the last bit plane (601 words: 7 padding bits a plane)."""
+    head, pos = rans._read_varint(body, 0)
+    b = bytearray(body)
+    b[pos + (head >> 2) - 1] |= 1
+    return bytes(b)
+
+
+FIELDS_CASES: dict[str, Callable[[], bytes]] = {
+    "fields/truncated": _fields(lambda s, b: b[:-7]),
+    "fields/tail-declared-longer": _fields(_retail(lambda t: t + 1)),
+    "fields/tail-declared-shorter": _fields(_retail(lambda t: t - 1)),
+    "fields/tail-one-byte-more": _fields(_retail(lambda t: t + 1, extra=b"\0")),
+    "fields/tail-past-the-end": _fields(_retail(lambda t: 1 << 30)),
+    "fields/tail-zstd": _fields(_retail(lambda t: t, z=compress.ZSTD)),
+    "fields/tail-bad-deflate": _fields(_retail(lambda t: t, z=compress.DEFLATE)),
+    "fields/tail-padding-bit": _fields(_pad_bit),
+    "fields/count-2^24": _fields(lambda s, b: s.update(shape=[1, 1 << 24])),
+    "fields/uint8-words": _fields(lambda s, b: s.update(dtype="uint8")),
+    "fields/mant-huge": _fields(lambda s, b: s["params"].update(mant=1 << 40)),
+    "fields/mant-negative": _fields(lambda s, b: s["params"].update(mant=-3)),
+    "fields/mant-15": _fields(lambda s, b: s["params"].update(mant=15)),
+    "fields/mant-string": _fields(lambda s, b: s["params"].update(mant="7")),
+    "fields/hi-over-mant": _fields(lambda s, b: s["params"].update(hi=8)),
+    "fields/hi-negative": _fields(lambda s, b: s["params"].update(hi=-1)),
+    "fields/base-huge": _fields(lambda s, b: s["params"].update(base=1 << 40)),
+    "fields/base-past-the-exponent": _fields(lambda s, b: s["params"].update(base=250)),
+    "fields/no-base": _fields(lambda s, b: s["params"].pop("base")),
+    "fields/no-rans-params": _fields(lambda s, b: s["params"].pop("nsym")),
+}
+R2_CASES.update(FIELDS_CASES)
 CASES.update(R2_CASES)
 # The loader may read these (its checks stop at what decoding needs: it hands back a dict, and
 # metadata is the caller's): verify refuses them for what unpack's file or the checks need.
@@ -628,6 +697,7 @@ LOADER_MAY_READ = {
     "r2-lenient/bits2-padding-symbol",
     "r2-lenient/nib4-padding-symbol",
     "r2-lenient/pack6-padding-symbol",
+    "fields/tail-padding-bit",
 }
 
 

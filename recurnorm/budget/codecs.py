@@ -888,7 +888,7 @@ class Fields(Codec, name="fields"):
         """Every float stream's head, and one rans search for all of them (as Rans.prepare)."""
         jobs, heads = [], []
         for arr, ctx in items:
-            if ctx.mant and arr.size:
+            if ctx.mant and arr.size and arr.dtype.itemsize == (4 if ctx.mant > 16 else 2):  # (their words)
                 head, tail, params = self.split(arr, ctx)
                 hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, ctx.effort)
                 lo = int(head.min())

@@ -1,0 +1,134 @@
+"""The fields coding of float words: bit-exact round trips (library, standalone loader, numpy
+reference coder) and refusal of malformed streams."""
+
+from __future__ import annotations
+
+import hostile_corpus as hc
+import numpy as np
+import pytest
+import torch
+
+from recurnorm import quant
+from recurnorm.budget import codecs, rans, rnpk_load
+from recurnorm.budget.api import pack_qtensors, read_artifact, unpack, verify_bytes
+from recurnorm.budget.codecs import StreamContext
+from recurnorm.budget.loader import compact_loader
+from recurnorm.errors import ArtifactError
+
+
+WORDS = {"bf16": (np.uint16, 7), "fp16": (np.uint16, 10), "fp32": (np.uint32, 23)}
+
+
+def _round_trip(words: np.ndarray, fmt: str, tensor_shape=None) -> tuple[bytes, dict]:
+    dt = np.dtype(WORDS[fmt][0]).name
+    arr = words.reshape(1, -1)
+    shape = tensor_shape or (words.size,)
+    ctx = StreamContext("codes", dt, arr.shape, shape, mant=WORDS[fmt][1])
+    data, params = codecs.Fields().encode(arr, ctx)
+    out = codecs.Fields().decode(data, params, StreamContext("codes", dt, arr.shape, shape))
+    assert out.dtype == arr.dtype and out.shape == arr.shape
+    assert out.tobytes() == arr.tobytes()
+    return data, params
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16"])
+def test_every_16_bit_pattern_round_trips(fmt):
+    """NaNs, infinities, denormals, -0.0: every word, in order and shuffled."""
+    words = np.arange(1 << 16, dtype=np.uint16)
+    _round_trip(words, fmt)
+    _round_trip(np.random.default_rng(0).permutation(words), fmt, (256, 256))
+
+
+def _specials(fmt: str) -> np.ndarray:
+    f = {"bf16": np.float32, "fp16": np.float16, "fp32": np.float32}[fmt]
+    vals = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -2.5, 1e-45, -1e-42, 6e-8, 65504.0], dtype=f)
+    bits = vals.view(np.uint16 if f == np.float16 else np.uint32)
+    return (bits >> 16).astype(np.uint16) if fmt == "bf16" else bits
+
+
+@pytest.mark.parametrize("fmt", sorted(WORDS))
+def test_random_structured_and_special_words_round_trip(fmt):
+    rng = np.random.default_rng(1)
+    dt, _ = WORDS[fmt]
+    w = rng.standard_normal((96, 200)) * np.exp(rng.normal(0, 1, (96, 1))) * 0.02
+    w[5] = 0  # a zero row, a row at bf16 precision: structure the coding sees
+    f32 = w.astype(np.float32)
+    f32[7] = (f32[7].view(np.uint32) & 0xFFFF0000).view(np.float32)
+    words = {
+        "bf16": (f32.view(np.uint32) >> 16).astype(np.uint16),
+        "fp16": w.astype(np.float16).view(np.uint16),
+        "fp32": f32.view(np.uint32),
+    }[fmt]
+    _, params = _round_trip(words.ravel(), fmt, (96, 200))
+    assert params["mant"] == WORDS[fmt][1] and 0 <= params["hi"] <= codecs.HI_MAX
+    _round_trip(rng.integers(0, np.iinfo(dt).max, 5000, dtype=dt, endpoint=True), fmt)  # uniform bits
+    _round_trip(_specials(fmt), fmt)
+    _round_trip(_specials(fmt)[:1], fmt)  # one word
+    _round_trip(np.zeros(1000, dt), fmt)  # all zero: exponent 0 only
+
+
+def test_fields_beats_the_byte_race_on_trained_like_bf16():
+    rng = np.random.default_rng(2)
+    w = torch.from_numpy(rng.standard_normal((256, 512)).astype(np.float32) * 0.02)
+    qt = quant.get("bf16").quantize(w.bfloat16(), name="w")
+    fields = len(pack_qtensors({"w": qt}))
+    other = len(pack_qtensors({"w": qt}, codecs=("deflate", "lzma", "raw")))
+    assert fields < 0.97 * other
+    assert read_artifact(pack_qtensors({"w": qt})).manifest["tensors"][0]["streams"]["codes"]["codec"] == "fields"
+
+
+def test_the_numpy_reference_coder_writes_the_same_bytes(monkeypatch):
+    words = (np.random.default_rng(3).standard_normal(20000).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    compiled = _round_trip(words, "bf16", (100, 200))
+    monkeypatch.setattr(rans, "_ransc", None)
+    monkeypatch.setattr(rans, "_FALLBACK_NOTE_UNITS", 1 << 62)
+    assert _round_trip(words, "bf16", (100, 200)) == compiled
+
+
+def _state() -> dict[str, tuple[str, torch.Tensor]]:
+    rng = np.random.default_rng(4)
+    w = torch.from_numpy(rng.standard_normal((64, 300)).astype(np.float32) * 0.05)
+    w[0, :4] = torch.tensor([0.0, -0.0, 1e-40, -1e-39])
+    return {
+        "a.bf16": ("bf16", w.bfloat16()),
+        "b.fp32": ("fp32", w.clone()),
+        "c.fp16": ("fp16", w.half()),
+        "d.one": ("fp32", torch.tensor([1.5])),
+        "e.empty": ("bf16", torch.zeros(0, 4, dtype=torch.bfloat16)),
+        "f.int8": ("int8", w.clone()),
+    }
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_library_and_standalone_loader_read_the_same_bits(compact):
+    qts = {k: quant.get(f).quantize(v, name=k) for k, (f, v) in _state().items()}
+    data = pack_qtensors(qts)
+    used = {t["name"]: t["streams"]["codes"]["codec"] for t in read_artifact(data).manifest["tensors"]}
+    assert {used[k] for k in ("a.bf16", "b.fp32", "c.fp16")} == {"fields"}
+    assert verify_bytes(data).ok
+    load = rnpk_load.decode
+    if compact:
+        space: dict = {}
+        exec(compile(compact_loader(), "rnpk_load.py", "exec"), space)  # noqa: S102 - our own generated code
+        load = space["decode"]
+    got, _ = load(data)
+    ref = unpack(data)
+    for name, t in ref.items():
+        bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+        assert got[name].shape == tuple(t.shape) and got[name].tobytes() == bits.numpy().tobytes(), name
+    for name, (_, v) in _state().items():  # passthrough: the very bits went in
+        if name != "f.int8":
+            assert torch.equal(ref[name].view(torch.uint8), v.view(torch.uint8)), name
+
+
+@pytest.mark.parametrize("name", sorted(n for n in hc.R2_CASES if n.startswith("fields/")))
+def test_malformed_fields_streams_are_refused_by_the_library_and_the_loader(name):
+    data = hc.R2_CASES[name]()
+    report = verify_bytes(data)
+    assert not report.ok and report.exit_code == 4 and report.reason
+    with pytest.raises(ArtifactError):
+        unpack(data)
+    if name in hc.LOADER_MAY_READ:
+        return
+    with pytest.raises(rnpk_load.RnpkError):
+        rnpk_load.decode(data)
