@@ -97,21 +97,29 @@ def main() -> None:
     ap.add_argument("--only", default="")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    print(f"{'case':26} {'MB in':>7} {'recurnorm B':>12} {'ZipNN B':>12} {'ratio':>6}  "
-          f"{'pack MB/s':>9} {'unpack':>7} {'loader':>7} {'ZipNN pack':>10} {'unpack':>7}  codecs")
+    print(
+        f"{'case':26} {'MB in':>7} {'recurnorm B':>12} {'ZipNN B':>12} {'ratio':>6}  "
+        f"{'pack MB/s':>9} {'unpack':>7} {'loader':>7} {'ZipNN pack':>10} {'unpack':>7}  codecs"
+    )
     for name, (fmt, state) in cases(args.real).items():
         if args.only not in name:
             continue
         mb = sum(v.numel() * v.element_size() for v in state.values()) / 1e6
         q = quant.get(fmt)
-        t_pack, data = best_cpu(lambda: pack_qtensors({k: q.quantize(v, name=k) for k, v in state.items()}), args.repeats)
-        t_unpack, art = best_cpu(lambda: read_artifact(data), args.repeats)
-        t_load, _ = best_cpu(lambda: rnpk_load.decode(data), 1)
+        qts = {k: q.quantize(v, name=k) for k, v in state.items()}
+        t_pack, data = best_cpu(lambda qts=qts: pack_qtensors(qts), args.repeats)
+        t_unpack, art = best_cpu(lambda data=data: read_artifact(data), args.repeats)
+        t_load, _ = best_cpu(lambda data=data: rnpk_load.decode(data), 1)
         used = sorted({s["codec"] for t in art.manifest["tensors"] for s in t["streams"].values()})
         z = zipnn_run(state, args.repeats)
-        zb, zr, zp, zu = (z[0], f"{len(data) / z[0]:.4f}", f"{mb / z[1]:.0f}", f"{mb / z[2]:.0f}") if z else ("-",) * 4
-        print(f"{name:26} {mb:7.1f} {len(data):12,} {zb:>12,} {zr:>6}  {mb / t_pack:9.0f} {mb / t_unpack:7.0f} "
-              f"{mb / t_load:7.0f} {zp:>10} {zu:>7}  {','.join(used)}", flush=True)
+        zb, zr, zp, zu = (
+            (f"{z[0]:,}", f"{len(data) / z[0]:.4f}", f"{mb / z[1]:.0f}", f"{mb / z[2]:.0f}") if z else "----"
+        )
+        print(
+            f"{name:26} {mb:7.1f} {len(data):12,} {zb:>12} {zr:>6}  {mb / t_pack:9.0f} {mb / t_unpack:7.0f} "
+            f"{mb / t_load:7.0f} {zp:>10} {zu:>7}  {','.join(used)}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

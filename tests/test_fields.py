@@ -15,7 +15,6 @@ from recurnorm.budget.codecs import StreamContext
 from recurnorm.budget.loader import compact_loader
 from recurnorm.errors import ArtifactError
 
-
 WORDS = {"bf16": (np.uint16, 7), "fp16": (np.uint16, 10), "fp32": (np.uint32, 23)}
 
 

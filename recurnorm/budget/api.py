@@ -132,7 +132,9 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
             # Float codes only: the standalone loader decodes rans-coded streams after the rest, and
             # a codes stream's scale context needs its scales first.
             mant = codecs_mod.MANT.get(qt.format, 0) if kind == "codes" else 0
-            items.append((arr, StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort, mant=mant)))
+            items.append(
+                (arr, StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort, mant=mant))
+            )
             streams[kind] = {"dtype": dtype, "shape": list(arr.shape), "sha256": _sha(arr, dtype)}
         return {
             "name": name,

@@ -6,7 +6,7 @@
 This file is standalone: `recurnorm loader` writes it for the code that ships with a
 model (e.g. a Parameter Golf train_gpt.py). It needs numpy, and torch only to hand
 back tensors (`decode` returns numpy arrays; bfloat16 as its uint16 bits). It reads
-what recurnorm writes by default (the portable profile: raw, deflate, lzma, rans);
+what recurnorm writes by default (the portable profile: raw, deflate, lzma, rans, fields);
 docs/FORMAT.md in recurnorm is the byte layout.
 
 Artifacts may come from strangers, so reading is bounded as recurnorm's own reader is:

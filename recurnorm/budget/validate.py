@@ -246,7 +246,7 @@ def _table_entries(codec: str, params: dict) -> int:
     for parameters out of range, which the codec's decode refuses before making anything."""
     from .rans import MAX_ALPHABET, MAX_CONTEXTS
 
-    if codec != "rans":
+    if codec not in ("rans", "fields"):  # (a fields stream's heads are a rans stream)
         return 0
     k, nsym, t = params.get("k", 1), params.get("nsym"), params.get("tuple", 1)
     if not all(_is_int(v) and v >= 1 for v in (k, nsym, t)) or k > MAX_CONTEXTS or nsym > MAX_ALPHABET or t > 8:
