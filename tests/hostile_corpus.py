@@ -639,45 +639,46 @@ def _fields(fn: Callable[[dict, bytes], bytes | None]) -> Callable[[], bytes]:
     return make
 
 
-def _retail(declared: Callable[[int], int], z: int | None = None, extra: bytes = b"") -> Callable[[dict, bytes], bytes]:
-    """The tail's header declaring declared(T) bytes (and compressor z), extra bytes after it."""
+def _tail(**change) -> Callable[[dict, bytes], None]:
+    return lambda s, body: s["params"].update(change)
 
-    def fn(s: dict, body: bytes) -> bytes:
-        head, pos = rans._read_varint(body, 0)
-        t = head >> 2
-        new = rans.varint_encode(np.array([4 * declared(t) + (head & 3 if z is None else z)]))
-        return new + body[pos : pos + t] + extra + body[pos + t :]
 
-    return fn
+def _grow_tail(s: dict, body: bytes) -> bytes:
+    """One byte more in the tail, declared."""
+    t = s["params"]["tail"]
+    s["params"]["tail"] = t + 1
+    return body[:t] + b"\0" + body[t:]
 
 
 def _pad_bit(s: dict, body: bytes) -> bytes:
-    """A padding bit set in the last bit plane (601 words: 7 padding bits a plane)."""
-    head, pos = rans._read_varint(body, 0)
+    """A padding bit set in the sign's plane, the tail's last (601 words: 7 padding bits)."""
     b = bytearray(body)
-    b[pos + (head >> 2) - 1] |= 1
+    b[s["params"]["tail"] - 1] |= 1
     return bytes(b)
 
 
 FIELDS_CASES: dict[str, Callable[[], bytes]] = {
     "fields/truncated": _fields(lambda s, b: b[:-7]),
-    "fields/tail-declared-longer": _fields(_retail(lambda t: t + 1)),
-    "fields/tail-declared-shorter": _fields(_retail(lambda t: t - 1)),
-    "fields/tail-one-byte-more": _fields(_retail(lambda t: t + 1, extra=b"\0")),
-    "fields/tail-past-the-end": _fields(_retail(lambda t: 1 << 30)),
-    "fields/tail-zstd": _fields(_retail(lambda t: t, z=compress.ZSTD)),
-    "fields/tail-bad-deflate": _fields(_retail(lambda t: t, z=compress.DEFLATE)),
+    "fields/tail-declared-longer": _fields(lambda s, b: s["params"].update(tail=s["params"]["tail"] + 1)),
+    "fields/tail-declared-shorter": _fields(lambda s, b: s["params"].update(tail=s["params"]["tail"] - 1)),
+    "fields/tail-one-byte-more": _fields(_grow_tail),
+    "fields/tail-past-the-end": _fields(_tail(tail=1 << 30)),
+    "fields/tail-negative": _fields(_tail(tail=-5)),
+    "fields/tail-zstd": _fields(_tail(tz=compress.ZSTD)),
+    "fields/tail-bad-deflate": _fields(_tail(tz=compress.DEFLATE)),
+    "fields/tail-compressor-7": _fields(_tail(tz=7)),
     "fields/tail-padding-bit": _fields(_pad_bit),
+    "fields/stray-offset": _fields(_tail(offset=1)),
     "fields/count-2^24": _fields(lambda s, b: s.update(shape=[1, 1 << 24])),
     "fields/uint8-words": _fields(lambda s, b: s.update(dtype="uint8")),
-    "fields/mant-huge": _fields(lambda s, b: s["params"].update(mant=1 << 40)),
-    "fields/mant-negative": _fields(lambda s, b: s["params"].update(mant=-3)),
-    "fields/mant-15": _fields(lambda s, b: s["params"].update(mant=15)),
-    "fields/mant-string": _fields(lambda s, b: s["params"].update(mant="7")),
-    "fields/hi-over-mant": _fields(lambda s, b: s["params"].update(hi=8)),
-    "fields/hi-negative": _fields(lambda s, b: s["params"].update(hi=-1)),
-    "fields/base-huge": _fields(lambda s, b: s["params"].update(base=1 << 40)),
-    "fields/base-past-the-exponent": _fields(lambda s, b: s["params"].update(base=250)),
+    "fields/mant-huge": _fields(_tail(mant=1 << 40)),
+    "fields/mant-negative": _fields(_tail(mant=-3)),
+    "fields/mant-15": _fields(_tail(mant=15)),
+    "fields/mant-string": _fields(_tail(mant="7")),
+    "fields/hi-over-mant": _fields(_tail(hi=8)),
+    "fields/hi-negative": _fields(_tail(hi=-1)),
+    "fields/base-huge": _fields(_tail(base=1 << 40)),
+    "fields/base-past-the-exponent": _fields(_tail(base=250)),
     "fields/no-base": _fields(lambda s, b: s["params"].pop("base")),
     "fields/no-rans-params": _fields(lambda s, b: s["params"].pop("nsym")),
 }

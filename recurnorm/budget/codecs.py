@@ -875,12 +875,11 @@ class Fields(Codec, name="fields"):
         h = int(np.argmin(cost))
         head = top >> np.uint16(HI_MAX - h)
         np.subtract(head, np.uint16(base << h), out=head, where=head >= 1 << h)
-        u = w.dtype.type
-        t = (w >> u(8 * w.itemsize - 1)) << u(m - h) | w & u((1 << m - h) - 1)
-        q, r = divmod(m - h + 1, 8)  # byte planes of the low 8q bits, then bit planes
-        planes = [t.view(np.uint8).reshape(-1, w.itemsize)[:, j] for j in range(q)]
-        x = (t >> u(8 * q)).astype(np.uint8)
+        u, (q, r) = w.dtype.type, divmod(m - h, 8)  # byte planes of the low 8q bits, bit planes, the sign
+        planes = [w.view(np.uint8).reshape(-1, w.itemsize)[:, j] for j in range(q)]
+        x = ((w >> u(8 * q)) & u((1 << r) - 1)).astype(np.uint8)
         planes += [np.packbits((x >> np.uint8(j)) & np.uint8(1)) for j in range(r)]
+        planes.append(np.packbits((w >> u(8 * w.itemsize - 1)).astype(np.uint8)))
         return head.reshape(1, -1), b"".join(p.tobytes() for p in planes), {"mant": m, "hi": h, "base": base}
 
     def prepare(self, items):
@@ -912,7 +911,8 @@ class Fields(Codec, name="fields"):
             # (level 1 on big tails: 0.03% over level 9 on MiniLM's fp32 embedding, in 60% of the time)
             packed = compress.deflate(tail, 9 if len(tail) < QUICK_MIN else 1)
             tail, z = (packed, compress.DEFLATE) if len(packed) < len(tail) else (tail, z)
-        return [(rans.varint_encode(np.array([4 * len(tail) + z])) + tail + body, {**hparams, **params})]
+        hparams["lo"] = hparams.pop("offset")  # (the heads' least value: no offset of the words)
+        return [(tail + body, {**hparams, **params, "tail": len(tail), "tz": z})]
 
     def encode(self, arr, ctx):
         cands = self.candidates(arr, ctx, NO_RACE)
@@ -922,37 +922,34 @@ class Fields(Codec, name="fields"):
 
     def decode(self, data, params, ctx):
         dt = DTYPES[ctx.dtype]
-        width, m, h, base = 8 * dt.itemsize, params.get("mant"), params.get("hi"), params.get("base")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, h, base)) or not (
-            width > 8 and 0 <= h <= min(m, HI_MAX) and 1 <= m <= width - 2 and 0 <= base < 1 << width - 1 - m
+        width, (m, h, base, tlen, z) = 8 * dt.itemsize, (params.get(k) for k in ("mant", "hi", "base", "tail", "tz"))
+        if (
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, h, base, tlen, z))
+            or not (width > 8 and 0 <= h <= min(m, HI_MAX) and 1 <= m <= width - 2 and 0 <= base < 1 << width - 1 - m)
+            or not (0 <= tlen <= len(data) and z in compress.NAMES and "offset" not in params)
         ):
             raise ArtifactError(f"{ctx.kind} stream: fields params out of range")
-        head_len, pos = rans._read_varint(data, 0)
-        tlen, n, (q, r) = head_len >> 2, ctx.numel, divmod(m - h + 1, 8)
-        size = q * n + r * (-(-n // 8))
-        tail = compress.decompress(head_len & 3, data[pos : pos + tlen], size, f"{ctx.kind} fields tail")
+        n, (q, r), c = ctx.numel, divmod(m - h, 8), -(-ctx.numel // 8)
+        size = q * n + (r + 1) * c
+        tail = compress.decompress(z, data[:tlen], size, f"{ctx.kind} fields tail")
         if len(tail) != size:
             raise ArtifactError(f"{ctx.kind} stream: fields tail of {len(tail)} bytes, expected {size}")
         hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, version=ctx.version)
-        head = Rans().decode(data[pos + tlen :], params, hctx).ravel()
+        head = Rans().decode(data[tlen:], {**params, "offset": params.get("lo")}, hctx).ravel()
         if head.size and (int(head.max()) >> h) + base >= 1 << width - 1 - m:
             raise ArtifactError(f"{ctx.kind} stream: fields exponent out of range")
-        u = np.dtype(f"<u{dt.itemsize}")
-        w = np.zeros(n, u)
-        planes = np.frombuffer(tail, np.uint8, q * n).reshape(q, n)
-        for j in range(q):  # byte planes: bits 8j..8j+7 of the tail
-            w.view(np.uint8).reshape(n, dt.itemsize)[:, j] = planes[j]
-        x = np.zeros(n, np.uint8)
-        for j in range(r):  # bit planes: bit 8q + j
-            bits = np.unpackbits(np.frombuffer(tail, np.uint8, -(-n // 8), q * n + j * (-(-n // 8))))
-            if bits[n:].any():
-                raise ArtifactError(f"{ctx.kind} stream: fields bit plane padding is not zero")
-            x |= bits[:n] << np.uint8(j)
-        w |= x.astype(u) << u.type(8 * q)  # the tail: sign above the low m - h mantissa bits
-        w = (w >> u.type(m - h)) << u.type(width - 1) | w & u.type((1 << m - h) - 1)
-        head = head.astype(u)
-        np.add(head, u.type(base << h), out=head, where=head >= 1 << h)  # exponent 0 stays 0
-        w |= head << u.type(m - h)
+        w = head.astype(f"<u{dt.itemsize}")
+        np.add(w, w.dtype.type(base << h), out=w, where=w >= 1 << h)  # exponent 0 stays 0
+        w <<= w.dtype.type(m - h)
+        for j in range(q + r + 1):  # byte plane j (bits 8j..), bit plane j - q (bit j + 7q), the sign
+            v = np.frombuffer(tail, np.uint8, n if j < q else c, min(j, q) * n + max(j - q, 0) * c)
+            bit = 8 * j if j < q else width - 1 if j == q + r else j + 7 * q
+            if j >= q:
+                v = np.unpackbits(v)
+                if v[n:].any():
+                    raise ArtifactError(f"{ctx.kind} stream: fields bit plane padding is not zero")
+                v = v[:n] << np.uint8(bit % 8)
+            w.view(np.uint8).reshape(n, dt.itemsize)[:, bit // 8] |= v
         return w.view(dt).reshape(ctx.shape)
 
 

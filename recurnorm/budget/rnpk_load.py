@@ -167,27 +167,27 @@ class Stream:
 
 
 def fields(body, p, n, dt, done):
-    """A fields stream: float words as a tail (sign above the low mantissa bits: byte planes,
-    then bit planes) and a rans stream of head symbols (the exponent, less `base` unless 0,
-    above the `hi` top mantissa bits). (The rans body, and the head symbols' callback; a tail
-    of the wrong size, or shifts past the word, raise.)"""
-    m, h, w, u = p["mant"], p["hi"], 8 * dt.itemsize, f"<u{dt.itemsize}"
+    """A fields stream: float words as a tail (the low mantissa bits in byte planes, then bit
+    planes, then the sign's bit plane) and a rans stream of head symbols (the exponent, less
+    `base` unless 0, above the `hi` top mantissa bits). (The rans body, and the head symbols'
+    callback, which fills each word in place; a tail of the wrong size raises.)"""
+    m, h, w, o = p["mant"], p["hi"], 8 * dt.itemsize, p["tail"]
     need(m < w - 1, "bad rans params")
-    b = np.frombuffer(body, np.uint8)
-    o = np.flatnonzero(b[:5] < 128)[0] + 1
-    v, (q, r), c = varints(b[:o], 1)[0], divmod(m - h + 1, 8), -(-n // 8)
-    tail = inflate(v & 3, b[o : o + (v >> 2)], q * n + r * c)
-    t = np.zeros(n, u)
-    for j in range(q + r):  # byte plane j: bits 8j..; then bit plane j - q: bit j + 7q
-        x = np.frombuffer(tail, np.uint8, n if j < q else c, min(j, q) * n + max(j - q, 0) * c)
-        t |= (x if j < q else np.unpackbits(x)[:n]).astype(u) << min(8 * j, j + 7 * q)
+    (q, r), c = divmod(m - h, 8), -(-n // 8)
+    tail = inflate(p["tz"], body[:o], q * n + r * c + c)
 
-    def got(sym):
-        x = sym.astype(u) + p["offset"]
+    def fill(sym):
+        x = sym.astype(f"<u{dt.itemsize}")
+        x += p["lo"]
         x[x >= 1 << h] += p["base"] << h  # (exponent 0 stays 0)
-        done((x << m - h | t >> m - h << w - 1 | t & (1 << m - h) - 1).view(dt), 0)
+        x <<= m - h
+        for j in range(q + r + 1):  # byte plane j: bits 8j..; bit plane j - q: bit j + 7q; the sign
+            y = np.frombuffer(tail, np.uint8, n if j < q else c, min(j, q) * n + max(j - q, 0) * c)
+            k = 8 * j if j < q else w - 1 if j == q + r else j + 7 * q
+            x.view(np.uint8).reshape(n, -1)[:, k // 8] |= (y if j < q else np.unpackbits(y)[:n]) << k % 8
+        done(x.view(dt))
 
-    return b[o + (v >> 2) :], got
+    return body[o:], fill
 
 
 def decode_rans(streams):
@@ -302,8 +302,9 @@ def decode(src, max_bytes=1 << 30):
             dt, n, p, key = np.dtype(s["dtype"]).newbyteorder("<"), dims(s["shape"]), s["params"], (t["name"], kind)
             body = pay[s["offset"] : s["offset"] + s["length"]]
 
-            def done(sym, off=p.get("offset", 0)):  # symbols + offset (wrapping) = the codes; their hash
+            def done(sym):  # symbols + offset (wrapping in the dtype's width) = the codes; then their hash
                 a = sym.astype(dt)
+                off = p.get("offset", 0)
                 if off:
                     v = a.view(f"<u{dt.itemsize}")
                     v += v.dtype.type(off % 256**dt.itemsize)
