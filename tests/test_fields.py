@@ -131,3 +131,13 @@ def test_malformed_fields_streams_are_refused_by_the_library_and_the_loader(name
         return
     with pytest.raises(rnpk_load.RnpkError):
         rnpk_load.decode(data)
+
+
+def test_the_loader_profile_reads_fields_params():
+    from recurnorm.budget import format as fmt
+    from recurnorm.budget.loader import loader_problem
+
+    data = hc._fields_base()
+    assert loader_problem(data, fmt.split_container(data)[0]) is None
+    zstd = hc.FIELDS_CASES["fields/tail-zstd"]()
+    assert "zstd-compressed fields tail" in loader_problem(zstd, fmt.split_container(zstd)[0])

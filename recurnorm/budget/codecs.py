@@ -852,10 +852,10 @@ HI_MAX = 4  # top mantissa bits a head symbol may carry (exponent 8 + 4 bits: 40
 
 
 class Fields(Codec, name="fields"):
-    """Float words as fields: rans over a head symbol, the exponent (0 kept, others less
-    `base`) joined with the `hi` top mantissa bits, so the exponent is their context and the
-    head gets rans's row/column classes; the sign and low mantissa bits, near uniform, stored
-    as they are (deflated where a quick probe finds repetition: rows cast from a narrower type)."""
+    """Float words as fields: rans over a head symbol, the exponent above the `hi` top
+    mantissa bits, so that the exponent is their context and the head gets rans's row/column
+    classes; the low mantissa bits and the sign, near uniform, stored as they are (deflated
+    where a quick probe finds repetition: rows cast from a narrower type)."""
 
     def split(self, arr: np.ndarray, ctx: StreamContext):
         """(head symbols, tail bytes, params) of float words (ctx.mant bits of mantissa)."""
@@ -864,23 +864,24 @@ class Fields(Codec, name="fields"):
         top = ((w >> w.dtype.type(m - HI_MAX)) & w.dtype.type((1 << ebits + HI_MAX) - 1)).astype(np.uint16)
         counts = rans.context_counts(top, None, 1, 1 << ebits + HI_MAX)[0]
         used = np.flatnonzero(counts) >> HI_MAX  # the exponents that occur
-        base = int(used[used > 0][0]) - 1 if used[-1] else 0
         # The head's width: order-0 bits of the head plus raw tail bits, with a table's cost, and
-        # no wider than lets the search cluster rows and columns (they pay more).
-        cost, items = [], max(geometry(ctx).rows, geometry(ctx).cols) if ctx.kind == "codes" else 1
+        # no wider than lets the search cluster rows and columns (they pay more), nor past 256
+        # heads (the standalone loader then holds them a byte each). Exponent 0 (zeros and
+        # denormals) widens the heads' span: all-MiniLM-L6-v2's bf16 embedding then takes h = 1.
+        cost, items = [], max(geometry(ctx).rows, geometry(ctx).cols)
         for h in range(HI_MAX + 1):
             c = counts.reshape(-1, 1 << HI_MAX - h).sum(1)
-            wide = h and items * (int(used[-1]) - base + 1 << h) > search.CLUSTER_MAX_CELLS
+            span = int(used[-1] - used[0] + 1) << h
+            wide = h and (items * span > search.CLUSTER_MAX_CELLS or span > 256)
             cost.append(rans.entropy_bits(c) / 8 + w.size * (m - h + 1) / 8 + 2 * np.count_nonzero(c) + wide * 1e30)
         h = int(np.argmin(cost))
         head = top >> np.uint16(HI_MAX - h)
-        np.subtract(head, np.uint16(base << h), out=head, where=head >= 1 << h)
         u, (q, r) = w.dtype.type, divmod(m - h, 8)  # byte planes of the low 8q bits, bit planes, the sign
         planes = [w.view(np.uint8).reshape(-1, w.itemsize)[:, j] for j in range(q)]
         x = ((w >> u(8 * q)) & u((1 << r) - 1)).astype(np.uint8)
         planes += [np.packbits((x >> np.uint8(j)) & np.uint8(1)) for j in range(r)]
         planes.append(np.packbits((w >> u(8 * w.itemsize - 1)).astype(np.uint8)))
-        return head.reshape(1, -1), b"".join(p.tobytes() for p in planes), {"mant": m, "hi": h, "base": base}
+        return head.reshape(1, -1), b"".join(p.tobytes() for p in planes), {"mant": m, "hi": h}
 
     def prepare(self, items):
         """Every float stream's head, and one rans search for all of them (as Rans.prepare)."""
@@ -922,11 +923,12 @@ class Fields(Codec, name="fields"):
 
     def decode(self, data, params, ctx):
         dt = DTYPES[ctx.dtype]
-        width, (m, h, base, tlen, z) = 8 * dt.itemsize, (params.get(k) for k in ("mant", "hi", "base", "tail", "tz"))
+        width, (m, h, tlen, z) = 8 * dt.itemsize, (params.get(k) for k in ("mant", "hi", "tail", "tz"))
         if (
-            not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, h, base, tlen, z))
-            or not (width > 8 and 0 <= h <= min(m, HI_MAX) and 1 <= m <= width - 2 and 0 <= base < 1 << width - 1 - m)
-            or not (0 <= tlen <= len(data) and z in compress.NAMES and "offset" not in params)
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, h, tlen, z))
+            or not (width > 8 and 0 <= h <= min(m, HI_MAX) and 1 <= m <= width - 2 and 0 <= tlen <= len(data))
+            or z not in compress.NAMES
+            or "offset" in params
         ):
             raise ArtifactError(f"{ctx.kind} stream: fields params out of range")
         n, (q, r), c = ctx.numel, divmod(m - h, 8), -(-ctx.numel // 8)
@@ -936,11 +938,9 @@ class Fields(Codec, name="fields"):
             raise ArtifactError(f"{ctx.kind} stream: fields tail of {len(tail)} bytes, expected {size}")
         hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, version=ctx.version)
         head = Rans().decode(data[tlen:], {**params, "offset": params.get("lo")}, hctx).ravel()
-        if head.size and (int(head.max()) >> h) + base >= 1 << width - 1 - m:
+        if head.size and int(head.max()) >> h >= 1 << width - 1 - m:
             raise ArtifactError(f"{ctx.kind} stream: fields exponent out of range")
-        w = head.astype(f"<u{dt.itemsize}")
-        np.add(w, w.dtype.type(base << h), out=w, where=w >= 1 << h)  # exponent 0 stays 0
-        w <<= w.dtype.type(m - h)
+        w = head.astype(f"<u{dt.itemsize}") << np.uint8(m - h)
         for j in range(q + r + 1):  # byte plane j (bits 8j..), bit plane j - q (bit j + 7q), the sign
             v = np.frombuffer(tail, np.uint8, n if j < q else c, min(j, q) * n + max(j - q, 0) * c)
             bit = 8 * j if j < q else width - 1 if j == q + r else j + 7 * q

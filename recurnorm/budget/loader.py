@@ -57,11 +57,10 @@ def loader_problem(data: bytes, manifest: dict) -> str | None:
             if s["codec"] not in LOADER_CODECS:
                 return f"{where} uses the {s['codec']} codec"
             body = payload[s["offset"] : s["offset"] + s["length"]]
-            if s["codec"] == "fields":  # a tail (its compressor id in the first varint), then rans
-                head, pos = rans._read_varint(body, 0)
-                if head & 3 not in compress.PORTABLE:
+            if s["codec"] == "fields":  # its tail, then a rans body
+                if s["params"]["tz"] not in compress.PORTABLE:
                     return f"{where} has a zstd-compressed fields tail"
-                body = body[pos + (head >> 2) :]
+                body = body[s["params"]["tail"] :]
             if s["codec"] in ("rans", "fields") and not set(rans.side_compressors(body)) <= set(compress.PORTABLE):
                 return f"{where} has zstd-compressed rans side data"
     return None

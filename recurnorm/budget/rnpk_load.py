@@ -168,24 +168,23 @@ class Stream:
 
 def fields(body, p, n, dt, done):
     """A fields stream: float words as a tail (the low mantissa bits in byte planes, then bit
-    planes, then the sign's bit plane) and a rans stream of head symbols (the exponent, less
-    `base` unless 0, above the `hi` top mantissa bits). (The rans body, and the head symbols'
+    planes, then the sign's bit plane) and a rans stream of head symbols (the exponent above
+    the `hi` top mantissa bits). (The rans body, and the head symbols'
     callback, which fills each word in place; a tail of the wrong size raises.)"""
     m, h, w, o = p["mant"], p["hi"], 8 * dt.itemsize, p["tail"]
     need(m < w - 1, "bad rans params")
     (q, r), c = divmod(m - h, 8), -(-n // 8)
-    tail = inflate(p["tz"], body[:o], q * n + r * c + c)
 
-    def fill(sym):
+    def fill(sym):  # (the tail inflated only now: one stream's at a time)
+        tail = inflate(p["tz"], body[:o], q * n + r * c + c)
         x = sym.astype(f"<u{dt.itemsize}")
         x += p["lo"]
-        x[x >= 1 << h] += p["base"] << h  # (exponent 0 stays 0)
         x <<= m - h
         for j in range(q + r + 1):  # byte plane j: bits 8j..; bit plane j - q: bit j + 7q; the sign
             y = np.frombuffer(tail, np.uint8, n if j < q else c, min(j, q) * n + max(j - q, 0) * c)
             k = 8 * j if j < q else w - 1 if j == q + r else j + 7 * q
             x.view(np.uint8).reshape(n, -1)[:, k // 8] |= (y if j < q else np.unpackbits(y)[:n]) << k % 8
-        done(x.view(dt))
+        done(x)
 
     return body[o:], fill
 
@@ -303,7 +302,7 @@ def decode(src, max_bytes=1 << 30):
             body = pay[s["offset"] : s["offset"] + s["length"]]
 
             def done(sym):  # symbols + offset (wrapping in the dtype's width) = the codes; then their hash
-                a = sym.astype(dt)
+                a = sym.astype(dt, copy=sym.base is not None)  # (a fields stream's words: as they are)
                 off = p.get("offset", 0)
                 if off:
                     v = a.view(f"<u{dt.itemsize}")
