@@ -205,10 +205,14 @@ def test_demo_points_to_the_results_at_three_lengths():
     from recurnorm.cli.roundtrip_cmd import DEMO_STEPS, RESULTS_DOC, demo_closing
 
     line = demo_closing(300.0)
-    assert DEMO_STEPS == 150 and RESULTS_DOC in line and "150 and 600 steps" in line
+    assert DEMO_STEPS == 150 and RESULTS_DOC in line and "150, 600 and 2,400 steps" in line
     doc = Path(__file__).resolve().parents[1] / RESULTS_DOC
     text = doc.read_text(encoding="utf-8")
     assert "--steps 150,600,2400" in text and "lengths.png" in text
+    # The study ran at all three lengths: every paired table has a 2,400-step column.
+    assert (
+        text.count("| 150 steps | 600 steps | 2,400 steps |") == 2 and "not run" not in text.split("## The GPU part")[0]
+    )
 
 
 @pytest.mark.slow  # spawns worker processes that import torch

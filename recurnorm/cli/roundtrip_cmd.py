@@ -272,6 +272,6 @@ def demo_closing(elapsed_s: float) -> str:
     """The demo's last line: one seed proves nothing, and where the paired, longer study is."""
     return (
         f"done in {elapsed_s:.0f} s (one seed at {DEMO_STEPS} steps: differences are not claims; "
-        f"{RESULTS_DOC} answers the four questions with 3 paired seeds at 150 and 600 steps on "
-        "two corpora; `recurnorm roundtrip --seeds 3 --steps 150,600,2400` trains longer)"
+        f"{RESULTS_DOC} answers the four questions with 3 paired seeds at 150, 600 and 2,400 "
+        "steps on two corpora: `recurnorm roundtrip --seeds 3 --steps 150,600,2400`)"
     )
