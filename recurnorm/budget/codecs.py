@@ -868,7 +868,8 @@ class Fields(Codec, name="fields"):
         # no wider than lets the search cluster rows and columns (they pay more), nor past 256
         # heads (the standalone loader then holds them a byte each). Exponent 0 (zeros and
         # denormals) widens the heads' span: all-MiniLM-L6-v2's bf16 embedding then takes h = 1.
-        cost, items = [], max(geometry(ctx).rows, geometry(ctx).cols)
+        g = geometry(ctx)
+        cost, items = [], max(g.rows, g.cols)
         for h in range(HI_MAX + 1):
             c = counts.reshape(-1, 1 << HI_MAX - h).sum(1)
             span = int(used[-1] - used[0] + 1) << h
