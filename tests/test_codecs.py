@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recurnorm.budget import codecs, rans
+from recurnorm.budget import codecs, race, rans
 from recurnorm.budget.codecs import StreamContext
 
 
@@ -79,20 +79,21 @@ def test_deflate9_skips_codes_whose_zstd1_pass_lands_far_above_the_best():
     rng = np.random.default_rng(7)
     codes = np.tile(rng.integers(-3, 4, 4096), 4).astype(np.int8).reshape(16, 1024)  # repeats 4x
     ctx = _ctx(codes, scales=np.ones(16, np.float16))
-    laid = ctx.laid_out(codes, *codecs.Deflate._layouts(codes, ctx)[-1])
-    assert laid.repeats and len(laid.raw) >= codecs.LITERALS_PROBE_MIN
-    far = int(laid.zstd1 * codecs.ZSTD1_FLOOR)
-    assert codecs.Deflate().candidates(codes, ctx, far) == []
-    ((data, params),) = codecs.Deflate().candidates(codes, ctx, int(2 * laid.zstd1))
+    s = race.Stream(codes, ctx)
+    laid = s.laid_out(*s.layouts()[-1])
+    assert laid.repeats and len(laid.raw) >= race.LITERALS_MIN
+    far = int(laid.zstd1 * race.GATES["zstd1_floor"])
+    assert _deflate(codes, ctx, far) == []
+    ((data, params),) = _deflate(codes, ctx, int(2 * laid.zstd1))
     assert np.array_equal(codecs.Deflate().decode(data, params, ctx), codes)
     ctx.effort = "max"  # max effort races it anyway
-    assert codecs.Deflate().candidates(codes, ctx, far)
+    assert _deflate(codes, ctx, far)
 
 
 def test_scales_byte_grouped():
     s = np.abs(np.random.default_rng(0).normal(size=4096)).astype(np.float16)
     ctx = _ctx(s, kind="scales")
-    name, params, data = codecs.encode_best(s, ctx)
+    name, params, data = race.encode_best(s, ctx)
     assert np.array_equal(codecs.get(name).decode(data, params, ctx).view(np.uint16), s.view(np.uint16))
 
 
@@ -146,10 +147,15 @@ def test_varints():
     assert np.array_equal(rans.varint_decode(rans.varint_encode(long), 1000), long)
 
 
+def _deflate(arr, ctx, best=race.NO_RACE):
+    """deflate's candidates in the race on one stream."""
+    return race.RACE["deflate"](race.Stream(arr, ctx), best, None)
+
+
 def _best(arr, kind="codes", scales=None):
     """encode_best of one stream (every default codec prepared for it), and whether it decodes."""
     ctx = _ctx(arr, kind=kind, scales=scales)
-    name, params, data = codecs.encode_all([(arr, ctx)])[0]
+    name, params, data = race.encode_all([(arr, ctx)])[0]
     back = codecs.get(name).decode(data, params, _ctx(arr, kind=kind, scales=scales))
     return name, len(data), np.array_equal(back, arr)
 
@@ -207,23 +213,23 @@ def test_deflate_codes_without_repetition_as_literals(shape, qmax):
 
     arr, scales = _gauss(*shape, qmax, np.random.default_rng(8))
     ctx = _ctx(arr, scales=scales)
-    (data, params), *more = codecs.Deflate().candidates(arr, ctx, codecs.NO_RACE)
+    (data, params), *more = _deflate(arr, ctx)
     raw = codecs.layout_bytes(arr, "int8", params["layout"], params["offset"])
     assert not more and data == compress.deflate_literals(raw) and len(data) < len(compress.deflate(raw))
     assert np.array_equal(codecs.Deflate().decode(data, params, _ctx(arr, scales=scales)), arr)
     # Float words (no scales) keep level 9: its matches find the repeated exponent bytes.
     words = arr.astype(np.float16)
-    (data, params), *_ = codecs.Deflate().candidates(words, _ctx(words), codecs.NO_RACE)
+    (data, params), *_ = _deflate(words, _ctx(words))
     assert data == compress.deflate(codecs.layout_bytes(words, "float16", params["layout"], 0))
 
 
 @pytest.mark.parametrize("n", [512, 1 << 16])
 def test_deflate_keeps_level_9_where_matches_pay(n):
     """Constant or tiled codes: level 9's matches win, small (the zstd-1 probe's frame would
-    misjudge a tiny constant stream, so below LITERALS_PROBE_MIN both race)."""
+    misjudge a tiny constant stream, so below LITERALS_MIN both race)."""
     arr = np.zeros((1, n), dtype=np.int8) if n == 512 else np.tile(np.arange(-8, 8, dtype=np.int8), (n // 16, 1))
     scales = np.ones(arr.shape[0])
-    sizes = [len(d) for d, _ in codecs.Deflate().candidates(arr, _ctx(arr, scales=scales), codecs.NO_RACE)]
+    sizes = [len(d) for d, _ in _deflate(arr, _ctx(arr, scales=scales))]
     assert min(sizes) < 100  # literals alone: 1 bit a code at best (8K bytes for the tiled codes)
 
 
@@ -241,9 +247,10 @@ def test_lzma_skips_codes_its_literal_context_cannot_model():
     raced = {}
     for name, arr in (("iid", iid), ("runs", runs)):
         ctx = _ctx(arr, scales=s)
-        (lit, params), *_ = codecs.Deflate().candidates(arr, ctx, codecs.NO_RACE)
+        s = race.Stream(arr, ctx)
+        (lit, params), *_ = race.RACE["deflate"](s, race.NO_RACE, None)
         assert lit == compress.deflate_literals(codecs.layout_bytes(arr, "int8", "plain", 0))
-        raced[name] = codecs.Lzma().candidates(arr, ctx, int(len(lit) * 0.998))
+        raced[name] = race.RACE["lzma"](s, int(len(lit) * 0.998), None)
     assert raced["iid"] == [] and len(raced["runs"]) == 1
 
 
@@ -261,11 +268,10 @@ def test_rans_skipped_only_where_deflate_wins():
     for arr in streams:
         scales = np.ones(arr.shape[0])
         ctx = _ctx(arr, scales=scales)
-        codecs.Rans().prepare([(arr, ctx)])
-        rans_size = len(codecs.Rans().candidates(arr, ctx, codecs.NO_RACE)[0][0])  # not racing: encoded
-        deflate_size = min(len(d) for d, _ in codecs.Deflate().candidates(arr, ctx, codecs.NO_RACE))
+        plan = codecs.Rans().prepare([(arr, ctx)])[0]
+        rans_size = len(codecs.Rans().encode(arr, ctx, plan)[0])
+        deflate_size = min(len(d) for d, _ in _deflate(arr, ctx))
         name, size, ok = _best(arr, scales=scales)
         assert ok and size == min(rans_size, deflate_size, size)
-        ctx.racing = codecs.DEFAULT_CODECS
-        skipped += codecs.Rans()._loses_to_literals(arr, ctx, ctx.plans["rans"][2])
+        skipped += race._rans_loses_to_literals(race.Stream(arr, ctx), plan[2])
     assert skipped  # the skip is exercised (wide int8 alphabets on small streams lose to literals)

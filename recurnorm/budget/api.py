@@ -17,7 +17,7 @@ from ..quant import registry as quant_registry
 from ..quant.qtensor import QTensor
 from . import codecs as codecs_mod
 from . import format as fmt
-from . import heap, validate
+from . import heap, race, validate
 from .codecs import DTYPES, StreamContext
 from .rans import order0_bits
 from .search import EFFORTS
@@ -168,7 +168,7 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
         entries += [entry(n, f) for n, f in zip(names, qt.lowrank, strict=True)]
         entries.append({**entry(name, qt), "lowrank": list(names)})
     # All streams are encoded together: codecs search the whole model in one go.
-    encoded = iter(codecs_mod.encode_all(items, codecs))
+    encoded = iter(race.encode_all(items, codecs))
     chunks: list[bytes] = []
     offset = 0
     for entry in entries:

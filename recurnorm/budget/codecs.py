@@ -9,13 +9,10 @@ scales, which the rans scale-bucket context uses as side information.
 from __future__ import annotations
 
 import math
-import threading
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import zstandard
 
 from ..errors import ArtifactError
 from ..quant.grid import rows_layout
@@ -40,142 +37,12 @@ DTYPES: dict[str, np.dtype] = {
         "float64",
     )
 }
-ZSTD_LEVEL = compress.ZSTD_LEVEL
-ZSTD_QUICK_LEVEL = 3
-# The slow level (~0.25 us a byte on small-alphabet layouts) runs on the best quick
-# layout only, and only where zstd is in the race: its quick size within 2% of the best
-# so far. A dense byte layout (8-bit codes) where the quick level found no repetition
-# (it sits at its bytes' order-0 bound) gains nothing from it either (measured).
-ZSTD_SLOW_RACE = 1.02
-ZSTD_REPEATS = 0.97  # quick size under this share of the order-0 bound: repetition found
-ZSTD_DENSE = 0.75  # order-0 bound over this share of the bytes: a dense layout
-ZSTD_PROBE = 1 << 16  # bytes per probe slice
-ZSTD_PROBE_MARGIN = 1.1  # skip zstd when the probe extrapolates 10% above the best so far
-
-
-def _probe(raw: bytes, quick) -> float:
-    """Size of raw under a quick compressor: all of a small stream; a big one's extrapolated
-    from three evenly spread slices."""
-    n = len(raw)
-    if n <= 4 * ZSTD_PROBE:
-        return len(quick(raw))
-    starts = (0, (n - ZSTD_PROBE) // 2, n - ZSTD_PROBE)
-    got = sum(len(quick(raw[s : s + ZSTD_PROBE])) for s in starts)
-    return got * n / (3 * ZSTD_PROBE)
-
-
-class LaidOut:
-    """One layout's bytes of a stream, and what the quick gates learn of them (each once:
-    deflate, lzma and zstd ask the same questions of the same bytes)."""
-
-    def __init__(self, raw: bytes) -> None:
-        self.raw = raw
-
-    @cached_property
-    def counts(self) -> np.ndarray:
-        """How often each byte value occurs."""
-        return np.bincount(np.frombuffer(self.raw, dtype=np.uint8), minlength=256)
-
-    @cached_property
-    def order0(self) -> float:
-        """The order-0 bound of the bytes, in bytes."""
-        return rans.entropy_bits(self.counts) / 8
-
-    @cached_property
-    def zstd1(self) -> float:
-        """The bytes' size under zstd-1 (extrapolated from slices on big streams)."""
-        return _probe(self.raw, _zstd1().compress)
-
-    @cached_property
-    def repeats(self) -> bool:
-        """Whether a zstd-1 pass finds repetition (it lands under ZSTD_REPEATS x order-0)."""
-        return self.zstd1 < ZSTD_REPEATS * self.order0
-
-    @cached_property
-    def literals_size(self) -> int:
-        """Bytes of `literals`, exactly, from the counts alone."""
-        return compress.deflate_literals_size(self.counts)
-
-    @cached_property
-    def literals(self) -> bytes:
-        """The bytes deflated as Huffman-coded literals alone (compress.deflate_literals)."""
-        return compress.deflate_literals(self.raw, self.counts)
-
-    @cached_property
-    def literal_context(self) -> float:
-        """The entropy of each byte given the top 3 bits of the one before (lzma's literal
-        context at its default lc=3), in bytes."""
-        b = np.frombuffer(self.raw, dtype=np.uint8)
-        pairs = rans.context_counts(b[1:], b[:-1] >> 5, 8, 256)
-        return sum(rans.entropy_bits(row) for row in pairs) / 8
-
-
-def _deflate1(raw: bytes) -> bytes:
-    return compress.deflate(raw, 1)
-
-
-FLOAT_PROBE = 1 << 12  # bytes per slice (16 slices, evenly spread)
-
-
-def _float_probe(arr: np.ndarray, ctx: StreamContext) -> float:
-    """deflate-1 size of float words byte-grouped, from 16 slices of a big stream. On
-    all-MiniLM-L6-v2's 65K+ tensors: 1.21-1.23x the fields bytes in bf16, 1.09-1.27x in fp32,
-    where deflate-9 of all the shuffled words lands at 1.06-1.09x and 1.03-1.05x; racing
-    deflate and lzma on them was most of a float model's packing time."""
-    w = np.ascontiguousarray(arr).reshape(-1)
-    k = FLOAT_PROBE // w.itemsize
-    parts = [w] if w.size <= 32 * k else [w[s : s + k] for s in np.linspace(0, w.size - k, 16).astype(int)]
-    got = sum(len(_deflate1(Shuffle().pack(p, ctx.dtype, 0))) for p in parts)
-    return got * w.size / sum(p.size for p in parts)
-
-
-_local = threading.local()
-
-
-def _zstd1() -> zstandard.ZstdCompressor:
-    """A zstd-1 compressor, one per thread (making one costs more than probing 16 KB)."""
-    if not hasattr(_local, "zstd1"):
-        _local.zstd1 = zstandard.ZstdCompressor(level=1)
-    return _local.zstd1
-
-
-def _zstd_probe(raw: bytes) -> float:
-    """zstd-3 size of raw extrapolated from three slices."""
-    return _probe(raw, zstandard.ZstdCompressor(level=3).compress)
-
-
-DEFLATE_PROBE_MARGIN = 1.1  # deflate-1 slices run a few % above deflate-9 on codes
-# deflate-9 and lzma-9e land at >= this share of the bytes' order-0 bound where they find no
-# repetition (measured on int8/int4/ternary codes and fp16 scales of every benchmark case:
-# 0.985-1.03); below it only LZ matches take them.
-NOREP_FLOOR = 0.985
-# Below this many bytes deflate races both ways (level 9 and literals alone, each in tens of
-# microseconds): a zstd-1 pass misjudges repetition there (its frame costs ~10 bytes, more
-# than a constant stream's matches do under deflate).
-LITERALS_PROBE_MIN = 1 << 12
-QUICK_MIN = 1 << 15  # below this many bytes a full deflate-9 costs under a millisecond: no probe
-# ... but quantized codes with repetition, whose zstd-1 pass (made for the literals' gate) lands
-# far above the best so far, are not deflated: deflate-9 landed at 0.94-1.10 of zstd-1 on the
-# three codes streams of benchmarks/pack.py's cases it ran on (the tiny models' int4 and ternary
-# embeddings, where rans leads by 25-30% and deflate-9 cost 0.2-0.3 ms, and MiniLM's ternary one).
-ZSTD1_FLOOR = 0.75
-# On codes where deflate found no repetition, lzma lands within 0.5% of deflate or above
-# it, except where deflate's Huffman codes a skewed alphabet badly (int4 nibbles,
-# heavy-tailed int8: lzma 1-5% under deflate) or lzma's rep-matches find 2-D structure
-# (a position embedding's int4 codes: 2.7% under), and there rans led both by 4% or more
-# (measured: every codes stream of benchmarks/pack.py's cases). lzma on codes never won
-# there, yet racing it was a third of packing all-MiniLM-L6-v2 int8.
-LZMA_NOREP_GAIN = 0.995
-# ... and where the previous byte's top 3 bits (lzma's literal context) say no more than 0.5%
-# about the next byte, its adaptive literals land 1-2% above the order-0 bound on int8
-# codes (measured: trained int8 MLP codes, Gaussian and golf-shaped int8), above deflate's.
-LZMA_CONTEXT_GAIN = 0.995
-NO_RACE = 1 << 62  # best= of a codec's own encode(): nothing to beat, so no gate skips it
 
 
 @dataclass
 class StreamContext:
-    """What encoder and decoder both know about a stream before its bytes."""
+    """What encoder and decoder both know about a stream before its bytes, and what the encoder
+    is asked (effort, mant). The encoder's scratch lives in race.py."""
 
     kind: str  # "codes" | "scales" | "zeros"
     dtype: str
@@ -184,16 +51,7 @@ class StreamContext:
     scales: np.ndarray | None = None
     effort: str = "normal"  # encoder only: how hard codecs search ("normal" or "max")
     version: int = 2  # decoder only: the artifact's format version
-    plans: dict[str, Any] = field(default_factory=dict)  # encoder only: each codec's prepare() result
-    laid: dict[tuple[str, int], LaidOut] = field(default_factory=dict)  # encoder only: see laid_out
-    racing: tuple[str, ...] = ()  # encoder only: the codecs encode_best races on this stream
     mant: int = 0  # encoder only: mantissa bits of the float words it holds (0: not floats)
-
-    def laid_out(self, arr: np.ndarray, layout: str, offset: int) -> LaidOut:
-        """arr's bytes in one layout, made once for every codec that races on them."""
-        if (layout, offset) not in self.laid:
-            self.laid[layout, offset] = LaidOut(layout_bytes(arr, self.dtype, layout, offset))
-        return self.laid[layout, offset]
 
     @property
     def numel(self) -> int:
@@ -215,14 +73,11 @@ class Codec:
             _REGISTRY.register(name, cls)
             cls.name = name
 
-    def prepare(self, items: list[tuple[np.ndarray, StreamContext]]) -> None:
-        """Work out, for many streams at once, what candidates() needs (kept in ctx.plans[name])."""
+    def prepare(self, items: list[tuple[np.ndarray, StreamContext]]) -> list[Any]:
+        """For many streams at once, the plan encode() takes for each (None: it cannot code it)."""
+        return [None] * len(items)
 
-    def candidates(self, arr: np.ndarray, ctx: StreamContext, best: int) -> list[tuple[bytes, dict]]:
-        """Encodings worth trying (best = smallest size found so far)."""
-        return [self.encode(arr, ctx)]
-
-    def encode(self, arr: np.ndarray, ctx: StreamContext) -> tuple[bytes, dict]:
+    def encode(self, arr: np.ndarray, ctx: StreamContext, plan: Any = None) -> tuple[bytes, dict]:
         """Bytes and params of arr."""
         raise NotImplementedError
 
@@ -270,7 +125,7 @@ def _int_range(arr: np.ndarray) -> tuple[int, int] | None:
 class Raw(Codec, name="raw"):
     """Little-endian bytes as they are."""
 
-    def encode(self, arr, ctx):
+    def encode(self, arr, ctx, plan=None):
         return to_le_bytes(arr, ctx.dtype), {}
 
     def decode(self, data, params, ctx):
@@ -466,86 +321,23 @@ def layouts_for(arr: np.ndarray, dtype: str) -> list[tuple[str, int]]:
 
 
 class Compressed(Codec):
-    """A general-purpose compressor over the best of a few byte layouts (plain,
-    byte-grouped, bit-packed); subclasses name the compressor (compress.py)."""
+    """A general-purpose compressor over a byte layout of the stream (plain, byte-grouped,
+    bit-packed); subclasses name the compressor (compress.py). race.py picks the layouts."""
 
     compressor: ClassVar[int]  # a compress.py id
-    LZMA_RACE = 1.02  # lzma (slow) runs only where deflate came within 2% of the best so far
-    # ... and on streams over 256 KiB (lzma-9e: ~0.3 s a MB) only where deflate itself leads:
-    # on big integer codes lzma lands 0.2-0.5% above deflate (measured: int8/int4 codes of
-    # all-MiniLM-L6-v2, Gaussian 4M int8/ternary), so it cannot beat a rans stream that
-    # deflate does not beat, and racing it anyway cost most of the packing time.
-    LZMA_RACE_BIG, BIG_RAW = 1.0, 1 << 18
 
-    def candidates(self, arr, ctx, best):
-        if ctx.mant and ctx.effort != "max" and ctx.nbytes > QUICK_MIN and _float_probe(arr, ctx) > best:
-            ctx.plans[self.name] = []  # float words a quick deflate of shuffled slices finds no better
-            return []
-        tries = [(layout, offset, ctx.laid_out(arr, layout, offset)) for layout, offset in self._layouts(arr, ctx)]
-        quick: dict[str, float] = {}
-        if ctx.effort != "max":
-            big = [i for i, (_, _, laid) in enumerate(tries) if len(laid.raw) > QUICK_MIN]
-            quick = {tries[i][0]: _probe(tries[i][2].raw, _deflate1) for i in big} if len(big) > 1 else {}
-            if quick:  # several layouts (floats): the slow run on the one deflate-1 favours only
-                keep = min(big, key=lambda i: quick[tries[i][0]])
-                tries = [t for i, t in enumerate(tries) if i == keep or i not in big]
-        sized = []
-        for layout, offset, laid in tries:
-            params = {"layout": layout, "offset": offset}
-            sized += [(size, data, params) for size, data in self._tries(laid, ctx, best, quick.get(layout))]
-        # Sizes kept for the lzma race (it runs next and must not deflate the same bytes again).
-        ctx.plans[self.name] = [(size, params) for size, _, params in sized]
-        return [(data, params) for _, data, params in sized if data is not None]
+    def forms(self, raw: bytes) -> list[bytes]:
+        """The compressed forms of one layout's bytes."""
+        return [compress.compress(self.compressor, raw)]
 
-    def _tries(
-        self, laid: LaidOut, ctx: StreamContext, best: int, quick: float | None
-    ) -> list[tuple[int, bytes | None]]:
-        """(size, bytes) of the compressed forms of one layout's bytes worth racing: none where
-        quick passes say the slow run cannot win. A form whose size is known without making
-        it, and cannot beat `best`, comes without its bytes (None)."""
-        if ctx.effort != "max" and len(laid.raw) > QUICK_MIN and self._loses(laid, best, quick):
-            return []
-        if (  # small codes: the zstd-1 pass the literals' gate made says enough
-            ctx.effort != "max"
-            and ctx.scales is not None
-            and LITERALS_PROBE_MIN <= len(laid.raw) <= QUICK_MIN
-            and laid.zstd1 * ZSTD1_FLOOR >= best
-        ):
-            return []
-        data = compress.compress(self.compressor, laid.raw)
-        return [(len(data), data)]
-
-    @staticmethod
-    def _loses(laid: LaidOut, best: int, quick: float | None = None) -> bool:
-        """Whether quick passes say the slow run cannot win: a zstd-1 pass finds no
-        repetition (only LZ matches take a compressor under its bytes' order-0 floor) and
-        that floor is no better than the best so far; or, on big streams, quick deflate
-        slices (`quick`, when the caller has them) land clearly above the best so far or
-        find no repetition where the order-0 bound already loses.
-
-        zstd-1 is 15-20x quicker than deflate-1 on codes (where deflate-9's lazy matching
-        crawls): one pass over a small stream, slices of a big one."""
-        order0 = laid.order0
-        big = len(laid.raw) > 4 * ZSTD_PROBE
-        if order0 * (1.0 if big else NOREP_FLOOR) >= best and not laid.repeats:
-            return True
-        if not big:
-            return False
-        if quick is None:
-            quick = _probe(laid.raw, _deflate1)
-        return quick > best * DEFLATE_PROBE_MARGIN or (quick >= ZSTD_REPEATS * order0 and order0 >= best)
-
-    @staticmethod
-    def _layouts(arr, ctx) -> list[tuple[str, int]]:
-        layouts = layouts_for(arr, ctx.dtype)
-        if ctx.effort != "max" and LAYOUTS[layouts[-1][0]].capacity:
-            # Codes that pack: only the packed layout (measured on trained int4/ternary codes:
-            # plain is 7-36% larger than packed at zstd's quick level).
-            layouts = layouts[-1:]
-        return layouts
-
-    def encode(self, arr, ctx):
-        return min(self.candidates(arr, ctx, best=NO_RACE), key=lambda c: len(c[0]))
+    def encode(self, arr, ctx, plan=None):
+        """The smallest form over every layout (plan: the (layout, offset) pairs to try)."""
+        tries = [
+            (f, {"layout": lay, "offset": off})
+            for lay, off in plan or layouts_for(arr, ctx.dtype)
+            for f in self.forms(layout_bytes(arr, ctx.dtype, lay, off))
+        ]
+        return min(tries, key=lambda t: len(t[0]))
 
     def decode(self, data, params, ctx):
         layout = params.get("layout")
@@ -569,105 +361,27 @@ class Compressed(Codec):
 
 
 class Deflate(Compressed, name="deflate"):
-    """Raw deflate (zlib, level 9): portable, quick; wins on small streams.
-
-    Quantized codes where a zstd-1 pass finds no repetition are coded as Huffman literals
-    only (compress.deflate_literals): level 9's matches there cost more than they save
-    (0.2-7% larger on every such codes stream of benchmarks/pack.py's cases) and its match
-    search is most of deflate's time. The literals' size follows from the byte counts, so
-    they are made only where they beat the best so far; where the order-0 bound of those
-    bytes already loses to it, they cannot (they land at 1.0035-1.02 of it, measured), and
-    lzma is not raced either."""
+    """Raw deflate (zlib, level 9): portable, quick; wins on small streams. Quantized codes without
+    repetition are better coded as Huffman literals alone (compress.deflate_literals): level 9's
+    matches there cost more than they save; any inflater reads both."""
 
     compressor = compress.DEFLATE
 
-    @staticmethod
-    def races_literals(laid: LaidOut, ctx: StreamContext) -> bool:
-        """Whether deflate races these bytes' Huffman literals (and so lands at or under them
-        where they could win): quantized codes, at max effort or below LITERALS_PROBE_MIN
-        always, else where the zstd-1 pass finds no repetition. Float words and codes with
-        repetition get level 9's matches instead."""
-        return ctx.scales is not None and (
-            ctx.effort == "max" or len(laid.raw) < LITERALS_PROBE_MIN or not laid.repeats
-        )
-
-    def _tries(self, laid, ctx, best, quick):
-        if not self.races_literals(laid, ctx):
-            return super()._tries(laid, ctx, best, quick)
-        size = laid.literals_size
-        literals = (size, laid.literals if size < best else None)
-        if ctx.effort == "max" or len(laid.raw) < LITERALS_PROBE_MIN:
-            matched = compress.deflate(laid.raw)
-            return [(len(matched), matched), literals]
-        return [] if laid.order0 >= best else [literals]
+    def forms(self, raw):
+        return [compress.deflate(raw), compress.deflate_literals(raw)]
 
 
 class Lzma(Compressed, name="lzma"):
-    """Raw LZMA2 (9e): portable; 1-10% under deflate on scales and float words, slower,
-    so it runs on deflate's best layout only, and only where deflate is in the race."""
+    """Raw LZMA2 (9e): portable; 1-10% under deflate on scales and float words, slower."""
 
     compressor = compress.LZMA
 
-    def candidates(self, arr, ctx, best):
-        if ctx.effort == "max":  # every layout
-            return super().candidates(arr, ctx, best)
-        raced = Deflate.name in ctx.plans  # (its result is then among the candidates)
-        if not raced:  # deflate was not in the race: try it here
-            Deflate().candidates(arr, ctx, best)
-        tries = ctx.plans[Deflate.name]
-        if not tries:  # deflate's probe already lost clearly: lzma lands near it on such bytes
-            return []
-        size, params = min(tries, key=lambda c: c[0])
-        laid = ctx.laid_out(arr, params["layout"], params["offset"])
-        if len(laid.raw) < compress.LZMA_MIN_BYTES:
-            return []
-        if size > best * (self.LZMA_RACE_BIG if len(laid.raw) > self.BIG_RAW else self.LZMA_RACE):
-            return []
-        # Quantized codes (they have scales) with no repetition for lzma to find, and deflate
-        # either leads the race (lzma then lands above it: 1% on 16K int8 codes) or trails the
-        # best by under LZMA_NOREP_GAIN, or the bytes hold no sequential structure for lzma's
-        # literal contexts (the previous byte's top bits) to use. Not float words: there lzma
-        # finds 2-9% under deflate (bf16 and fp32 passthrough tensors of a trained model),
-        # repetition or not.
-        if (
-            ctx.scales is not None
-            and best < NO_RACE
-            and size >= ZSTD_REPEATS * laid.order0
-            and (
-                (raced and size <= best)
-                or size * LZMA_NOREP_GAIN >= best
-                or laid.literal_context >= LZMA_CONTEXT_GAIN * laid.order0
-            )
-        ):
-            return []
-        return [(compress.compress(self.compressor, laid.raw), params)]
-
 
 class Zstd(Compressed, name="zstd"):
-    """zstd (level 19) over the best layout. Not portable (the standard library has no
-    zstd): read always, written only when asked for (`codecs=` naming it)."""
+    """zstd (level 19). Not portable (the standard library has no zstd): read always, written
+    only when asked for (`codecs=` naming it)."""
 
     compressor = compress.ZSTD
-
-    def candidates(self, arr, ctx, best):
-        quick = []
-        for layout, offset in self._layouts(arr, ctx):
-            laid = ctx.laid_out(arr, layout, offset)
-            if len(laid.raw) > 4 * ZSTD_PROBE and _zstd_probe(laid.raw) > best * ZSTD_PROBE_MARGIN:
-                continue  # a slice at the fast level already loses clearly: skip the full runs
-            data = zstandard.ZstdCompressor(level=ZSTD_QUICK_LEVEL).compress(laid.raw)
-            quick.append((data, {"layout": layout, "offset": offset}, laid))
-        out = [(data, params) for data, params, _ in quick]
-        if ctx.effort == "max":  # every layout at the slow level
-            return out + [(compress.compress(self.compressor, laid.raw), params) for _, params, laid in quick]
-        if not quick:
-            return out
-        data, params, laid = min(quick, key=lambda q: len(q[0]))  # first layout on ties
-        if len(data) > best * ZSTD_SLOW_RACE:
-            return out
-        if len(data) < ZSTD_REPEATS * laid.order0 or laid.order0 < ZSTD_DENSE * len(laid.raw):
-            out.append((compress.compress(self.compressor, laid.raw), params))
-        return out
 
 
 def _symbols_to_array(sym: np.ndarray, offset: int, ctx: StreamContext) -> np.ndarray:
@@ -724,31 +438,26 @@ class Rans(Codec, name="rans"):
         return sym, rng[0], rng[1] - rng[0] + 1
 
     def prepare(self, items):
-        """One search for all codes streams (search.plan): small tensors share its calls."""
-        jobs, ctxs, syms = [], [], []
-        for arr, ctx in items:
-            got = self.symbols(arr) if ctx.kind == "codes" else None
+        """One search for all integer streams (search.plan): small tensors share its calls.
+        Each plan: ((symbols, offset, alphabet), geometry, choice)."""
+        jobs, ctxs, syms, out = [], [], [], [None] * len(items)
+        for j, (arr, ctx) in enumerate(items):
+            got = self.symbols(arr)
             if got is not None:
                 jobs.append((got[0], got[2], geometry(ctx)))
                 ctxs.append(ctx)
-                syms.append(got)
+                syms.append((j, got))
         for effort in sorted({c.effort for c in ctxs}):
             picked = [i for i, c in enumerate(ctxs) if c.effort == effort]
             for i, choice in zip(picked, search.plan([jobs[i] for i in picked], effort), strict=True):
-                ctxs[i].plans[self.name] = (syms[i], jobs[i][2], choice)
+                out[syms[i][0]] = (syms[i][1], jobs[i][2], choice)
+        return out
 
-    def candidates(self, arr, ctx, best):
-        if self.name in ctx.plans:  # prepare() already has the symbols, geometry and choice
-            (sym, offset, nsym), geo, c = ctx.plans[self.name]
-        else:
-            got = self.symbols(arr)
-            if got is None:
-                return []
-            sym, offset, nsym = got
-            geo = geometry(ctx)
-            c = search.choose(sym, nsym, geo, ctx.effort)
-        if self._loses_to_literals(arr, ctx, c):
-            return []
+    def encode(self, arr, ctx, plan=None):
+        plan = plan or self.prepare([(arr, ctx)])[0]
+        if plan is None:
+            raise ValueError("rans needs integer codes with at most 4096 distinct values")
+        (sym, offset, nsym), geo, c = plan
         # uint8 ids and uint16 units: what the kernel reads (no int64 copies of the stream)
         cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, np.uint8, kc=c.kc)
         nt = nsym**c.t
@@ -767,34 +476,7 @@ class Rans(Codec, name="rans"):
             params["kc"] = c.kc
         if c.t > 1:
             params["tuple"] = c.t
-        return [(body, params)]
-
-    # Side data packs to at least this share of the search's estimate of it (measured: 0.79-1.0
-    # over every side blob of benchmarks/pack.py's cases, all-MiniLM-L6-v2 included).
-    SIDE_FLOOR = 0.75
-
-    def _loses_to_literals(self, arr, ctx, c: search.Choice) -> bool:
-        """Whether deflate, racing next, beats this plan with Huffman literals even were its
-        side data SIDE_FLOOR of the estimate and its header and flush free: small streams of wide alphabets without
-        repetition, where a table costs more than Huffman's redundancy (16K int8 codes). The
-        encode and the side data's compression, most of what such a stream costs, are skipped."""
-        if ctx.effort == "max" or c.side is None or Deflate.name not in ctx.racing:
-            return False
-        laid = ctx.laid_out(arr, *Deflate._layouts(arr, ctx)[-1])
-        # The estimate's header and flush bytes are upper bounds (a small stream's header is a
-        # few bytes; the last states carry some of the payload): the floor takes them off.
-        floor = c.cost - search.HEADER_BYTES - 4 * c.lanes - (1 - self.SIDE_FLOOR) * c.side.nbytes
-        return (
-            floor > laid.order0  # (literals land above the bytes' order-0 bound)
-            and Deflate.races_literals(laid, ctx)
-            and floor > laid.literals_size
-        )
-
-    def encode(self, arr, ctx):
-        cands = self.candidates(arr, ctx, 1 << 62)
-        if not cands:
-            raise ValueError("rans needs integer codes with at most 4096 distinct values")
-        return cands[0]
+        return body, params
 
     def decode(self, data, params, ctx):
         offset, nsym = params.get("offset"), params.get("nsym")
@@ -885,42 +567,36 @@ class Fields(Codec, name="fields"):
         return head.reshape(1, -1), b"".join(p.tobytes() for p in planes), {"mant": m, "hi": h}
 
     def prepare(self, items):
-        """Every float stream's head, and one rans search for all of them (as Rans.prepare)."""
-        jobs, heads = [], []
-        for arr, ctx in items:
+        """Every float stream's head, and one rans search for all of them (as Rans.prepare).
+        Each plan: (head's context, tail, params, the head's rans plan)."""
+        jobs, heads, out = [], [], [None] * len(items)
+        for j, (arr, ctx) in enumerate(items):
             if ctx.mant and arr.size and arr.dtype.itemsize == (4 if ctx.mant > 16 else 2):  # (their words)
                 head, tail, params = self.split(arr, ctx)
                 hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, ctx.effort)
                 lo = int(head.min())
                 jobs.append((head.ravel() - np.uint16(lo), int(head.max()) - lo + 1, geometry(hctx)))
-                heads.append((ctx, hctx, lo, tail, params))
-        for effort in sorted({c.effort for c, *_ in heads}):
-            picked = [i for i, h in enumerate(heads) if h[0].effort == effort]
+                heads.append((j, ctx, hctx, lo, tail, params))
+        for effort in sorted({h[1].effort for h in heads}):
+            picked = [i for i, h in enumerate(heads) if h[1].effort == effort]
             for i, choice in zip(picked, search.plan([jobs[i] for i in picked], effort), strict=True):
-                ctx, hctx, lo, tail, params = heads[i]
-                hctx.plans[Rans.name] = ((jobs[i][0], lo, jobs[i][1]), jobs[i][2], choice)
-                ctx.plans[self.name] = (hctx, tail, params)
+                j, ctx, hctx, lo, tail, params = heads[i]
+                out[j] = (hctx, tail, params, ((jobs[i][0], lo, jobs[i][1]), jobs[i][2], choice))
+        return out
 
-    def candidates(self, arr, ctx, best):
-        if self.name not in ctx.plans:
-            self.prepare([(arr, ctx)])
-            if self.name not in ctx.plans:
-                return []
-        hctx, tail, params = ctx.plans[self.name]
-        body, hparams = Rans().candidates(None, hctx, NO_RACE)[0]
+    def encode(self, arr, ctx, plan=None, tail_level=9):
+        """tail_level: deflate's level for the tail, kept where smaller (0: stored as it is)."""
+        plan = plan or self.prepare([(arr, ctx)])[0]
+        if plan is None:
+            raise ValueError("fields needs float words")
+        hctx, tail, params, head_plan = plan
+        body, hparams = Rans().encode(None, hctx, head_plan)
         z = compress.RAW
-        if len(tail) < QUICK_MIN or LaidOut(tail).zstd1 < ZSTD_REPEATS * len(tail):
-            # (level 1 on big tails: 0.03% over level 9 on MiniLM's fp32 embedding, in 60% of the time)
-            packed = compress.deflate(tail, 9 if len(tail) < QUICK_MIN else 1)
+        if tail_level:
+            packed = compress.deflate(tail, tail_level)
             tail, z = (packed, compress.DEFLATE) if len(packed) < len(tail) else (tail, z)
         hparams["lo"] = hparams.pop("offset")  # (the heads' least value: no offset of the words)
-        return [(tail + body, {**hparams, **params, "tail": len(tail), "tz": z})]
-
-    def encode(self, arr, ctx):
-        cands = self.candidates(arr, ctx, NO_RACE)
-        if not cands:
-            raise ValueError("fields needs float words")
-        return cands[0]
+        return tail + body, {**hparams, **params, "tail": len(tail), "tz": z}
 
     def decode(self, data, params, ctx):
         dt = DTYPES[ctx.dtype]
@@ -952,38 +628,3 @@ class Fields(Codec, name="fields"):
                 v = v[:n] << np.uint8(bit % 8)
             w.view(np.uint8).reshape(n, dt.itemsize)[:, bit // 8] |= v
         return w.view(dt).reshape(ctx.shape)
-
-
-# ----------------------------------------------------------------- selection
-
-# Portable: what the standard library and numpy decode (the standalone loader reads these).
-DEFAULT_CODECS = ("rans", "fields", "deflate", "lzma", "raw")
-
-
-def encode_all(items: list[tuple[np.ndarray, StreamContext]], names=None) -> list[tuple[str, dict, bytes]]:
-    """encode_best of every (array, context), after each codec has prepared for all of them."""
-    names = list(names or DEFAULT_CODECS)
-    for name in names:
-        get(name).prepare(items)
-    return [encode_best(arr, ctx, names) for arr, ctx in items]
-
-
-def encode_best(arr: np.ndarray, ctx: StreamContext, names=None) -> tuple[str, dict, bytes]:
-    """Try each codec and keep the smallest encoding: (codec name, params, bytes)."""
-    names = list(names or DEFAULT_CODECS)
-    ctx.racing = tuple(names)
-    best: tuple[str, dict, bytes] | None = None
-    # raw is the fallback that always works; the others are compared against it.
-    for name in sorted(names, key=lambda n: n != "raw"):
-        codec = get(name)
-        limit = len(best[2]) if best else ctx.nbytes
-        for data, params in codec.candidates(arr, ctx, limit):
-            if best is None or len(data) < len(best[2]):
-                best = (name, params, data)
-    if best is None:
-        best = ("raw", {}, Raw().encode(arr, ctx)[0])
-    # The stream's laid-out bytes and plans (a copy of its symbols) served this race only:
-    # freed now, so that a model's streams are not all held at once.
-    ctx.laid.clear()
-    ctx.plans.clear()
-    return best
