@@ -1,0 +1,75 @@
+"""What each shortcut of the codec race (recurnorm/budget/race.py GATES) buys: pack CPU time and
+artifact bytes with the gate on and off, on benchmarks/pack.py's cases of >= 1M codes.
+
+A gate that saves under 10% of pack time on such a model and under 0.1% of bytes does not earn
+its place (issue 23). One thread's CPU time (time.process_time), best of --repeats.
+
+    python benchmarks/gates.py                        # every gate, every case
+    python benchmarks/gates.py --gate lzma_norep --only MiniLM
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import pack as pack_bench  # noqa: E402
+import ship as ship_bench  # noqa: E402
+
+from recurnorm.budget import pack_qtensors, race  # noqa: E402
+
+ZSTD = ("rans", "zstd", "raw")
+
+
+def cases(only: list[str]):
+    """(name, qtensors, codecs) of every case of >= 1M codes."""
+    qcases = pack_bench.synthetic(4_000_000)
+    qcases.update(pack_bench.golf_shaped())
+    for path in sorted(os.listdir(pack_bench.REAL_CACHE)) if os.path.isdir(pack_bench.REAL_CACHE) else []:
+        if path.endswith(".safetensors") and (not only or any(o.split()[0] in path for o in only)):
+            qcases.update(pack_bench.real(os.path.join(pack_bench.REAL_CACHE, path)))
+    out = [(name, qts, None) for name, qts in qcases.items()]
+    if not only or any("zstd" in o for o in only):
+        out += [(f"{name} zstd", qts, ZSTD) for name, qts in ship_bench.cases([], quick=False)]
+    return [c for c in out if not only or any(o in c[0] for o in only)]
+
+
+def timed(qts, codecs, gate: str | None) -> tuple[float, int]:
+    """CPU seconds and bytes of one pack, with `gate` (a GATES row) off."""
+    value = race.GATES.get(gate)
+    if gate:
+        race.GATES[gate] = None
+    try:
+        t = time.process_time()
+        size = len(pack_qtensors(qts, codecs=codecs))
+        return time.process_time() - t, size
+    finally:
+        if gate:
+            race.GATES[gate] = value
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gate", action="append", default=[], help="only this gate; repeatable")
+    ap.add_argument("--only", action="append", default=[], help="only cases whose name contains this")
+    ap.add_argument("--repeats", type=int, default=3, help="packs each way, interleaved (best counts)")
+    args = ap.parse_args()
+    todo = cases(args.only)
+    for gate in args.gate or list(race.GATES):
+        for name, qts, codecs in todo:
+            # On and off alternate, so that a slow spell of this shared machine hits both.
+            runs = [[timed(qts, codecs, g) for g in (None, gate)] for _ in range(args.repeats)]
+            (t0, size0), (t, size) = (min(r[i] for r in runs) for i in (0, 1))
+            print(
+                f"{gate:16s} {name:32s} on {t0:6.2f} s {size0:>11,} B  off {t:6.2f} s {size:>11,} B  "
+                f"gate saves {1 - t0 / t:+6.1%} time, {size / size0 - 1:+.4%} bytes",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
