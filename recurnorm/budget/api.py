@@ -6,7 +6,7 @@ import hashlib
 import json
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -426,15 +426,7 @@ class VerifyReport:
 
     def to_dict(self) -> dict:
         """JSON-able form."""
-        return {
-            "path": self.path,
-            "ok": self.ok,
-            "exit_code": self.exit_code,
-            "reason": self.reason,
-            "cap": self.cap,
-            "tensors": self.tensors,
-            "metadata": self.metadata,
-        }
+        return asdict(self)
 
 
 def verify_bytes(data: bytes, budget=None, path: str = "<bytes>", max_decoded_bytes: int | None = None) -> VerifyReport:

@@ -1,9 +1,9 @@
-"""Stream codecs: one small registered class each; the packer keeps the smallest.
+"""Stream codecs: one small registered class each; the race (race.py) keeps the smallest.
 
-A codec turns one ndarray (a QTensor's codes, scales or zeros) into bytes plus
-JSON params, and back. `StreamContext` carries what both sides know for free:
-the stream's dtype and shape, the tensor's shape, and (for codes) the decoded
-scales, which the rans scale-bucket context uses as side information.
+A codec turns one ndarray (a QTensor's codes, scales or zeros) into bytes plus JSON params,
+and back. `StreamContext` carries what both sides know for free: the stream's dtype and
+shape, the tensor's shape, and (for codes) the decoded scales, which the rans scale-bucket
+context uses as side information.
 """
 
 from __future__ import annotations
@@ -22,20 +22,7 @@ from . import compress, rans, search
 # numpy dtypes a stream may hold; all are stored little-endian.
 DTYPES: dict[str, np.dtype] = {
     name: np.dtype(name).newbyteorder("<")
-    for name in (
-        "bool",
-        "uint8",
-        "int8",
-        "uint16",
-        "int16",
-        "uint32",
-        "int32",
-        "uint64",
-        "int64",
-        "float16",
-        "float32",
-        "float64",
-    )
+    for name in "bool uint8 int8 uint16 int16 uint32 int32 uint64 int64 float16 float32 float64".split()
 }
 
 
@@ -245,7 +232,7 @@ class Bits(Packed):
 
     def pack_symbols(self, sym):
         per, bits = self.per, self.bits
-        wide = np.uint8 if per * bits == 8 else np.uint32  # a byte holds nib4's and bits2's words
+        wide = np.uint8 if per * bits == 8 else np.uint32  # a byte holds byte's, nib4's and bits2's words
         padded = np.zeros(-(-len(sym) // per) * per, dtype=wide)
         padded[: len(sym)] = sym
         words = padded[::per].copy()
@@ -261,25 +248,10 @@ class Bits(Packed):
         w = np.zeros((len(b), 4), dtype=np.uint8)
         w[:, : b.shape[1]] = b
         words = w.view("<u4").ravel().astype(np.uint32)
-        out = np.empty((len(words), per), dtype=np.uint8)  # symbols < 64
+        out = np.empty((len(words), per), dtype=np.uint8)
         for j in range(per):
             out[:, j] = (words >> np.uint32(bits * j)) & np.uint32((1 << bits) - 1)
         return out.ravel()
-
-
-class Byte(Packed):
-    """One symbol per byte (codes wider than a byte whose span fits in one)."""
-
-    capacity = 256
-
-    def size(self, n, itemsize):
-        return n
-
-    def pack_symbols(self, sym):
-        return sym.astype(np.uint8).tobytes()
-
-    def unpack_symbols(self, raw):
-        return np.frombuffer(raw, dtype=np.uint8)
 
 
 # Every layout, by the name the manifest stores; the packed ones tightest first.
@@ -290,7 +262,7 @@ LAYOUTS: dict[str, Layout] = {
     "bits2": Bits(4, 2),
     "nib4": Bits(2, 4),
     "pack6": Bits(4, 6),
-    "byte": Byte(),
+    "byte": Bits(1, 8),  # one symbol a byte: codes wider than a byte whose span fits in one
 }
 
 
