@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import sample_qtensors
 
-from recurnorm.budget import Budget, codecs, compress, pack_qtensors, race, read_artifact, verify_bytes
+from recurnorm.budget import Budget, compress, pack_qtensors, read_artifact, verify_bytes
 from recurnorm.budget import format as fmt
 from recurnorm.errors import ArtifactError, OverCapError
 
@@ -152,18 +152,8 @@ def test_lzma_runs_on_big_manifests_and_at_max_effort(monkeypatch):
 
 
 def test_lzma_skips_blobs_of_at_most_256_bytes():
-    rng = np.random.default_rng(0)
-    blob = bytes(rng.integers(0, 4, 256, dtype=np.uint8))
+    blob = bytes(np.random.default_rng(0).integers(0, 4, 256, dtype=np.uint8))
     assert compress.smallest(blob)[1] != compress.LZMA
-    scales = rng.random(128).astype(np.float16)  # 256 bytes: lzma is not raced
-    assert _lzma(scales) == []
-    assert len(_lzma(rng.random(129).astype(np.float16))) == 1
-
-
-def _lzma(scales):
-    """lzma's candidates in the race on a scales stream."""
-    s = race.Stream(scales, codecs.StreamContext("scales", "float16", scales.shape))
-    return race.RACE["lzma"](s, 1 << 20, None)
 
 
 def test_manifest_is_stored_compressed_and_every_form_reads():

@@ -14,7 +14,7 @@ from functools import cached_property
 import numpy as np
 import zstandard
 
-from . import codecs, compress, rans, search
+from . import codecs, compress, rans
 from .codecs import LAYOUTS, StreamContext, get
 
 # Portable: what the standard library and numpy decode (the standalone loader reads these).
@@ -22,53 +22,41 @@ DEFAULT_CODECS = ("rans", "fields", "deflate", "lzma", "raw")
 
 QUICK_MIN = 1 << 15  # below this many bytes a full deflate-9 costs under a millisecond: no probe
 REPEATS = 0.97  # a zstd-1 pass under this share of the order-0 bound has found repetition
-PROBE = 1 << 16  # bytes per probe slice (three on streams over 4 slices)
+PROBE = 1 << 16  # bytes per zstd-1 probe slice (three on streams over 4 slices)
 # Below this many bytes a zstd-1 pass misjudges repetition (its frame costs ~10 bytes, more than
 # a constant stream's matches do under deflate): deflate races level 9 and literals both.
 LITERALS_MIN = 1 << 12
-# Every shortcut of the race, with the measurement that justifies it. A row set to None is off:
-# that path then runs as the full race (effort "max") runs it.
+# Every shortcut of the race, with what it saves of pack CPU time (one thread, benchmarks/gates.py:
+# on and off interleaved, best of 3). None turns a row off: that path then runs as effort "max"
+# runs all of them. A shortcut that saves under 10% of packing a >= 1M-code model, and under
+# 0.1% of bytes, does not earn its place.
 GATES: dict[str, float | None] = {
-    # Codes that pack: only the packed layout (trained int4/ternary: plain 7-36% larger at zstd-3).
+    # Codes that pack: the packed layout only (plain is 7-36% larger). Saves 13-52% on MiniLM's
+    # int8/int6/int4/ternary, 27-59% on golf-shaped int8/int4/ternary.
     "packed_only": 1,
-    # Float words: no deflate/lzma where deflate-1 of 16 byte-grouped slices (4 KiB each) is over
-    # the best. all-MiniLM-L6-v2: 1.21-1.23x fields in bf16, 1.09-1.27x in fp32, while deflate-9
-    # lands at 1.06-1.09x and 1.03-1.05x; racing them was most of a float model's packing time.
+    # Float words over QUICK_MIN: no deflate/lzma where deflate-1 of 16 byte-grouped slices of
+    # this many bytes lands over the best (the fields coding). Saves 52% on MiniLM bf16, 90% on
+    # golf-shaped fp32; same bytes.
     "float_probe": 1 << 12,
-    # Several layouts over QUICK_MIN (float words): the slow run on the one deflate-1 favours.
-    "layout_probe": 1,
-    # deflate-9 and lzma-9e land at >= this share of the order-0 bound where zstd-1 finds no
-    # repetition (int8/int4/ternary codes and fp16 scales of every benchmark case: 0.985-1.03).
-    "norep_floor": 0.985,
-    # Streams over 4 probe slices: no deflate-9 where deflate-1 slices land this far over the best
-    # (they run a few % above deflate-9 on codes).
-    "deflate_probe": 1.1,
-    # Codes with repetition of 4-32 KiB: no deflate-9 where zstd-1 x this is over the best
-    # (deflate-9 at 0.94-1.10 of zstd-1 on the benchmark codes streams it ran on).
-    "zstd1_floor": 0.75,
     # Codes from LITERALS_MIN bytes on: Huffman literals where zstd-1 finds no repetition (level
-    # 9's matches there cost 0.2-7% more), level 9 where it does.
+    # 9's matches cost 0.2-7% more there), level 9 where it does. Saves 28-50% on MiniLM, 22-66%
+    # on golf-shaped.
     "literals_only": 1,
-    # No rans encode where deflate's literals beat its estimate with side data at this share
-    # (side data packs to 0.79-1.0 of the estimate on every benchmark side blob).
-    "rans_vs_literals": 0.75,
-    # lzma only on deflate's best layout, within 2% of the best (over 256 KiB: deflate leads; on
-    # big codes lzma lands 0.2-0.5% above deflate: MiniLM int8/int4, Gaussian 4M int8/ternary).
+    # lzma on deflate's best layout only, where deflate is within this factor of the best (over
+    # 256 KiB: where deflate leads). Saves 66-92% on MiniLM (lzma-9e: ~0.3 s a MB), 64-91% on
+    # golf-shaped; at most 0.04% of bytes (golf-shaped int8).
     "lzma_race": 1.02,
-    # Codes without repetition: no lzma where deflate leads or trails the best by under 0.5% (rans
-    # led both by 4%+ where lzma beat deflate; racing lzma was a third of packing MiniLM int8).
+    # Codes without repetition: no lzma where deflate leads, or trails the best by under this
+    # factor. Saves 11-20% on MiniLM ternary (8-34% on int6); same bytes.
     "lzma_norep": 0.995,
-    # ... nor where the previous byte's top 3 bits (lzma's lc=3) say under 0.5% about the next
-    # (its literals then land 1-2% above order-0 on int8 codes: above deflate's).
+    # ... nor where the previous byte's top 3 bits (lzma's literal context) say under 0.5% about
+    # the next: lzma's literals then land above deflate's. Saves 26-47% on MiniLM int8.
     "lzma_context": 0.995,
-    # No zstd where zstd-3 of three slices extrapolates 10% over the best.
-    "zstd_probe": 1.1,
-    # zstd-19 (~0.25 us a byte) on the best zstd-3 layout only, within 2% of the best, and only
-    # where zstd-3 found repetition or the layout is not dense (order-0 under 0.75 of its bytes).
+    # zstd-19 on the best zstd-3 layout only, where it is within this factor of the best. Saves
+    # 60-79% on ship.py's 17M models (codecs rans, zstd, raw); 0.002% of bytes.
     "zstd_slow_race": 1.02,
-    "zstd_dense": 0.75,
-    # Fields' tail (low mantissa bits, signs) over QUICK_MIN: deflate-1 where zstd-1 finds
-    # repetition, else stored (MiniLM fp32 embedding: level 1 is 0.03% over 9, in 60% of the time).
+    # Float tails (low mantissa bits, signs) over QUICK_MIN: deflate-1 where zstd-1 finds
+    # repetition, else stored. Saves 36% on MiniLM bf16, 58% on golf-shaped fp32; 0.03% of bytes.
     "fields_tail": 1,
 }
 NO_RACE = 1 << 62  # a best with nothing to beat
@@ -80,24 +68,6 @@ def _zstd1() -> zstandard.ZstdCompressor:
     if not hasattr(_local, "zstd1"):
         _local.zstd1 = zstandard.ZstdCompressor(level=1)
     return _local.zstd1
-
-
-def _deflate1(raw: bytes) -> bytes:
-    return compress.deflate(raw, 1)
-
-
-def _zstd3(raw: bytes) -> bytes:
-    return zstandard.ZstdCompressor(level=3).compress(raw)
-
-
-def probe(raw: bytes, quick) -> float:
-    """Size of raw under a quick compressor: all of a small stream; a big one's extrapolated
-    from three evenly spread slices."""
-    n = len(raw)
-    if n <= 4 * PROBE:
-        return len(quick(raw))
-    starts = (0, (n - PROBE) // 2, n - PROBE)
-    return sum(len(quick(raw[s : s + PROBE])) for s in starts) * n / (3 * PROBE)
 
 
 class LaidOut:
@@ -118,7 +88,12 @@ class LaidOut:
 
     @cached_property
     def zstd1(self) -> float:
-        return probe(self.raw, _zstd1().compress)
+        """The bytes' size under zstd-1: of all of a small stream, extrapolated from three
+        evenly spread slices of a big one."""
+        n, z = len(self.raw), _zstd1()
+        if n <= 4 * PROBE:
+            return len(z.compress(self.raw))
+        return sum(len(z.compress(self.raw[i : i + PROBE])) for i in (0, (n - PROBE) // 2, n - PROBE)) * n / (3 * PROBE)
 
     @cached_property
     def repeats(self) -> bool:
@@ -202,36 +177,19 @@ def encode_best(arr: np.ndarray, ctx: StreamContext, names=None, plans=None) -> 
 
 
 def _rans(s: Stream, best: int, plan) -> list[tuple[bytes, dict]]:
-    codec = get("rans")
-    if plan is None:  # (not a codes stream: planned alone)
-        plan = codec.prepare([(s.arr, s.ctx)])[0]
-    if plan is None or (s.on("rans_vs_literals") and _rans_loses_to_literals(s, plan[2])):
-        return []
-    return [codec.encode(s.arr, s.ctx, plan)]
-
-
-def _rans_loses_to_literals(s: Stream, c: search.Choice) -> bool:
-    """Whether deflate, racing next, beats this rans plan with Huffman literals even were its
-    side data GATES["rans_vs_literals"] of the estimate and its header and flush free: small
-    streams of wide alphabets without repetition (16K int8 codes)."""
-    if c.side is None or "deflate" not in s.names:
-        return False
-    laid = s.laid_out(*s.layouts()[-1])
-    floor = c.cost - search.HEADER_BYTES - 4 * c.lanes - (1 - GATES["rans_vs_literals"]) * c.side.nbytes
-    return floor > laid.order0 and s.races_literals(laid) and floor > laid.literals_size
+    plan = plan or get("rans").prepare([(s.arr, s.ctx)])[0]  # (not a codes stream: planned alone)
+    return [get("rans").encode(s.arr, s.ctx, plan)] if plan else []
 
 
 def _fields(s: Stream, best: int, plan) -> list[tuple[bytes, dict]]:
-    codec = get("fields")
-    if plan is None:
-        plan = codec.prepare([(s.arr, s.ctx)])[0]
+    plan = plan or get("fields").prepare([(s.arr, s.ctx)])[0]
     if plan is None:
         return []
-    tail = plan[1]
+    tail = plan[1]  # (the low mantissa bits and the signs, as bytes)
     level = 9 if len(tail) < QUICK_MIN else 1
     if len(tail) >= QUICK_MIN and s.on("fields_tail") and not LaidOut(tail).zstd1 < REPEATS * len(tail):
         level = 0
-    return [codec.encode(s.arr, s.ctx, plan, tail_level=level)]
+    return [get("fields").encode(s.arr, s.ctx, plan, tail_level=level)]
 
 
 def _float_probe(s: Stream) -> float:
@@ -239,63 +197,27 @@ def _float_probe(s: Stream) -> float:
     w = np.ascontiguousarray(s.arr).reshape(-1)
     k = GATES["float_probe"] // w.itemsize
     parts = [w] if w.size <= 32 * k else [w[i : i + k] for i in np.linspace(0, w.size - k, 16).astype(int)]
-    got = sum(len(_deflate1(LAYOUTS["shuffle"].pack(p, s.ctx.dtype, 0))) for p in parts)
+    got = sum(len(compress.deflate(LAYOUTS["shuffle"].pack(p, s.ctx.dtype, 0), 1)) for p in parts)
     return got * w.size / sum(p.size for p in parts)
 
 
 def _deflate(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
-    """deflate's candidates; their sizes (also of those not made, as they cannot win) are kept
-    for lzma, which runs next on the same layouts."""
+    """Level 9 and Huffman literals on each layout, where worth racing. The sizes of all (also
+    of literals not made: their exact size cannot beat best) are kept for lzma, which runs next."""
     s.deflate = []
     if s.on("float_probe") and s.ctx.mant and s.ctx.nbytes > QUICK_MIN and _float_probe(s) > best:
         return []
-    tries = [(layout, offset, s.laid_out(layout, offset)) for layout, offset in s.layouts()]
-    big = [i for i, (_, _, laid) in enumerate(tries) if len(laid.raw) > QUICK_MIN]
-    quick = {}
-    if s.on("layout_probe") and len(big) > 1:
-        quick = {tries[i][0]: probe(tries[i][2].raw, _deflate1) for i in big}
-        keep = min(big, key=lambda i: quick[tries[i][0]])
-        tries = [t for i, t in enumerate(tries) if i == keep or i not in big]
     out = []
-    for layout, offset, laid in tries:
-        params = {"layout": layout, "offset": offset}
-        for size, data in _deflate_tries(s, laid, best, quick.get(layout)):
-            s.deflate.append((size, params))
-            out += [(data, params)] if data is not None else []
+    for layout, offset in s.layouts():
+        laid, params = s.laid_out(layout, offset), {"layout": layout, "offset": offset}
+        literals = s.races_literals(laid)
+        if not literals or not s.on("literals_only") or len(laid.raw) < LITERALS_MIN:
+            out.append((compress.deflate(laid.raw), params))
+            s.deflate.append((len(out[-1][0]), params))
+        if literals:
+            s.deflate.append((laid.literals_size, params))
+            out += [(laid.literals, params)] if laid.literals_size < best else []
     return out
-
-
-def _deflate_tries(s: Stream, laid: LaidOut, best: int, quick: float | None) -> list[tuple[int, bytes | None]]:
-    """(size, bytes) of level 9 and of Huffman literals where worth racing; literals whose exact
-    size cannot beat best come without their bytes."""
-    n = len(laid.raw)
-    if s.races_literals(laid):
-        literals = (laid.literals_size, laid.literals if laid.literals_size < best else None)
-        if not s.on("literals_only") or n < LITERALS_MIN:
-            matched = compress.deflate(laid.raw)
-            return [(len(matched), matched), literals]
-        return [] if laid.order0 >= best else [literals]  # (literals land above the order-0 bound)
-    if n > QUICK_MIN and _deflate_loses(s, laid, best, quick):
-        return []
-    if s.on("zstd1_floor") and s.ctx.scales is not None and LITERALS_MIN <= n <= QUICK_MIN:
-        if laid.zstd1 * GATES["zstd1_floor"] >= best:
-            return []
-    data = compress.deflate(laid.raw)
-    return [(len(data), data)]
-
-
-def _deflate_loses(s: Stream, laid: LaidOut, best: int, quick: float | None) -> bool:
-    """Whether quick passes say deflate-9 cannot win: zstd-1 finds no repetition (only LZ
-    matches take a compressor under the order-0 floor) and that floor is no better than best;
-    or, over 4 probe slices, deflate-1 slices land clearly above best or find no repetition
-    where the order-0 bound already loses."""
-    big = len(laid.raw) > 4 * PROBE
-    if s.on("norep_floor") and laid.order0 * (1.0 if big else GATES["norep_floor"]) >= best and not laid.repeats:
-        return True
-    if not big or not s.on("deflate_probe"):
-        return False
-    quick = probe(laid.raw, _deflate1) if quick is None else quick
-    return quick > best * GATES["deflate_probe"] or (quick >= REPEATS * laid.order0 and laid.order0 >= best)
 
 
 def _lzma(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
@@ -305,12 +227,10 @@ def _lzma(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
     raced = s.deflate is not None  # (deflate's candidates are then in the race)
     if not raced:  # deflate was not in the race: its sizes are needed all the same
         _deflate(s, best)
-    if not s.deflate:  # deflate's probe already lost clearly: lzma lands near it on such bytes
+    if not s.deflate:  # the float probe skipped deflate: lzma lands near it on such bytes
         return []
     size, params = min(s.deflate, key=lambda c: c[0])
     laid = s.laid_out(params["layout"], params["offset"])
-    if len(laid.raw) < compress.LZMA_MIN_BYTES:
-        return []
     if size > best * (1.0 if len(laid.raw) > 1 << 18 else GATES["lzma_race"]):
         return []
     # Quantized codes (they have scales) with no repetition for lzma to find. Not float words:
@@ -324,22 +244,14 @@ def _lzma(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
 
 
 def _zstd(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
-    quick = []
-    for layout, offset in s.layouts():
-        laid = s.laid_out(layout, offset)
-        if s.on("zstd_probe") and len(laid.raw) > 4 * PROBE and probe(laid.raw, _zstd3) > best * GATES["zstd_probe"]:
-            continue  # a slice at the fast level already loses clearly: skip the full runs
-        quick.append((_zstd3(laid.raw), {"layout": layout, "offset": offset}, laid))
-    out = [(data, params) for data, params, _ in quick]
-    slow = quick
-    if s.on("zstd_slow_race") and quick:
-        data, params, laid = min(quick, key=lambda q: len(q[0]))  # first layout on ties
-        slow = [] if len(data) > best * GATES["zstd_slow_race"] else [(data, params, laid)]
-        if s.on("zstd_dense") and len(data) >= REPEATS * laid.order0:
-            slow = [q for q in slow if laid.order0 < GATES["zstd_dense"] * len(laid.raw)]
-    return out + [(compress.compress(compress.ZSTD, laid.raw), params) for _, params, laid in slow]
+    quick = [(zstandard.ZstdCompressor(level=3).compress(s.laid_out(*lo).raw), lo) for lo in s.layouts()]
+    slow = [lo for _, lo in quick]
+    if s.on("zstd_slow_race"):
+        data, lo = min(quick, key=lambda q: len(q[0]))  # first layout on ties
+        slow = [lo] if len(data) <= best * GATES["zstd_slow_race"] else []
+    slow = [(compress.compress(compress.ZSTD, s.laid_out(*lo).raw), lo) for lo in slow]
+    return [(data, {"layout": lo[0], "offset": lo[1]}) for data, lo in quick + slow]
 
 
-# The order of the race (after raw): rans's plan may step aside for deflate's literals, and lzma
-# reuses deflate's sizes.
+# The order of the race (after raw); lzma reuses deflate's sizes.
 RACE = {"rans": _rans, "fields": _fields, "deflate": _deflate, "lzma": _lzma, "zstd": _zstd}

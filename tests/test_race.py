@@ -1,0 +1,73 @@
+"""The codec race: every shortcut in race.GATES, on small stand-ins for the cases it was measured
+on, skips work and keeps an artifact no larger than the full race's (the gate off)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from recurnorm import quant
+from recurnorm.budget import codecs, compress, pack_qtensors, race
+
+ZSTD = ("rans", "zstd", "raw")
+
+
+def _golf_like(fmt: str, rows: int = 256, cols: int = 512, seed: int = 0) -> dict:
+    """A trained-like matrix (heavy tails, row and column scales), as benchmarks/pack.py's golf-shaped
+    cases, through one quantizer."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_t(5, (rows, cols)) * np.exp(rng.normal(0, 0.3, (rows, 1))) * np.exp(rng.normal(0, 0.5, (1, cols)))
+    return {"w": quant.get(fmt).quantize(torch.from_numpy(w.astype(np.float32)), name="w")}
+
+
+def _gauss(fmt: str, rows: int, cols: int) -> dict:
+    """I.i.d. Gaussian weights (rans's contexts find little: deflate's literals come close)."""
+    w = np.random.default_rng(0).normal(size=(rows, cols)).astype(np.float32)
+    return {"w": quant.get(fmt).quantize(torch.from_numpy(w), name="w")}
+
+
+# gate -> (stand-in, codecs): the cases each gate was measured on, small.
+CASES = {
+    "packed_only": (_golf_like("int4"), None),
+    "float_probe": (_golf_like("bf16", 512), None),
+    "literals_only": (_golf_like("int8"), None),
+    "lzma_race": (_golf_like("int8"), None),
+    "lzma_norep": (_gauss("ternary", 64, 128), None),
+    "lzma_context": (_gauss("int8", 256, 512), None),
+    "zstd_slow_race": (_golf_like("int8"), ZSTD),
+    "fields_tail": (_golf_like("bf16", 512), None),
+}
+
+
+# What a gate may cost in bytes where the full race finds smaller, as measured (benchmarks/gates.py):
+# lzma_race 0.04% on golf-shaped int8, whose stand-in here finds the same share.
+COST = {"lzma_race": 0.001}
+
+
+def _pack(qts, names, monkeypatch) -> tuple[bytes, int]:
+    """The artifact, and the bytes laid out for, or handed to, deflate, literals, lzma and zstd-19."""
+    work = []
+    with monkeypatch.context() as m:
+        for mod, fn in ((compress, "deflate"), (compress, "deflate_literals"), (codecs, "layout_bytes")):
+            m.setattr(mod, fn, lambda x, *a, real=getattr(mod, fn): work.append(np.asarray(x).nbytes) or real(x, *a))
+        m.setattr(
+            compress,
+            "compress",
+            lambda kind, raw, *a, real=compress.compress: work.append(len(raw)) or real(kind, raw, *a),
+        )
+        return pack_qtensors(qts, codecs=names), sum(work)
+
+
+def test_every_gate_has_a_stand_in():
+    assert sorted(CASES) == sorted(race.GATES)
+
+
+@pytest.mark.parametrize("gate", sorted(race.GATES))
+def test_gate_skips_work_and_keeps_the_full_race_s_bytes(gate, monkeypatch):
+    qts, names = CASES[gate]
+    gated, work = _pack(qts, names, monkeypatch)
+    monkeypatch.setitem(race.GATES, gate, None)
+    full, full_work = _pack(qts, names, monkeypatch)
+    assert work < full_work  # the gate is exercised
+    assert len(gated) <= len(full) * (1 + COST.get(gate, 0))
