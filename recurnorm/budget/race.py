@@ -59,7 +59,6 @@ GATES: dict[str, float | None] = {
     # repetition, else stored. Saves 36% on MiniLM bf16, 58% on golf-shaped fp32; 0.03% of bytes.
     "fields_tail": 1,
 }
-NO_RACE = 1 << 62  # a best with nothing to beat
 _local = threading.local()
 
 
@@ -71,8 +70,7 @@ def _zstd1() -> zstandard.ZstdCompressor:
 
 
 class LaidOut:
-    """One layout's bytes of a stream, and what the quick gates learn of them (each once:
-    deflate, lzma and zstd ask the same questions of the same bytes)."""
+    """One layout's bytes of a stream, and what the gates learn of them (each once)."""
 
     def __init__(self, raw: bytes) -> None:
         self.raw = raw
@@ -101,14 +99,6 @@ class LaidOut:
         return self.zstd1 < REPEATS * self.order0
 
     @cached_property
-    def literals_size(self) -> int:
-        return compress.deflate_literals_size(self.counts)
-
-    @cached_property
-    def literals(self) -> bytes:
-        return compress.deflate_literals(self.raw, self.counts)
-
-    @cached_property
     def literal_context(self) -> float:
         """The entropy of each byte given the top 3 bits of the one before (lzma's literal
         context at its default lc=3), in bytes."""
@@ -117,11 +107,11 @@ class LaidOut:
 
 
 class Stream:
-    """One stream in the race: its array and context, the codecs racing, and the encoder's
-    scratch (laid-out bytes, deflate's sizes for lzma); dropped after its race."""
+    """One stream in the race and the encoder's scratch: its laid-out bytes, deflate's sizes
+    for lzma. Dropped after its race."""
 
-    def __init__(self, arr: np.ndarray, ctx: StreamContext, names=DEFAULT_CODECS) -> None:
-        self.arr, self.ctx, self.names = arr, ctx, tuple(names)
+    def __init__(self, arr: np.ndarray, ctx: StreamContext) -> None:
+        self.arr, self.ctx = arr, ctx
         self.laid: dict[tuple[str, int], LaidOut] = {}
         self.deflate: list[tuple[int, dict]] | None = None
 
@@ -167,9 +157,9 @@ def encode_all(items: list[tuple[np.ndarray, StreamContext]], names=None) -> lis
 
 def encode_best(arr: np.ndarray, ctx: StreamContext, names=None, plans=None) -> tuple[str, dict, bytes]:
     """The smallest encoding of one stream among the codecs named: (codec name, params, bytes)."""
-    s, plans = Stream(arr, ctx, names or DEFAULT_CODECS), plans or {}
+    s, plans, names = Stream(arr, ctx), plans or {}, names or DEFAULT_CODECS
     best = ("raw", {}, codecs.to_le_bytes(arr, ctx.dtype))
-    for name in (n for n in RACE if n in s.names):
+    for name in (n for n in RACE if n in names):
         for data, params in RACE[name](s, len(best[2]), plans.get(name)):
             if len(data) < len(best[2]):
                 best = (name, params, data)
@@ -187,7 +177,7 @@ def _fields(s: Stream, best: int, plan) -> list[tuple[bytes, dict]]:
         return []
     tail = plan[1]  # (the low mantissa bits and the signs, as bytes)
     level = 9 if len(tail) < QUICK_MIN else 1
-    if len(tail) >= QUICK_MIN and s.on("fields_tail") and not LaidOut(tail).zstd1 < REPEATS * len(tail):
+    if len(tail) >= QUICK_MIN and s.on("fields_tail") and LaidOut(tail).zstd1 >= REPEATS * len(tail):
         level = 0
     return [get("fields").encode(s.arr, s.ctx, plan, tail_level=level)]
 
@@ -214,9 +204,11 @@ def _deflate(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
         if not literals or not s.on("literals_only") or len(laid.raw) < LITERALS_MIN:
             out.append((compress.deflate(laid.raw), params))
             s.deflate.append((len(out[-1][0]), params))
-        if literals:
-            s.deflate.append((laid.literals_size, params))
-            out += [(laid.literals, params)] if laid.literals_size < best else []
+        if literals:  # (their exact size follows from the byte counts: made only where they win)
+            size = compress.deflate_literals_size(laid.counts)
+            s.deflate.append((size, params))
+            if size < best:
+                out.append((compress.deflate_literals(laid.raw, laid.counts), params))
     return out
 
 
