@@ -33,7 +33,6 @@ CASES = {
     "float_probe": (_golf_like("bf16", 512), None),
     "literals_only": (_golf_like("int8"), None),
     "lzma_race": (_golf_like("int8"), None),
-    "lzma_norep": (_gauss("ternary", 64, 128), None),
     "lzma_context": (_gauss("int8", 256, 512), None),
     "zstd_slow_race": (_golf_like("int8"), ZSTD),
     "fields_tail": (_golf_like("bf16", 512), None),

@@ -34,9 +34,6 @@ DEFLATE_WBITS = -15  # raw deflate: no zlib header or checksum (the artifact has
 # measured, and 2-15x faster on the small blobs that side data is).
 LZMA_DICT = 1 << 22
 LZMA_DECODE_FILTERS = [{"id": lzma.FILTER_LZMA2, "dict_size": LZMA_DICT}]
-# Below this, lzma's headers and end marker rarely pay: up to 256 bytes it beat deflate on 2
-# of 57 side-data and scales blobs of the benchmark cases (5 bytes in all), at ~0.1 ms a call.
-LZMA_MIN_BYTES = 257
 ZSTD_LEVEL = 19
 
 _ZSTD_MAGICLESS = zstandard.ZstdCompressionParameters.from_level(
@@ -87,7 +84,7 @@ def smallest(raw: bytes, kinds=PORTABLE, magicless: bool = False) -> tuple[bytes
     """(blob, id) of the shortest form of raw among kinds (raw first on ties)."""
     best, best_kind = raw, RAW
     for kind in kinds:
-        if kind == RAW or not raw or (kind == LZMA and len(raw) < LZMA_MIN_BYTES):
+        if kind == RAW or not raw:
             continue
         blob = compress(kind, raw, magicless)
         if len(blob) < len(best):

@@ -51,13 +51,6 @@ MAX_NDIM = 16
 MAX_TOTAL_ELEMENTS = 1 << 28  # 268M weights: far above what 16 MB can hold; bounds decode memory
 MAX_TENSORS = 1 << 20
 STREAM_KINDS = ("codes", "scales", "zeros")
-# A manifest of a few tensors is mostly their streams' 64-digit hex hashes, which neither
-# compressor takes under 4 bits a digit: lzma saved 7-27 bytes (0.6-2.4%) over deflate on the
-# 4-5 KB manifests of the benchmark cases, at ~0.7 ms (5% of packing such a model), and ~80
-# bytes (5%) on the 6 KB ones `recurnorm pack` writes for the tiny model (its config and
-# export rules ride along): the price of the rule, which `--effort max` does not pay. Many
-# tensors repeat their entries' structure, and that lzma takes: 12% of all-MiniLM-L6-v2's 26 KB.
-MANIFEST_LZMA_MIN = 1 << 13
 
 
 def dumps(obj: Any) -> bytes:
@@ -65,19 +58,15 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def write_container(manifest: dict, payload: bytes, effort: str = "normal") -> bytes:
-    """Header + manifest (with payload length and hash filled in) + payload.
-
-    The manifest is stored in its shortest portable form (raw, deflate or lzma); lzma is
-    tried on manifests from MANIFEST_LZMA_MIN bytes, or at effort "max".
-    """
+def write_container(manifest: dict, payload: bytes) -> bytes:
+    """Header + manifest (with payload length and hash filled in, in its shortest portable
+    form: raw, deflate or lzma) + payload."""
     manifest = dict(manifest)
     manifest["payload_length"] = len(payload)
     manifest["payload_sha256"] = hashlib.sha256(payload).hexdigest()
     raw = dumps(manifest)
     _check_writable(manifest, raw)
-    kinds = compress.PORTABLE if effort == "max" or len(raw) >= MANIFEST_LZMA_MIN else (compress.RAW, compress.DEFLATE)
-    m, flags = compress.smallest(raw, kinds)
+    m, flags = compress.smallest(raw)
     if has_lowrank(manifest):
         flags |= LOWRANK_FLAG
     header = HEADER.pack(MAGIC, VERSION, flags, len(m), hashlib.sha256(m).digest())

@@ -46,11 +46,9 @@ GATES: dict[str, float | None] = {
     # 256 KiB: where deflate leads). Saves 66-92% on MiniLM (lzma-9e: ~0.3 s a MB), 64-91% on
     # golf-shaped; at most 0.04% of bytes (golf-shaped int8).
     "lzma_race": 1.02,
-    # Codes without repetition: no lzma where deflate leads, or trails the best by under this
-    # factor. Saves 11-20% on MiniLM ternary (8-34% on int6); same bytes.
-    "lzma_norep": 0.995,
-    # ... nor where the previous byte's top 3 bits (lzma's literal context) say under 0.5% about
-    # the next: lzma's literals then land above deflate's. Saves 26-47% on MiniLM int8.
+    # Codes without repetition: no lzma where the previous byte's top 3 bits (lzma's literal
+    # context) say under 0.5% about the next (its literals then land above deflate's). Saves
+    # 0.63 s of lzma on MiniLM int8 (22-47% of packing it).
     "lzma_context": 0.995,
     # zstd-19 on the best zstd-3 layout only, where it is within this factor of the best. Saves
     # 60-79% on ship.py's 17M models (codecs rans, zstd, raw); 0.002% of bytes.
@@ -216,8 +214,7 @@ def _lzma(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
     if not s.on("lzma_race"):  # every layout
         tries = [(s.laid_out(*lo), {"layout": lo[0], "offset": lo[1]}) for lo in s.layouts()]
         return [(compress.compress(compress.LZMA, laid.raw), params) for laid, params in tries]
-    raced = s.deflate is not None  # (deflate's candidates are then in the race)
-    if not raced:  # deflate was not in the race: its sizes are needed all the same
+    if s.deflate is None:  # deflate was not in the race: its sizes are needed all the same
         _deflate(s, best)
     if not s.deflate:  # the float probe skipped deflate: lzma lands near it on such bytes
         return []
@@ -227,10 +224,8 @@ def _lzma(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
         return []
     # Quantized codes (they have scales) with no repetition for lzma to find. Not float words:
     # there lzma finds 2-9% under deflate (bf16 and fp32 passthrough tensors), repetition or not.
-    if s.ctx.scales is not None and size >= REPEATS * laid.order0:
-        if s.on("lzma_norep") and ((raced and size <= best) or size * GATES["lzma_norep"] >= best):
-            return []
-        if s.on("lzma_context") and laid.literal_context >= GATES["lzma_context"] * laid.order0:
+    if s.ctx.scales is not None and size >= REPEATS * laid.order0 and s.on("lzma_context"):
+        if laid.literal_context >= GATES["lzma_context"] * laid.order0:
             return []
     return [(compress.compress(compress.LZMA, laid.raw), params)]
 
