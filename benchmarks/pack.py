@@ -152,7 +152,7 @@ def trained(ckpt: str | None, steps: int, label: str = "trained") -> dict[str, d
     """A trained checkpoint's 2-D weights through quant's int8 / int4 / ternary."""
     import torch
 
-    from recurnorm.budget import load_checkpoint_state
+    from recurnorm.export.load import load_checkpoint_state
 
     if ckpt:
         print(f"trained case: {ckpt}", flush=True)

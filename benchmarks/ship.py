@@ -102,7 +102,7 @@ def cases(ckpts: list[str], quick: bool):
     yield "golf 17M int8", export_qtensors(state, "int8", policy("int8"))
     yield "golf 17M int6+int8 emb", export_qtensors(state, "int6", policy("int6", "int8"))
     for ckpt in ckpts:
-        from recurnorm.budget import load_checkpoint_state
+        from recurnorm.export.load import load_checkpoint_state
 
         st, _ = load_checkpoint_state(ckpt)
         label = os.path.basename(os.path.normpath(ckpt))

@@ -12,7 +12,6 @@ _LAZY = {
         (
             "Artifact",
             "VerifyReport",
-            "load_checkpoint_state",
             "pack_qtensors",
             "read_artifact",
             "tensor_stats",

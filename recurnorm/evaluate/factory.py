@@ -94,7 +94,7 @@ def build_model(
 
 def reference_model(factory: str | Factory, path: str | os.PathLike) -> nn.Module:
     """The factory's model with a checkpoint's weights (dir, .safetensors, .pt/.pth/.bin)."""
-    from ..budget.api import load_checkpoint_state
+    from ..export.load import load_checkpoint_state
 
     state, config = load_checkpoint_state(path)
     return build_model(resolve(factory), config, state, str(path))

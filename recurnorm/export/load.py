@@ -1,4 +1,4 @@
-"""Checkpoints and artifacts back to models: the one place an artifact becomes a model.
+"""Checkpoints and artifacts back to tensors and models: the one place an artifact becomes a model.
 
 A QAT checkpoint is loaded as the model it is (fake quant re-applied at λ = 1);
 a model rebuilt from an artifact already holds the grid weights and gets only
@@ -7,11 +7,14 @@ the activation hooks (re-quantizing dequantized weights is not a fixed point).
 
 from __future__ import annotations
 
+import json
 import os
+import warnings
 from pathlib import Path
 
 from torch import nn
 
+from ..budget import format as fmt
 from ..errors import ArtifactError, CheckpointError, ConfigError
 
 
@@ -70,3 +73,121 @@ def load_model(path: str | os.PathLike) -> nn.Module:
     if model.config.qat:
         apply_qat(model, QATSpec.from_dict(model.config.qat))  # exported=True keeps weights
     return model.eval()
+
+
+def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
+    """(state_dict, config or None) from a .safetensors file, a checkpoint dir, or a .pt/.pth/.bin."""
+    import torch
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.safetensors"
+        if not path.exists():
+            raise CheckpointError(f"{path.parent} has no model.safetensors")
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    config = None
+    cfg_path = path.parent / "config.json"
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        _check_safetensors_header(path)
+        try:
+            state = load_file(str(path))
+        except Exception as exc:
+            raise CheckpointError(f"{path}: cannot read safetensors: {exc}") from None
+        if cfg_path.exists():
+            config = _read_config(cfg_path)
+    elif path.suffix in (".pt", ".pth", ".bin"):
+        try:
+            with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's concern
+                warnings.simplefilter("ignore")
+                obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if type(exc).__name__ != "UnpicklingError":  # torch's weights_only refusal
+                raise CheckpointError(f"{path}: cannot load as a weights-only state dict: {first}") from None
+            # torch's own text runs to several lines and suggests weights_only=False: never.
+            raise CheckpointError(
+                f"{path}: holds Python objects besides tensors; recurnorm never unpickles them "
+                "(unpickling runs the file's code): save a plain state dict or .safetensors"
+            ) from None
+        for key in ("state_dict", "model"):
+            if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+                obj = obj[key]
+        if not isinstance(obj, dict):
+            raise CheckpointError(f"{path}: not a state dict")
+        state = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    else:
+        raise CheckpointError(f"{path}: expected a directory, .safetensors, .pt, .pth or .bin")
+    if not state:
+        raise CheckpointError(f"{path}: holds no tensors")
+    _check_dtypes(state, path)
+    return state, config
+
+
+# A safetensors header's JSON is parsed whole by the library (Rust) before any tensor is
+# read: 3M metadata keys in a 41 MB header took it 9-12 s and 690 MB. A checkpoint has ~4
+# keys a tensor, so this allows 65K tensors; the colons are counted (strings may hold some:
+# an over-count, never an under-count) before the library sees the file.
+MAX_SAFETENSORS_KEYS = 1 << 18
+
+
+def _check_safetensors_header(path: Path) -> None:
+    """CheckpointError when the header is too large to hand to the safetensors library."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            size = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+            if size > 100_000_000:  # the library's own limit: it says so itself
+                return
+            colons = f.read(size).count(b":")
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if colons > MAX_SAFETENSORS_KEYS:
+        raise CheckpointError(
+            f"{path}: the safetensors header holds over {MAX_SAFETENSORS_KEYS:,} keys "
+            f"({colons:,}; ~4 a tensor, plus __metadata__'s): not read"
+        )
+
+
+def _read_config(cfg_path: Path) -> dict:
+    """The checkpoint's config.json (it rides in the artifact's manifest, so it is bounded as
+    the manifest is: size and nesting); CheckpointError naming the file."""
+    try:
+        size = cfg_path.stat().st_size
+        text = cfg_path.read_text(encoding="utf-8") if size <= fmt.MAX_MANIFEST_BYTES else None
+        config = json.loads(text, parse_constant=fmt.no_constant) if text is not None else None
+    except RecursionError:
+        raise CheckpointError(f"{cfg_path}: nests too deeply to read") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from None
+    if text is None:
+        raise CheckpointError(
+            f"{cfg_path}: {size:,} bytes; an artifact's manifest, which carries it, holds at most "
+            f"{fmt.MAX_MANIFEST_BYTES:,}"
+        )
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{cfg_path}: expected a JSON object of model settings, got {type(config).__name__}")
+    if fmt.json_depth(config, fmt.MAX_CONFIG_DEPTH) > fmt.MAX_CONFIG_DEPTH:
+        raise CheckpointError(
+            f"{cfg_path}: nests more than {fmt.MAX_CONFIG_DEPTH} levels deep (the artifact's manifest holds "
+            f"{fmt.MAX_JSON_DEPTH}, its own included)"
+        )
+    return config
+
+
+def _check_dtypes(state: dict, path: Path) -> None:
+    """CheckpointError naming the first tensor of a dtype no format stores (float8, complex)."""
+    from ..quant.registry import TORCH_DTYPES
+
+    known = set(TORCH_DTYPES.values())
+    for name in sorted(state):
+        if state[name].dtype not in known:
+            dt = str(state[name].dtype).removeprefix("torch.")
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has dtype {dt}, which recurnorm cannot "
+                f"store (supported: {', '.join(sorted(TORCH_DTYPES))})"
+            )

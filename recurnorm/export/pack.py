@@ -210,7 +210,7 @@ def packed_rows(data: bytes) -> tuple[list[dict], dict]:
 def load_state(ckpt: str | Path) -> tuple[dict, dict | None, list[str]]:
     """(tensors, config, notes) of a checkpoint: a wrapper's prefix on every name is stripped,
     and a note says so."""
-    from ..budget.api import load_checkpoint_state
+    from .load import load_checkpoint_state
     from .policy import strip_wrapper_prefixes
 
     state, config = load_checkpoint_state(ckpt)
