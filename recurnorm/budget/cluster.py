@@ -1,15 +1,11 @@
 """Rows or columns of a tensor grouped into k classes by their symbol histograms.
 
-k-means on code length (the bits an item's symbols cost under its class's
-distribution), started from classes ranked by spread around the mode, over a
-few coarse symbol bins. The compiled kernel (rans.kernel_kmeans,
-rans.kernel_class_sums) runs each problem step for step as the numpy here does,
-2-4x quicker; without it, or where float32 sums would round (the kernel then
-declines), many problems (a model's rows and columns, every k) run as one padded
-numpy batch: on small tensors the number of numpy calls, not their size, is what
-clustering spends. Every matrix product here multiplies integer-valued arrays
-whose sums are exact, so no BLAS summation order can change a class: the same
-classes, and bytes, on every machine, with the kernel or without.
+k-means on code length (the bits an item's symbols cost under its class's distribution),
+started from classes ranked by spread around the mode, over a few coarse symbol bins. The
+compiled kernel (rans.kernel_kmeans, kernel_class_sums) runs each problem step for step as the
+numpy here does, 2-4x quicker; without it, many problems run as one padded numpy batch (on
+small tensors the number of numpy calls is what clustering spends). Every matrix product
+multiplies integer-valued arrays whose sums are exact: the same classes on every machine.
 """
 
 from __future__ import annotations
@@ -184,10 +180,7 @@ def cluster_many(hists: list[np.ndarray], kss: list, iters: int = 4) -> list[lis
     """Group each problem's items into k classes by their symbol histograms, for every k.
 
     hists[p]: [items, nsym] histograms of problem p (a stream's rows or columns); kss[p]:
-    the class counts it wants. k-means on code length, started from spread-ranked
-    classes (deterministic), over coarse symbol bins. Problems that want the same ks
-    run as one padded batch, a few array calls per iteration for all of them, because
-    on small tensors the number of numpy calls, not their size, is what a search spends.
+    the class counts it wants. Problems that want the same ks run as one padded batch.
     """
     out: list[list[np.ndarray]] = [[] for _ in hists]
     batches: dict[tuple[int, ...], list[int]] = {}

@@ -126,10 +126,7 @@ class Raw(Codec, name="raw"):
 
 class Layout:
     """One way to lay a stream out as bytes for a whole-stream compressor, with its inverse.
-
-    `capacity` is the alphabet a packed layout holds (symbols = codes - offset in
-    [0, capacity)); 0 for the layouts of any value of the dtype (plain, shuffle).
-    """
+    `capacity`: the alphabet a packed layout holds (codes - offset); 0 for plain and shuffle."""
 
     capacity: ClassVar[int] = 0
 
@@ -357,10 +354,8 @@ class Zstd(Compressed, name="zstd"):
 
 
 def _symbols_to_array(sym: np.ndarray, offset: int, ctx: StreamContext) -> np.ndarray:
-    """Codes = symbols + offset, checked to fit the stream dtype.
-
-    Added in the unsigned type of the stream's width: the sum wraps exactly as the
-    checked result needs, and no int64 copy of the stream is made."""
+    """Codes = symbols + offset, checked to fit the stream dtype (added in the unsigned type
+    of its width: the sum wraps as the checked result needs, with no int64 copy)."""
     dt = np.dtype(ctx.dtype)
     if dt.kind not in "iub":
         raise ArtifactError(f"{ctx.kind} stream: symbols cannot decode to {ctx.dtype}")
@@ -388,13 +383,9 @@ def geometry(ctx: StreamContext) -> search.Geometry:
 
 
 class Rans(Codec, name="rans"):
-    """rANS over the codes with stored integer tables, one per context.
-
-    Contexts: none, the code row's scale bucket, stored row or column classes, or
-    both (grid: row class x column class);
-    big streams of alphabets of at most 16 symbols code tuples of `tuple`
-    symbols as one joint symbol. `search.choose` picks all of it by estimated size.
-    """
+    """rANS over the codes with stored integer tables, one per context: none, the code row's
+    scale bucket, stored row or column classes, or both (grid); big streams of small alphabets
+    code tuples of symbols as one. `search.plan` picks all of it by estimated size."""
 
     def symbols(self, arr: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         """(symbols = codes - lowest, lowest, alphabet size), or None where rans cannot code arr

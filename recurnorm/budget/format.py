@@ -1,18 +1,7 @@
-"""The .rnpk container: header, checksummed JSON manifest, then stream bytes.
-
-Byte layout (docs/FORMAT.md is the normative description):
-
-    offset 0   4 bytes  magic b"RNPK"
-    offset 4   u16 LE   format version (2; version 1 is still read)
-    offset 6   u16 LE   flags (bits 0-1: the manifest's compressor, compress.py ids; bit 2: LQER
-                        corrections present; others 0)
-    offset 8   u64 LE   manifest length M (as stored)
-    offset 16  32 bytes SHA-256 of the M stored manifest bytes
-    offset 48  M bytes  manifest: UTF-8 JSON, sorted keys, no whitespace (compressed as the flags say)
-    offset 48+M         payload: the streams, at the offsets the manifest gives
-
-The manifest records `payload_length` and `payload_sha256`, so the header
-checksum covers the whole file. Reading parses JSON and numbers only.
+"""The .rnpk container: a 48-byte header (magic, version, flags, the stored manifest's length
+and SHA-256), the manifest (canonical JSON, stored compressed as the flags say, holding the
+payload's length and SHA-256), then the streams. docs/FORMAT.md is the normative description.
+Reading parses JSON and numbers only.
 """
 
 from __future__ import annotations

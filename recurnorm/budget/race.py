@@ -1,9 +1,8 @@
 """The codec race: which encodings of a stream are tried, in what order, and which are skipped.
 
-Codecs (codecs.py) only encode, decode and size. This module alone runs them on each stream, in
-RACE's order, and keeps the smallest (raw first: the fallback that always works); the quick
-probes, the encoder's scratch (LaidOut) and every shortcut (GATES) live here. Effort "max" takes
-none.
+Codecs (codecs.py) only encode, decode and size. This module runs them on each stream in RACE's
+order and keeps the smallest (raw first); the probes, the encoder's scratch and every shortcut
+(GATES) live here.
 """
 
 from __future__ import annotations
@@ -26,35 +25,36 @@ PROBE = 1 << 16  # bytes per zstd-1 probe slice (three on streams over 4 slices)
 # Below this many bytes a zstd-1 pass misjudges repetition (its frame costs ~10 bytes, more than
 # a constant stream's matches do under deflate): deflate races level 9 and literals both.
 LITERALS_MIN = 1 << 12
-# Every shortcut of the race, with what it saves of pack CPU time (one thread, benchmarks/gates.py:
-# on and off interleaved, best of 3). None turns a row off: that path then runs as effort "max"
-# runs all of them. A shortcut that saves under 10% of packing a >= 1M-code model, and under
-# 0.1% of bytes, does not earn its place.
+# Every shortcut of the race, with what it saves of packing benchmarks/pack.py's >= 1M-code cases
+# (one thread's CPU time, `python benchmarks/gates.py`: on and off interleaved, best of 3-5), and
+# what it costs in bytes where it costs any. One that saves under 10% goes. None turns a row off:
+# that path then runs as effort "max" runs all of them.
 GATES: dict[str, float | None] = {
-    # Codes that pack: the packed layout only (plain is 7-36% larger). Saves 13-52% on MiniLM's
-    # int8/int6/int4/ternary, 27-59% on golf-shaped int8/int4/ternary.
+    # Codes that pack: the packed layout only (plain is 7-36% larger). Saves 13-18% on MiniLM
+    # int4/ternary, 23% on golf-shaped ternary.
     "packed_only": 1,
     # Float words over QUICK_MIN: no deflate/lzma where deflate-1 of 16 byte-grouped slices of
-    # this many bytes lands over the best (the fields coding). Saves 52% on MiniLM bf16, 90% on
-    # golf-shaped fp32; same bytes.
+    # this many bytes lands over the best (the fields coding). Saves 93-95% on MiniLM bf16 and
+    # golf-shaped bf16/fp32.
     "float_probe": 1 << 12,
     # Codes from LITERALS_MIN bytes on: Huffman literals where zstd-1 finds no repetition (level
-    # 9's matches cost 0.2-7% more there), level 9 where it does. Saves 28-50% on MiniLM, 22-66%
-    # on golf-shaped.
+    # 9's matches cost 0.2-7% more there), level 9 where it does. Saves 44-46% on MiniLM int8/int6
+    # and golf-shaped int8.
     "literals_only": 1,
     # lzma on deflate's best layout only, where deflate is within this factor of the best (over
-    # 256 KiB: where deflate leads). Saves 66-92% on MiniLM (lzma-9e: ~0.3 s a MB), 64-91% on
-    # golf-shaped; at most 0.04% of bytes (golf-shaped int8).
+    # 256 KiB: where deflate leads). Saves 79% on MiniLM int4 (lzma-9e: ~0.3 s a MB), 86% on
+    # golf-shaped int8, where it costs 0.04% of bytes.
     "lzma_race": 1.02,
     # Codes without repetition: no lzma where the previous byte's top 3 bits (lzma's literal
     # context) say under 0.5% about the next (its literals then land above deflate's). Saves
     # 0.63 s of lzma on MiniLM int8 (22-47% of packing it).
     "lzma_context": 0.995,
     # zstd-19 on the best zstd-3 layout only, where it is within this factor of the best. Saves
-    # 60-79% on ship.py's 17M models (codecs rans, zstd, raw); 0.002% of bytes.
+    # 78-80% on ship.py's 17M models (codecs rans, zstd, raw), costing 0.0005% of bytes.
     "zstd_slow_race": 1.02,
     # Float tails (low mantissa bits, signs) over QUICK_MIN: deflate-1 where zstd-1 finds
-    # repetition, else stored. Saves 36% on MiniLM bf16, 58% on golf-shaped fp32; 0.03% of bytes.
+    # repetition, else stored. Saves 36% on MiniLM bf16 (costing 0.03% of bytes), 26-58% on
+    # golf-shaped bf16/fp32.
     "fields_tail": 1,
 }
 _local = threading.local()
