@@ -1,12 +1,10 @@
 """Where glibc's malloc serves the packer's temporary arrays from.
 
-glibc returns the free top of its heap to the system once it exceeds a trim threshold, and
-each later touch of the pages it takes back is a page fault. The threshold follows the
-largest block freed so far (twice its size, up to 64 MB). A big model's packing frees big
-arrays early, and its temporaries then stay in the heap; a small model's search frees
-several temporaries of a few hundred KB at once, over and over, and each time the heap's top
-goes back to the system and is faulted in again (the tiny int8 model: ~750 page faults a
-pack, 10-25% of its packing time, depending on what the process allocated before).
+glibc returns the free top of its heap to the system once it exceeds a trim threshold (twice
+the largest block freed so far, up to 64 MB), and each later touch of those pages is a page
+fault. A search that frees temporaries of a few hundred KB over and over has them faulted in
+again each time (packing golf-shaped int8/int6/int5 and Gaussian 4M codes: 18-30% slower
+without settle(), measured in fresh processes).
 
 `settle()` puts malloc, once per process, where it ends up by itself after packing any model
 of a few million weights: the largest mmap threshold of its own adjustment (32 MB) and a trim

@@ -2,10 +2,8 @@
 matches): what deflate makes of quantized codes without repetition, written here.
 
 Its size follows from the byte counts alone (`block_bits`), so a race can price the block
-without making it, and `block` makes it only where it wins. One block for the whole
-stream: zlib's Huffman-only mode starts a new block (and pays a new code table, ~150 bytes
-for a wide alphabet) every 32K symbols. Any inflater reads it: the Python standard library's
-zlib, so the standalone loader too.
+without making it. One block for the whole stream: zlib's Huffman-only mode pays a new code
+table (~150 bytes for a wide alphabet) every 32K symbols. Any inflater reads it.
 
 The compiled kernel (`_ransc.huffman_literals`) writes the same bytes as this numpy reference,
 step for step:

@@ -1,13 +1,10 @@
 """One validation pass over an artifact's manifest before any stream is decoded, and one check
 of the decoded values after: an artifact that passes both dequantizes and writes.
 
-Artifacts arrive from strangers (a CI gate reads pull requests), so every field is typed
-here (a string is a string, an int an int in range, lists where lists belong), each
-tensor is checked against what its quantizer needs (asked of the quantizer class:
-`Quantizer.check_streams` before decoding, `Quantizer.check_values` after), and memory is
-bounded in bytes: the bytes the decoded tensors take are summed before anything is
-decoded and compared with a limit (`DEFAULT_MAX_DECODED_BYTES`, `--max-decoded-bytes`).
-Codec parameters are checked by each codec's decode, which knows them.
+Artifacts arrive from strangers (a CI gate reads pull requests): every field is typed, each
+tensor is checked against what its quantizer needs (`check_streams` before decoding,
+`check_values` after), and the bytes the decoded tensors take are summed and bounded before
+anything is decoded. Codec parameters are checked by each codec's decode, which knows them.
 Every failure is an ArtifactError naming the tensor and field.
 """
 
