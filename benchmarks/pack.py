@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
+import json
 import lzma
 import os
 import re
@@ -192,6 +194,24 @@ def is_float(qts: dict[str, QTensor]) -> bool:
     return all(qt.format in FLOATS for qt in qts.values())
 
 
+SIZES = os.path.join(REAL_CACHE, "anchor-sizes.json")
+
+
+def remembered(kind: str, data: bytes, size) -> int:
+    """size(data), remembered across runs by kind and data's SHA-256 in SIZES: an anchor's bytes
+    depend on its input alone, and ZPAQ over MiniLM's codes takes half an hour a run. (Delete
+    the file after upgrading a compressor.)"""
+    key = f"{kind}:{hashlib.sha256(data).hexdigest()}"
+    memo = json.load(open(SIZES)) if os.path.exists(SIZES) else {}
+    if key not in memo:
+        memo[key] = size(data)
+        os.makedirs(REAL_CACHE, exist_ok=True)
+        with open(SIZES + ".tmp", "w") as f:
+            json.dump(memo, f)
+        os.replace(SIZES + ".tmp", SIZES)
+    return memo[key]
+
+
 def anchor_bytes(qts: dict[str, QTensor]) -> dict[str, int]:
     """Per-tensor sum for each general-purpose anchor, each tensor in that anchor's best layout
     (floats also byte-grouped: exponents apart, as float compressors do)."""
@@ -203,7 +223,7 @@ def anchor_bytes(qts: dict[str, QTensor]) -> dict[str, int]:
         blobs = [layout_bytes(codes, codes.dtype.name, lay, off) for lay, off in layouts]
         for name, fn in ANCHORS.items():
             cands = blobs[:1] if name == "zlib-9" else blobs  # zlib-9: the baseline's plain layout
-            tot[name] += min(len(fn(b)) for b in cands)
+            tot[name] += min(remembered(name, b, lambda b, fn=fn: len(fn(b))) for b in cands)
     return tot
 
 
@@ -277,10 +297,15 @@ def zpaq_bytes(qts: dict[str, QTensor]) -> dict[str, int]:
     plain = best = 0
     for names in role_groups(qts).values():
         mats = [matrix(qts[n]) for n in names]
-        unsorted = zpaq(group_blob(mats, sort=False)[0])
-        codes, perms = group_blob(mats, sort=True)
+        blob = group_blob(mats, sort=False)[0]
+        unsorted = remembered("zpaq-m5", blob, zpaq)
+
+        def sorted_size(_, mats=mats):
+            codes, perms = group_blob(mats, sort=True)
+            return zpaq(codes) + len(brotli.compress(perms, quality=11)) if perms else 1 << 62
+
         plain += unsorted
-        best += min(unsorted, zpaq(codes) + len(brotli.compress(perms, quality=11))) if perms else unsorted
+        best += min(unsorted, remembered("zpaq-m5 rows sorted", blob, sorted_size))
     return {"zpaq": plain, "zpaq-sort": best}
 
 

@@ -75,9 +75,24 @@ def test_group_blob_counts_what_undoes_the_sort(monkeypatch):
 
 
 @pytest.mark.skipif(shutil.which("zpaq") is None, reason="zpaq is not installed")
-def test_zpaq_bytes_sort_never_larger():
+def test_zpaq_bytes_sort_never_larger(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "SIZES", str(tmp_path / "sizes.json"))
     rng = np.random.default_rng(1)
     w = {f"h.{i}.q": torch.from_numpy(rng.standard_t(5, size=(64, 32)).astype(np.float32)) for i in range(2)}
     qts = {k: quant.get("int6").quantize(v, name=k) for k, v in w.items()}
     got = bench.zpaq_bytes(qts)
     assert 0 < got["zpaq-sort"] <= got["zpaq"] < 2 * 64 * 32 + 1000
+
+
+def test_anchor_sizes_are_remembered_by_content(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "SIZES", str(tmp_path / "sizes.json"))
+    calls = []
+
+    def size(data):
+        calls.append(data)
+        return len(data) + 1
+
+    assert bench.remembered("x", b"abc", size) == 4
+    assert bench.remembered("x", b"abc", size) == 4  # from the file
+    assert bench.remembered("y", b"abc", size) == 4 and bench.remembered("x", b"abcd", size) == 5
+    assert len(calls) == 3

@@ -84,6 +84,33 @@ def test_the_numpy_reference_coder_writes_the_same_bytes(monkeypatch):
     assert _round_trip(words, "bf16", (100, 200)) == compiled
 
 
+@pytest.mark.parametrize("fmt", sorted(WORDS))
+def test_the_kernel_and_numpy_split_and_join_words_alike(fmt, monkeypatch):
+    """Every head width, lengths off a multiple of 8, and the two refusals, both ways."""
+    dt, m = WORDS[fmt]
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 7, 8, 9, 1001):
+        w = rng.integers(0, np.iinfo(dt).max, n, dtype=dt, endpoint=True)
+        for h in range(codecs.HI_MAX + 1):
+            got = []
+            for kernel in (rans._ransc, None):
+                monkeypatch.setattr(rans, "_ransc", kernel)
+                head, tail = codecs.split_words(w, m, h)
+                assert codecs.join_words(head, tail, m, h, w.itemsize).tobytes() == w.tobytes()
+                bad_pad = bytearray(tail)
+                if n % 8:
+                    bad_pad[-1] |= 1  # a bit past the last word in the sign's plane
+                    with pytest.raises(ValueError, match="padding"):
+                        codecs.join_words(head, bytes(bad_pad), m, h, w.itemsize)
+                if n:
+                    wide = head.copy()
+                    wide[-1] = 1 << (8 * w.itemsize - 1 - m + h)  # reaches the sign bit
+                    with pytest.raises(ValueError, match="exponent out of range"):
+                        codecs.join_words(wide, tail, m, h, w.itemsize)
+                got.append((head.tobytes(), tail))
+            assert got[0] == got[1]
+
+
 def _state() -> dict[str, tuple[str, torch.Tensor]]:
     rng = np.random.default_rng(4)
     w = torch.from_numpy(rng.standard_normal((64, 300)).astype(np.float32) * 0.05)

@@ -157,7 +157,9 @@ static PyObject *ilv_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     uint16_t *out = ob.buf;
     const uint32_t m = 1u << prec, mask = m - 1;
     uint32_t *cum = NULL, *x = NULL, *ef = NULL;
-    uint16_t *lut = NULL;
+    void *lut = NULL;
+    uint16_t *words = NULL;
+    uint64_t *fc = NULL;
     uint8_t filled[MAX_K];
     const char *err = NULL;
     if (k < 1 || k > MAX_K || fb.len != (Py_ssize_t)(4 * k * nsym) || (has_ctx && cb.len != n)) {
@@ -173,12 +175,13 @@ static PyObject *ilv_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     uint8_t present[MAX_K] = {0};
     Py_ssize_t n_present = 0;
     if (ctx) {
-        for (Py_ssize_t i = 0; i < n; i++) present[ctx[i] < k ? ctx[i] : 0] = 1;
+        for (Py_ssize_t i = 0; i < n; i++) present[ctx[i]] = 1; /* (ids past k: refused while decoding) */
     } else {
-        present[0] = 1;
+        present[0] = n > 0;
     }
     for (Py_ssize_t c = 0; c < k; c++) {
         n_present += present[c];
+        if (present[c] && !filled[c]) { err = "rans table does not sum to 2**prec"; goto done; }
         memcpy(ef + c * nsym, freq + c * nsym, sizeof(uint32_t) * nsym);
         if (!filled[c]) { /* never selected by a valid stream: any valid table, as the reference */
             for (Py_ssize_t s = 0; s < nsym; s++) { ef[c * nsym + s] = s ? 0 : m; cum[c * nsym + s] = s ? m : 0; }
@@ -187,54 +190,69 @@ static PyObject *ilv_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     /* Slot -> symbol by a lookup table when building it is cheap next to the stream, else by
      * binary search over the cumulative counts (small streams with fine tables). */
     int use_lut = (uint64_t)n_present * m <= 2 * (uint64_t)n + 4096;
-    if (use_lut) {
-        lut = malloc(sizeof(uint16_t) * k * m);
-        if (!lut) { PyErr_NoMemory(); goto done; }
-        for (Py_ssize_t c = 0; c < k; c++) {
-            if (!present[c]) continue; /* never indexed */
-            for (Py_ssize_t s = 0; s < nsym; s++) {
-                uint32_t c0 = cum[c * nsym + s], f = ef[c * nsym + s];
-                for (uint32_t q = c0; q < c0 + f; q++) lut[c * m + q] = (uint16_t)s;
-            }
+    const Py_ssize_t nwords = (db.len - 4 * lanes) / 2;
+    /* A byte a slot where the alphabet fits (half the cache), and the words in a padded copy: a
+     * lane reads its next word whether it needs it or not (whether it does is a coin toss to
+     * the branch predictor), and a step reads at most `lanes` words past the last. */
+    const int lut_bytes = nsym <= 256 ? 1 : 2;
+    words = malloc(sizeof(uint16_t) * (nwords + lanes));
+    fc = malloc(sizeof(uint64_t) * k * nsym);
+    if (!fc) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < k * nsym; i++) fc[i] = ef[i] | (uint64_t)cum[i] << 32;
+    if (use_lut) lut = malloc((size_t)lut_bytes * k * m);
+    if (!words || (use_lut && !lut)) { PyErr_NoMemory(); goto done; }
+    uint8_t *const lut8 = lut;
+    uint16_t *const lut16 = lut;
+    for (Py_ssize_t c = 0; use_lut && c < k; c++) {
+        if (!present[c]) continue; /* never indexed */
+        for (Py_ssize_t s = 0; s < nsym; s++) {
+            uint32_t c0 = cum[c * nsym + s], f = ef[c * nsym + s];
+            if (lut_bytes == 1) memset(lut8 + c * m + c0, (int)s, f);
+            else for (uint32_t q = c0; q < c0 + f; q++) lut16[c * m + q] = (uint16_t)s;
         }
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t j = 0; j < lanes; j++)
         x[j] = (uint32_t)data[4 * j] | (uint32_t)data[4 * j + 1] << 8 | (uint32_t)data[4 * j + 2] << 16
                | (uint32_t)data[4 * j + 3] << 24;
-    const uint8_t *w = data + 4 * lanes;
-    const Py_ssize_t nwords = (db.len - 4 * lanes) / 2;
+    for (Py_ssize_t i = 0; i < nwords; i++) words[i] = (uint16_t)(data[4 * lanes + 2 * i] | data[4 * lanes + 2 * i + 1] << 8);
+    memset(words + nwords, 0, sizeof(uint16_t) * lanes);
     Py_ssize_t pos = 0;
     const Py_ssize_t steps = (n + lanes - 1) / lanes;
-    for (Py_ssize_t t = 0; t < steps && !err; t++) {
-        Py_ssize_t lo = t * lanes, a = n - lo < lanes ? n - lo : lanes;
-        for (Py_ssize_t j = 0; j < a; j++) {
-            Py_ssize_t i = lo + j;
-            uint32_t c = ctx ? ctx[i] : 0;
-            if (c >= (uint32_t)k) { err = "rans context id out of range"; break; }
-            uint32_t xs = x[j], slot = xs & mask, sym;
-            const uint32_t *cr = cum + c * nsym;
-            if (use_lut) {
-                sym = lut[c * m + slot];
-            } else { /* the last symbol whose cumulative count is <= slot */
-                uint32_t lo_s = 0, hi_s = (uint32_t)nsym;
-                while (hi_s - lo_s > 1) {
-                    uint32_t mid = (lo_s + hi_s) >> 1;
-                    if (cr[mid] <= slot) lo_s = mid; else hi_s = mid;
-                }
-                sym = lo_s;
-            }
-            out[i] = (uint16_t)sym;
-            /* wraps on hostile states, as the reference does: the end checks catch it */
-            xs = ef[c * nsym + sym] * (xs >> prec) + slot - cr[sym];
-            if (xs < RANS_L) {
-                if (pos >= nwords) { err = "interleaved rans stream ends early"; break; }
-                xs = xs << 16 | (uint32_t)w[2 * pos] | (uint32_t)w[2 * pos + 1] << 8;
-                pos++;
-            }
-            x[j] = xs;
-        }
+    /* One loop a slot-to-symbol lookup, so that none of them tests which it is per symbol. */
+#define DECODE_LOOP(LOOKUP)                                                                        \
+    for (Py_ssize_t t = 0; t < steps && !err; t++) {                                               \
+        Py_ssize_t lo = t * lanes, a = n - lo < lanes ? n - lo : lanes;                            \
+        for (Py_ssize_t j = 0; j < a; j++) {                                                       \
+            Py_ssize_t i = lo + j;                                                                 \
+            uint32_t c = ctx ? ctx[i] : 0;                                                         \
+            if (c >= (uint32_t)k) { err = "rans context id out of range"; break; }                 \
+            uint32_t xs = x[j], slot = xs & mask, sym;                                             \
+            LOOKUP;                                                                                \
+            out[i] = (uint16_t)sym;                                                                \
+            /* its frequency, and its cumulative count above; wraps on hostile states, as the      \
+             * reference does: the end checks catch it */                                          \
+            const uint64_t e = fc[c * nsym + sym];                                                 \
+            xs = (uint32_t)e * (xs >> prec) + slot - (uint32_t)(e >> 32);                          \
+            /* renormalize without a branch: shift in the next word only where the state fell */   \
+            const uint32_t need = xs < RANS_L;                                                     \
+            x[j] = xs << (need << 4) | (words[pos] & (0u - need));                                 \
+            pos += need;                                                                           \
+        }                                                                                          \
+        if (pos > nwords) err = "interleaved rans stream ends early";                              \
     }
+    if (use_lut && lut_bytes == 1) {
+        DECODE_LOOP(sym = lut8[c * m + slot])
+    } else if (use_lut) {
+        DECODE_LOOP(sym = lut16[c * m + slot])
+    } else { /* the last symbol whose cumulative count is <= slot */
+        DECODE_LOOP(uint32_t lo_s = 0; uint32_t hi_s = (uint32_t)nsym;                            \
+                    while (hi_s - lo_s > 1) {                                                      \
+                        uint32_t mid = (lo_s + hi_s) >> 1;                                         \
+                        if ((uint32_t)(fc[c * nsym + mid] >> 32) <= slot) lo_s = mid; else hi_s = mid; \
+                    } sym = lo_s)
+    }
+#undef DECODE_LOOP
     if (!err) {
         int ok = pos == nwords;
         for (Py_ssize_t j = 0; j < lanes; j++) ok &= x[j] == RANS_L;
@@ -243,7 +261,7 @@ static PyObject *ilv_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_END_ALLOW_THREADS
 done:
     if (err && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, err);
-    free(cum); free(x); free(lut); free(ef);
+    free(cum); free(x); free(lut); free(ef); free(words); free(fc);
     PyBuffer_Release(&db); PyBuffer_Release(&fb); PyBuffer_Release(&ob);
     if (has_ctx) PyBuffer_Release(&cb);
     if (PyErr_Occurred()) return NULL;
@@ -834,6 +852,160 @@ static PyObject *huffman_literals(PyObject *Py_UNUSED(self), PyObject *args) {
     return res;
 }
 
+/* Float words as fields (codecs.Fields; the layout is in docs/FORMAT.md): the head is the
+ * exponent above the h top mantissa bits (bits lowbits..width-2, lowbits = m - h); the tail
+ * holds q = lowbits / 8 byte planes of the low bits (n bytes each), then r = lowbits % 8 bit
+ * planes of bits 8q.. and the sign's plane (ceil(n / 8) bytes each, first word in the top bit,
+ * as numpy's packbits). One pass each way: the numpy spelling in codecs.py made ~10. */
+typedef struct { Py_buffer words, head, tail; Py_ssize_t n, isz, q, r, c; int lowbits; } fields_io;
+
+static int fields_open(PyObject *args, fields_io *f, int splitting) {
+    PyObject *w_o, *h_o, *t_o;
+    int isz, m, h;
+    if (!PyArg_ParseTuple(args, "OiiiOO", &w_o, &isz, &m, &h, &h_o, &t_o)) return -1;
+    if ((isz != 2 && isz != 4) || h < 0 || m < h || m > 8 * isz - 2) {
+        PyErr_SetString(PyExc_ValueError, "fields: word size, mantissa or head bits out of range");
+        return -1;
+    }
+    if (get_buffer(w_o, &f->words, "words", !splitting) < 0) return -1;
+    if (get_buffer(h_o, &f->head, "head", splitting) < 0) { PyBuffer_Release(&f->words); return -1; }
+    if (get_buffer(t_o, &f->tail, "tail", splitting) < 0) {
+        PyBuffer_Release(&f->words); PyBuffer_Release(&f->head); return -1;
+    }
+    f->isz = isz; f->n = f->words.len / isz; f->lowbits = m - h;
+    f->q = f->lowbits / 8; f->r = f->lowbits % 8; f->c = (f->n + 7) / 8;
+    if (f->words.len % isz || f->head.len != 2 * f->n || f->tail.len != f->q * f->n + (f->r + 1) * f->c) {
+        PyBuffer_Release(&f->words); PyBuffer_Release(&f->head); PyBuffer_Release(&f->tail);
+        PyErr_SetString(PyExc_ValueError, "fields: buffer sizes disagree");
+        return -1;
+    }
+    return 0;
+}
+
+static void fields_close(fields_io *f) {
+    PyBuffer_Release(&f->words); PyBuffer_Release(&f->head); PyBuffer_Release(&f->tail);
+}
+
+/* Words 8b.. of a block (zeros past n): a fixed trip count the compiler unrolls. */
+static inline int load_block(const uint8_t *restrict w, Py_ssize_t b, Py_ssize_t n, Py_ssize_t isz, uint32_t v[8]) {
+    const Py_ssize_t i0 = 8 * b, a = n - i0 < 8 ? n - i0 : 8;
+    if (a == 8 && isz == 2) {
+        for (int e = 0; e < 8; e++) v[e] = (uint32_t)w[2 * (i0 + e)] | (uint32_t)w[2 * (i0 + e) + 1] << 8;
+    } else if (a == 8) {
+        for (int e = 0; e < 8; e++) {
+            const uint8_t *p = w + 4 * (i0 + e);
+            v[e] = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        }
+    } else {
+        for (int e = 0; e < 8; e++) {
+            v[e] = 0;
+            for (Py_ssize_t k = 0; e < a && k < isz; k++) v[e] |= (uint32_t)w[isz * (i0 + e) + k] << 8 * k;
+        }
+    }
+    return (int)a;
+}
+
+/* Eight words at a time: byte e of a uint64 holds word e's bits, and one multiply gathers bit
+ * 0 of every byte into a packbits byte (byte e to bit 7 - e; the partial products never
+ * overlap, so no carries), or SPREAD undoes it. */
+#define LOW_BITS 0x0101010101010101ull
+#define GATHER 0x8040201008040201ull
+static uint64_t SPREAD[256];
+
+static void spread_init(void) {
+    for (int b = 0; b < 256; b++) {
+        uint64_t v = 0;
+        for (int e = 0; e < 8; e++) v |= (uint64_t)(b >> (7 - e) & 1) << 8 * e;
+        SPREAD[b] = v;
+    }
+}
+
+/* fields_split(words, itemsize, m, h, head: u16[n] out, tail: u8[...] out) -> None */
+static PyObject *fields_split(PyObject *Py_UNUSED(self), PyObject *args) {
+    fields_io f;
+    if (fields_open(args, &f, 1) < 0) return NULL;
+    const uint8_t *restrict w = f.words.buf;
+    uint16_t *restrict head = f.head.buf;
+    uint8_t *restrict tail = f.tail.buf, *restrict bits = tail + f.q * f.n;
+    const Py_ssize_t n = f.n, isz = f.isz, q = f.q, r = f.r, c = f.c;
+    const int lb = f.lowbits, top = 8 * (int)isz - 1;
+    const uint32_t hmask = (1u << (top - lb)) - 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t b = 0; b < c; b++) {
+        uint32_t v[8];
+        const int a = load_block(w, b, n, isz, v);
+        uint64_t low = 0, sign = 0; /* byte e: word 8b + e's bits 8q.., its sign */
+        for (int e = 0; e < 8; e++) {
+            low |= (uint64_t)(v[e] >> 8 * q & 0xFF) << 8 * e;
+            sign |= (uint64_t)(v[e] >> top) << 8 * e;
+        }
+        for (int e = 0; e < a; e++) head[8 * b + e] = (uint16_t)(v[e] >> lb & hmask);
+        for (Py_ssize_t j = 0; j < q; j++)
+            for (int e = 0; e < a; e++) tail[j * n + 8 * b + e] = (uint8_t)(v[e] >> 8 * j);
+        for (Py_ssize_t j = 0; j < r; j++) bits[j * c + b] = (uint8_t)(((low >> j & LOW_BITS) * GATHER) >> 56);
+        bits[r * c + b] = (uint8_t)((sign * GATHER) >> 56);
+    }
+    Py_END_ALLOW_THREADS
+    fields_close(&f);
+    Py_RETURN_NONE;
+}
+
+/* One block of fields_join: a words from head, the byte planes (tail, n apart) and the bit
+ * planes' bytes (bits, c apart); returns the OR of the heads. Inlined with a = 8 for full
+ * blocks, so that every loop has a fixed trip count. */
+static inline __attribute__((always_inline)) uint32_t join_block(
+    uint8_t *restrict w, const uint16_t *restrict head, const uint8_t *restrict tail, const uint8_t *restrict bits,
+    const int a, Py_ssize_t n, Py_ssize_t c, Py_ssize_t isz, Py_ssize_t q, Py_ssize_t r, int lb, int top) {
+    uint64_t low = 0; /* byte e: word e's bits 8q.. (r of them), then its sign */
+    for (Py_ssize_t j = 0; j < r; j++) low |= SPREAD[bits[j * c]] << j;
+    const uint64_t sign = SPREAD[bits[r * c]];
+    uint32_t v[8], over = 0;
+    for (int e = 0; e < a; e++) {
+        v[e] = (uint32_t)head[e] << lb | (uint32_t)(low >> 8 * e & 0xFF) << 8 * q | (uint32_t)(sign >> 8 * e & 1) << top;
+        over |= head[e];
+    }
+    for (Py_ssize_t j = 0; j < q; j++)
+        for (int e = 0; e < a; e++) v[e] |= (uint32_t)tail[j * n + e] << 8 * j;
+    if (isz == 2) {
+        for (int e = 0; e < a; e++) { w[2 * e] = (uint8_t)v[e]; w[2 * e + 1] = (uint8_t)(v[e] >> 8); }
+    } else {
+        for (int e = 0; e < a; e++) {
+            w[4 * e] = (uint8_t)v[e]; w[4 * e + 1] = (uint8_t)(v[e] >> 8);
+            w[4 * e + 2] = (uint8_t)(v[e] >> 16); w[4 * e + 3] = (uint8_t)(v[e] >> 24);
+        }
+    }
+    return over;
+}
+
+/* fields_join(words out, itemsize, m, h, head: u16[n], tail) -> None; ValueError where a head
+ * reaches the sign bit or a bit plane's padding is not zero. */
+static PyObject *fields_join(PyObject *Py_UNUSED(self), PyObject *args) {
+    fields_io f;
+    if (fields_open(args, &f, 0) < 0) return NULL;
+    uint8_t *restrict w = f.words.buf;
+    const uint16_t *restrict head = f.head.buf;
+    const uint8_t *restrict tail = f.tail.buf, *restrict bits = tail + f.q * f.n;
+    const Py_ssize_t n = f.n, isz = f.isz, q = f.q, r = f.r, c = f.c;
+    const int lb = f.lowbits, top = 8 * (int)isz - 1;
+    const char *err = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    uint32_t over = 0;
+    for (Py_ssize_t b = 0; b < c; b++) {
+        const Py_ssize_t i0 = 8 * b;
+        if (n - i0 >= 8) over |= join_block(w + isz * i0, head + i0, tail + i0, bits + b, 8, n, c, isz, q, r, lb, top);
+        else over |= join_block(w + isz * i0, head + i0, tail + i0, bits + b, (int)(n - i0), n, c, isz, q, r, lb, top);
+    }
+    over >>= top - lb; /* (an OR of heads: any head with a bit at or past the sign's) */
+    if (over) err = "fields exponent out of range";
+    const uint8_t pad = n % 8 ? (uint8_t)(0xFF >> (n % 8)) : 0;
+    for (Py_ssize_t j = 0; j <= r && !err && c; j++)
+        if (bits[j * c + c - 1] & pad) err = "fields bit plane padding is not zero";
+    Py_END_ALLOW_THREADS
+    fields_close(&f);
+    if (err) { PyErr_SetString(PyExc_ValueError, err); return NULL; }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"counts", counts, METH_VARARGS, "Counts of (context, symbol) pairs added to out (i64): (sym u16, ctx u8|None, nsym, k, out)."},
     {"encode", ilv_encode, METH_VARARGS, "Interleaved rANS encode: (sym u16, ctx u8|None, freq u32, nsym, prec, lanes) -> bytes."},
@@ -842,9 +1014,14 @@ static PyMethodDef methods[] = {
     {"kmeans", kmeans, METH_VARARGS, "cluster._kmeans for one problem into out (i64): (hist f32, items, nsym, ks i64, iters, sample_items, bins, length_scale, prior, out) -> False where float32 sums would not be exact."},
     {"huffman_literals", huffman_literals, METH_VARARGS, "huffman.py's block of Huffman-coded literals: (counts i64[256]) -> bits; (counts, raw) -> bytes."},
     {"histograms", histograms, METH_VARARGS, "Per-row or per-column symbol counts added to out (f32): (sym u16, rows, cols, nsym, axis, stride, out)."},
+    {"fields_split", fields_split, METH_VARARGS, "Float words into a fields head (u16) and tail: (words, itemsize, m, h, head out, tail out)."},
+    {"fields_join", fields_join, METH_VARARGS, "Float words from a fields head and tail: (words out, itemsize, m, h, head u16, tail)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ransc", "Compiled interleaved rANS kernels and search histograms.", -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__ransc(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__ransc(void) {
+    spread_init();
+    return PyModule_Create(&module);
+}

@@ -482,10 +482,6 @@ class Rans(Codec, name="rans"):
         if variant == "grid" and (ids[:rows].max() >= k // kc or ids[rows:].max() >= kc):
             raise ArtifactError("rans grid class ids do not match the declared classes")
         cvec = geometry(ctx).context_vector(variant, k, ids, t, np.uint8, kc)
-        # One context: its (all-zero) vector is never read, so never touched into memory.
-        used = rans.bincount(cvec, minlength=k) > 0 if k > 1 else np.array([len(cvec) > 0])
-        if np.any(tables.sum(axis=1)[used] != 1 << prec):
-            raise ArtifactError("rans table does not sum to 2**prec")
         tsym = rans.ilv_decode(words, cvec, tables, prec, lanes, len(cvec))
         return _symbols_to_array(rans.from_tuples(tsym, nsym, t, n), offset, ctx)
 
@@ -521,13 +517,8 @@ class Fields(Codec, name="fields"):
             wide = h and (items * span > search.CLUSTER_MAX_CELLS or span > 256)
             cost.append(rans.entropy_bits(c) / 8 + w.size * (m - h + 1) / 8 + 2 * np.count_nonzero(c) + wide * 1e30)
         h = int(np.argmin(cost))
-        head = top >> np.uint16(HI_MAX - h)
-        u, (q, r) = w.dtype.type, divmod(m - h, 8)  # byte planes of the low 8q bits, bit planes, the sign
-        planes = [w.view(np.uint8).reshape(-1, w.itemsize)[:, j] for j in range(q)]
-        x = ((w >> u(8 * q)) & u((1 << r) - 1)).astype(np.uint8)
-        planes += [np.packbits((x >> np.uint8(j)) & np.uint8(1)) for j in range(r)]
-        planes.append(np.packbits((w >> u(8 * w.itemsize - 1)).astype(np.uint8)))
-        return head.reshape(1, -1), b"".join(p.tobytes() for p in planes), {"mant": m, "hi": h}
+        head, tail = split_words(w, m, h)
+        return head.reshape(1, -1), tail, {"mant": m, "hi": h}
 
     def prepare(self, items):
         """Every float stream's head, and one rans search for all of them (as Rans.prepare).
@@ -578,16 +569,50 @@ class Fields(Codec, name="fields"):
             raise ArtifactError(f"{ctx.kind} stream: fields tail of {len(tail)} bytes, expected {size}")
         hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, version=ctx.version)
         head = Rans().decode(data[tlen:], {**params, "offset": params.get("lo")}, hctx).ravel()
-        if head.size and int(head.max()) >> h >= 1 << width - 1 - m:
-            raise ArtifactError(f"{ctx.kind} stream: fields exponent out of range")
-        w = head.astype(f"<u{dt.itemsize}") << np.uint8(m - h)
-        for j in range(q + r + 1):  # byte plane j (bits 8j..), bit plane j - q (bit j + 7q), the sign
-            v = np.frombuffer(tail, np.uint8, n if j < q else c, min(j, q) * n + max(j - q, 0) * c)
-            bit = 8 * j if j < q else width - 1 if j == q + r else j + 7 * q
-            if j >= q:
-                v = np.unpackbits(v)
-                if v[n:].any():
-                    raise ArtifactError(f"{ctx.kind} stream: fields bit plane padding is not zero")
-                v = v[:n] << np.uint8(bit % 8)
-            w.view(np.uint8).reshape(n, dt.itemsize)[:, bit // 8] |= v
-        return w.view(dt).reshape(ctx.shape)
+        try:
+            return join_words(head, tail, m, h, dt.itemsize).view(dt).reshape(ctx.shape)
+        except ValueError as exc:
+            raise ArtifactError(f"{ctx.kind} stream: {exc}") from None
+
+
+def split_words(w: np.ndarray, m: int, h: int) -> tuple[np.ndarray, bytes]:
+    """Float words (uint16/uint32, m mantissa bits) as (head, tail): the head is the exponent
+    above the h top mantissa bits; the tail the low m - h bits as q byte planes, then r bit
+    planes (np.packbits), then the sign's plane. The compiled kernel where built; this numpy
+    spelling is its reference (tests check both write the same bytes)."""
+    n, (q, r) = w.size, divmod(m - h, 8)
+    if rans.has_kernel():
+        head, tail = np.empty(n, np.uint16), np.empty(q * n + (r + 1) * -(-n // 8), np.uint8)
+        rans._ransc.fields_split(w, w.itemsize, m, h, head, tail)
+        return head, tail.tobytes()
+    u, top = w.dtype.type, 8 * w.itemsize - 1
+    head = ((w >> u(m - h)) & u((1 << top - m + h) - 1)).astype(np.uint16)
+    planes = [w.view(np.uint8).reshape(-1, w.itemsize)[:, j] for j in range(q)]
+    x = ((w >> u(8 * q)) & u((1 << r) - 1)).astype(np.uint8)
+    planes += [np.packbits((x >> np.uint8(j)) & np.uint8(1)) for j in range(r)]
+    planes.append(np.packbits((w >> u(top)).astype(np.uint8)))
+    return head, b"".join(p.tobytes() for p in planes)
+
+
+def join_words(head: np.ndarray, tail: bytes, m: int, h: int, itemsize: int) -> np.ndarray:
+    """split_words inverted; ValueError where a head reaches the sign or a bit plane's
+    padding is not zero."""
+    n, (q, r), width = head.size, divmod(m - h, 8), 8 * itemsize
+    w = np.empty(n, f"<u{itemsize}")
+    if rans.has_kernel():
+        rans._ransc.fields_join(w, itemsize, m, h, np.ascontiguousarray(head, np.uint16), tail)
+        return w
+    if n and int(head.max()) >> h >= 1 << width - 1 - m:
+        raise ValueError("fields exponent out of range")
+    w[:] = head.astype(w.dtype) << np.uint8(m - h)
+    c = -(-n // 8)
+    for j in range(q + r + 1):  # byte plane j (bits 8j..), bit plane j - q (bit j + 7q), the sign
+        v = np.frombuffer(tail, np.uint8, n if j < q else c, min(j, q) * n + max(j - q, 0) * c)
+        bit = 8 * j if j < q else width - 1 if j == q + r else j + 7 * q
+        if j >= q:
+            v = np.unpackbits(v)
+            if v[n:].any():
+                raise ValueError("fields bit plane padding is not zero")
+            v = v[:n] << np.uint8(bit % 8)
+        w.view(np.uint8).reshape(n, itemsize)[:, bit // 8] |= v
+    return w

@@ -519,10 +519,14 @@ def ilv_decode(data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int,
     steps = -(-n // lanes)
     if steps > MAX_STEPS or len(data) < 4 * lanes or len(data) % 2:
         raise ArtifactError("interleaved rans stream does not fit its lanes")
-    if _ransc is None:
+    k, nsym = freq.shape
+    if _ransc is None:  # (the kernel checks the tables of the contexts it meets as it goes)
+        # One context: its (all-zero) vector is never read, so never touched into memory.
+        used = bincount(ctx, minlength=k) > 0 if k > 1 else np.array([n > 0])
+        if np.any(freq.sum(axis=1)[used] != 1 << prec):
+            raise ArtifactError("rans table does not sum to 2**prec")
         _note_fallback(n)
         return ilv_decode_numpy(data, ctx, freq, prec, lanes, n)
-    k, nsym = freq.shape
     # Entries above 2**prec can only come from a hostile table: its row cannot sum to
     # 2**prec either way, and the clip keeps the uint32 cast from wrapping it into one.
     f = np.minimum(np.asarray(freq, dtype=np.int64), (1 << prec) + 1).astype(np.uint32).ravel()
