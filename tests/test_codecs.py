@@ -156,8 +156,8 @@ def test_quick_gates_keep_lz_codecs_where_they_win(shape):
 
 @pytest.mark.parametrize("shape,qmax", [((384, 384), 127), ((512, 512), 7)])
 def test_quick_gates_skip_lz_codecs_that_cannot_win(shape, qmax, monkeypatch):
-    """On codes without repetition lzma is not run where the previous byte says nothing of the
-    next (lzma_context); the result is what the full race (effort max's rule) would keep."""
+    """On codes without repetition neither deflate nor lzma runs (codes_norep); the result is
+    what the full race (effort max's rule) would keep."""
     from recurnorm.budget import compress
 
     arr, scales = _gauss(*shape, qmax, np.random.default_rng(6))
@@ -188,50 +188,25 @@ def test_lzma_still_races_on_float_words(monkeypatch):
     assert ok and compress.LZMA in calls and name == "lzma"
 
 
-@pytest.mark.parametrize("shape,qmax", [((128, 128), 127), ((256, 256), 7)])
-def test_deflate_codes_without_repetition_as_literals(shape, qmax):
-    """Quantized codes where zstd-1 finds no repetition: deflate codes Huffman literals only,
-    smaller than level 9 (its short matches cost more than they save), and decodes."""
+@pytest.mark.parametrize("shape,qmax", [((256, 512), 127), ((512, 512), 7)])
+def test_deflate_skips_codes_without_repetition(shape, qmax):
+    """Quantized codes of 64 KB or more where zstd-1 finds no repetition: no deflate (rans codes
+    them under the order-0 bound its Huffman lands above); float words (no scales) keep level 9."""
     from recurnorm.budget import compress
 
     arr, scales = _gauss(*shape, qmax, np.random.default_rng(8))
-    ctx = _ctx(arr, scales=scales)
-    (data, params), *more = _deflate(arr, ctx)
-    raw = codecs.layout_bytes(arr, "int8", params["layout"], params["offset"])
-    assert not more and data == compress.deflate_literals(raw) and len(data) < len(compress.deflate(raw))
-    assert np.array_equal(codecs.Deflate().decode(data, params, _ctx(arr, scales=scales)), arr)
-    # Float words (no scales) keep level 9: its matches find the repeated exponent bytes.
+    assert _deflate(arr, _ctx(arr, scales=scales)) == []
     words = arr.astype(np.float16)
     (data, params), *_ = _deflate(words, _ctx(words))
     assert data == compress.deflate(codecs.layout_bytes(words, "float16", params["layout"], 0))
+    assert np.array_equal(codecs.Deflate().decode(data, params, _ctx(words)), words)
 
 
 @pytest.mark.parametrize("n", [512, 1 << 16])
 def test_deflate_keeps_level_9_where_matches_pay(n):
     """Constant or tiled codes: level 9's matches win, small (the zstd-1 probe's frame would
-    misjudge a tiny constant stream, so below LITERALS_MIN both race)."""
+    misjudge a tiny constant stream, and below codes_norep's size deflate always runs)."""
     arr = np.zeros((1, n), dtype=np.int8) if n == 512 else np.tile(np.arange(-8, 8, dtype=np.int8), (n // 16, 1))
     scales = np.ones(arr.shape[0])
     sizes = [len(d) for d, _ in _deflate(arr, _ctx(arr, scales=scales))]
-    assert min(sizes) < 100  # literals alone: 1 bit a code at best (8K bytes for the tiled codes)
-
-
-def test_lzma_skips_codes_its_literal_context_cannot_model():
-    """Deflate's literals trail the best by under 0.5% (the old gate would race lzma): lzma is
-    still skipped on codes whose bytes say nothing about the next (no sequential structure
-    for its literal context), and raced where they do (runs of one sign)."""
-    from recurnorm.budget import compress
-
-    rng = np.random.default_rng(11)
-    iid, s = _gauss(256, 256, 127, rng)
-    # Runs of one sign (it flips with probability 0.05): the previous byte's top bits tell it.
-    sign = np.where(np.cumsum(rng.random(iid.size) < 0.05) % 2 == 0, 1, -1).reshape(iid.shape)
-    runs = (np.abs(iid.astype(np.int16)) * sign).clip(-127, 127).astype(np.int8)
-    raced = {}
-    for name, arr in (("iid", iid), ("runs", runs)):
-        ctx = _ctx(arr, scales=s)
-        s = race.Stream(arr, ctx)
-        (lit, params), *_ = race.RACE["deflate"](s, 1 << 62, None)
-        assert lit == compress.deflate_literals(codecs.layout_bytes(arr, "int8", "plain", 0))
-        raced[name] = race.RACE["lzma"](s, int(len(lit) * 0.998), None)
-    assert raced["iid"] == [] and len(raced["runs"]) == 1
+    assert min(sizes) < 100  # (Huffman alone: 1 bit a code at best, 8K bytes for the tiled codes)

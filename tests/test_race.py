@@ -21,19 +21,12 @@ def _golf_like(fmt: str, rows: int = 256, cols: int = 512, seed: int = 0) -> dic
     return {"w": quant.get(fmt).quantize(torch.from_numpy(w.astype(np.float32)), name="w")}
 
 
-def _gauss(fmt: str, rows: int, cols: int) -> dict:
-    """I.i.d. Gaussian weights (rans's contexts find little: deflate's literals come close)."""
-    w = np.random.default_rng(0).normal(size=(rows, cols)).astype(np.float32)
-    return {"w": quant.get(fmt).quantize(torch.from_numpy(w), name="w")}
-
-
 # gate -> (stand-in, codecs): the cases each gate was measured on, small.
 CASES = {
     "packed_only": (_golf_like("int4"), None),
     "float_probe": (_golf_like("bf16", 512), None),
-    "literals_only": (_golf_like("int8"), None),
+    "codes_norep": (_golf_like("int8"), None),
     "lzma_race": (_golf_like("int8"), None),
-    "lzma_context": (_gauss("int8", 256, 512), None),
     "zstd_slow_race": (_golf_like("int8"), ZSTD),
     "fields_tail": (_golf_like("bf16", 512), None),
 }
@@ -45,10 +38,10 @@ COST = {"lzma_race": 0.001}
 
 
 def _pack(qts, names, monkeypatch) -> tuple[bytes, int]:
-    """The artifact, and the bytes laid out for, or handed to, deflate, literals, lzma and zstd-19."""
+    """The artifact, and the bytes laid out for, or handed to, deflate, lzma and zstd-19."""
     work = []
     with monkeypatch.context() as m:
-        for mod, fn in ((compress, "deflate"), (compress, "deflate_literals"), (codecs, "layout_bytes")):
+        for mod, fn in ((compress, "deflate"), (codecs, "layout_bytes")):
             m.setattr(mod, fn, lambda x, *a, real=getattr(mod, fn): work.append(np.asarray(x).nbytes) or real(x, *a))
         m.setattr(
             compress,

@@ -295,16 +295,11 @@ class Compressed(Codec):
 
     compressor: ClassVar[int]  # a compress.py id
 
-    def forms(self, raw: bytes) -> list[bytes]:
-        """The compressed forms of one layout's bytes."""
-        return [compress.compress(self.compressor, raw)]
-
     def encode(self, arr, ctx, plan=None):
-        """The smallest form over every layout (plan: the (layout, offset) pairs to try)."""
+        """The smallest over every layout (plan: the (layout, offset) pairs to try)."""
         tries = [
-            (f, {"layout": lay, "offset": off})
+            (compress.compress(self.compressor, layout_bytes(arr, ctx.dtype, lay, off)), {"layout": lay, "offset": off})
             for lay, off in plan or layouts_for(arr, ctx.dtype)
-            for f in self.forms(layout_bytes(arr, ctx.dtype, lay, off))
         ]
         return min(tries, key=lambda t: len(t[0]))
 
@@ -330,14 +325,9 @@ class Compressed(Codec):
 
 
 class Deflate(Compressed, name="deflate"):
-    """Raw deflate (zlib, level 9): portable, quick; wins on small streams. Quantized codes without
-    repetition are better coded as Huffman literals alone (compress.deflate_literals): level 9's
-    matches there cost more than they save; any inflater reads both."""
+    """Raw deflate (zlib, level 9): portable, quick; wins on small streams."""
 
     compressor = compress.DEFLATE
-
-    def forms(self, raw):
-        return [compress.deflate(raw), compress.deflate_literals(raw)]
 
 
 class Lzma(Compressed, name="lzma"):

@@ -20,7 +20,7 @@ import zlib
 import zstandard
 
 from ..errors import ArtifactError
-from . import bounded_zstd, huffman
+from . import bounded_zstd
 
 RAW, ZSTD, DEFLATE, LZMA = 0, 1, 2, 3
 NAMES = {RAW: "raw", ZSTD: "zstd", DEFLATE: "deflate", LZMA: "lzma"}
@@ -46,17 +46,6 @@ def deflate(raw: bytes, level: int = DEFLATE_LEVEL) -> bytes:
     """Raw deflate (RFC 1951) of raw."""
     c = zlib.compressobj(level, zlib.DEFLATED, DEFLATE_WBITS)
     return c.compress(raw) + c.flush()
-
-
-def deflate_literals(raw: bytes, counts=None) -> bytes:
-    """Raw deflate of raw as one block of Huffman-coded literals, no matches (huffman.py;
-    counts: raw's 256 byte counts, when the caller has them); any inflater reads it."""
-    return huffman.block(raw, counts)
-
-
-def deflate_literals_size(counts) -> int:
-    """len(deflate_literals(raw)) from raw's 256 byte counts alone."""
-    return huffman.block_size(counts)
 
 
 def compress(kind: int, raw: bytes, magicless: bool = False) -> bytes:

@@ -22,9 +22,6 @@ DEFAULT_CODECS = ("rans", "fields", "deflate", "lzma", "raw")
 QUICK_MIN = 1 << 15  # below this many bytes a full deflate-9 costs under a millisecond: no probe
 REPEATS = 0.97  # a zstd-1 pass under this share of the order-0 bound has found repetition
 PROBE = 1 << 16  # bytes per zstd-1 probe slice (three on streams over 4 slices)
-# Below this many bytes a zstd-1 pass misjudges repetition (its frame costs ~10 bytes, more than
-# a constant stream's matches do under deflate): deflate races level 9 and literals both.
-LITERALS_MIN = 1 << 12
 # Every shortcut of the race, with what it saves of packing benchmarks/pack.py's >= 1M-code cases
 # (one thread's CPU time, `python benchmarks/gates.py`: on and off interleaved, best of 3-5), and
 # what it costs in bytes where it costs any. One that saves under 10% goes. None turns a row off:
@@ -37,18 +34,16 @@ GATES: dict[str, float | None] = {
     # this many bytes lands over the best (the fields coding). Saves 93-95% on MiniLM bf16 and
     # golf-shaped bf16/fp32.
     "float_probe": 1 << 12,
-    # Codes from LITERALS_MIN bytes on: Huffman literals where zstd-1 finds no repetition (level
-    # 9's matches cost 0.2-7% more there), level 9 where it does. Saves 44-46% on MiniLM int8/int6
-    # and golf-shaped int8.
-    "literals_only": 1,
+    # Quantized codes from this many bytes on where zstd-1 finds no repetition: no deflate or
+    # lzma (rans codes them under their order-0 bound, where deflate's Huffman and lzma's
+    # literals land above it). Saves 44-46% on MiniLM int8/int6 and golf-shaped int8; same bytes.
+    # (Below it a table costs rans more than deflate's Huffman: deflate won small int8 streams
+    # of the tiny models, 0.2% of their bytes.)
+    "codes_norep": 1 << 16,
     # lzma on deflate's best layout only, where deflate is within this factor of the best (over
     # 256 KiB: where deflate leads). Saves 79% on MiniLM int4 (lzma-9e: ~0.3 s a MB), 86% on
     # golf-shaped int8, where it costs 0.04% of bytes.
     "lzma_race": 1.02,
-    # Codes without repetition: no lzma where the previous byte's top 3 bits (lzma's literal
-    # context) say under 0.5% about the next (its literals then land above deflate's). Saves
-    # 0.63 s of lzma on MiniLM int8 (22-47% of packing it).
-    "lzma_context": 0.995,
     # zstd-19 on the best zstd-3 layout only, where it is within this factor of the best. Saves
     # 78-80% on ship.py's 17M models (codecs rans, zstd, raw), costing 0.0005% of bytes.
     "zstd_slow_race": 1.02,
@@ -96,13 +91,6 @@ class LaidOut:
         """Whether a zstd-1 pass finds repetition."""
         return self.zstd1 < REPEATS * self.order0
 
-    @cached_property
-    def literal_context(self) -> float:
-        """The entropy of each byte given the top 3 bits of the one before (lzma's literal
-        context at its default lc=3), in bytes."""
-        b = np.frombuffer(self.raw, dtype=np.uint8)
-        return sum(rans.entropy_bits(row) for row in rans.context_counts(b[1:], b[:-1] >> 5, 8, 256)) / 8
-
 
 class Stream:
     """One stream in the race and the encoder's scratch: its laid-out bytes, deflate's sizes
@@ -127,12 +115,9 @@ class Stream:
             layouts = layouts[-1:]
         return layouts
 
-    def races_literals(self, laid: LaidOut) -> bool:
-        """Whether deflate races these bytes' Huffman literals: quantized codes (they have
-        scales), where zstd-1 finds no repetition or literals_only is off for them."""
-        return self.ctx.scales is not None and (
-            not self.on("literals_only") or len(laid.raw) < LITERALS_MIN or not laid.repeats
-        )
+    def norep_codes(self, laid: LaidOut) -> bool:
+        """Quantized codes (they have scales) in which zstd-1 finds no repetition."""
+        return self.ctx.scales is not None and len(laid.raw) >= GATES["codes_norep"] and not laid.repeats
 
 
 def encode_all(items: list[tuple[np.ndarray, StreamContext]], names=None) -> list[tuple[str, dict, bytes]]:
@@ -190,23 +175,16 @@ def _float_probe(s: Stream) -> float:
 
 
 def _deflate(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
-    """Level 9 and Huffman literals on each layout, where worth racing. The sizes of all (also
-    of literals not made: their exact size cannot beat best) are kept for lzma, which runs next."""
+    """Level 9 on each layout, where worth racing; the sizes are kept for lzma, which runs next."""
     s.deflate = []
     if s.on("float_probe") and s.ctx.mant and s.ctx.nbytes > QUICK_MIN and _float_probe(s) > best:
         return []
     out = []
     for layout, offset in s.layouts():
-        laid, params = s.laid_out(layout, offset), {"layout": layout, "offset": offset}
-        literals = s.races_literals(laid)
-        if not literals or not s.on("literals_only") or len(laid.raw) < LITERALS_MIN:
-            out.append((compress.deflate(laid.raw), params))
-            s.deflate.append((len(out[-1][0]), params))
-        if literals:  # (their exact size follows from the byte counts: made only where they win)
-            size = compress.deflate_literals_size(laid.counts)
-            s.deflate.append((size, params))
-            if size < best:
-                out.append((compress.deflate_literals(laid.raw, laid.counts), params))
+        laid = s.laid_out(layout, offset)
+        if not (s.on("codes_norep") and s.norep_codes(laid)):
+            out.append((compress.deflate(laid.raw), {"layout": layout, "offset": offset}))
+            s.deflate.append((len(out[-1][0]), out[-1][1]))
     return out
 
 
@@ -216,17 +194,12 @@ def _lzma(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
         return [(compress.compress(compress.LZMA, laid.raw), params) for laid, params in tries]
     if s.deflate is None:  # deflate was not in the race: its sizes are needed all the same
         _deflate(s, best)
-    if not s.deflate:  # the float probe skipped deflate: lzma lands near it on such bytes
+    if not s.deflate:  # deflate skipped these bytes (floats the probe judged, codes without repetition)
         return []
     size, params = min(s.deflate, key=lambda c: c[0])
     laid = s.laid_out(params["layout"], params["offset"])
     if size > best * (1.0 if len(laid.raw) > 1 << 18 else GATES["lzma_race"]):
         return []
-    # Quantized codes (they have scales) with no repetition for lzma to find. Not float words:
-    # there lzma finds 2-9% under deflate (bf16 and fp32 passthrough tensors), repetition or not.
-    if s.ctx.scales is not None and size >= REPEATS * laid.order0 and s.on("lzma_context"):
-        if laid.literal_context >= GATES["lzma_context"] * laid.order0:
-            return []
     return [(compress.compress(compress.LZMA, laid.raw), params)]
 
 
