@@ -239,10 +239,9 @@ DELTA_SAMPLE = 1 << 16  # the gate compares about this many codes of sampled row
 
 
 def row_deltas(sym: np.ndarray, rows: int, cols: int, lo: int) -> np.ndarray | None:
-    """Each code (symbol + lo) minus the one above it in the tensor's [rows, cols] view, where
-    that view is the whole stream and a sample of row pairs says their order-0 bound is under
-    DELTA_GAIN of the codes' (smooth rows: all-MiniLM-L6-v2's position embedding, int8 0.88);
-    else None. The decoder sums them back down the columns."""
+    """Each code (symbol + lo) minus the one above it in the tensor's [rows, cols] view, where that
+    view is the stream and sampled row pairs' order-0 bound is under DELTA_GAIN of the codes'
+    (smooth rows: all-MiniLM-L6-v2's position embedding, int8 0.88); else None."""
     if rows < 2 or rows * cols != sym.size:
         return None
     m = np.asarray(sym).reshape(rows, cols)

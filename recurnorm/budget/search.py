@@ -643,20 +643,16 @@ BLOCK_MEANS, BLOCK_SPREADS = 15, 5  # context = mean bucket x spread bucket (75 
 
 
 def block_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Choice | None:
-    """Contexts from stored statistics of blocks of rows: each block of `kc` rows and column gets
-    the bucket of its codes' mean (quarter standard deviations, +-7) times the bucket of its
-    mean |code| (thirds of an octave around the tensor's, +-2), its id stored. A token
-    embedding's columns lean by vocabulary region (ids, subwords, characters), what context
-    mixing learns adaptively: all-MiniLM-L6-v2's, int6, 0.989 of the grid's bytes. None
-    unless its estimate beats `best`'s."""
+    """Block contexts (docs/FORMAT.md: a token embedding's columns lean by vocabulary region;
+    all-MiniLM-L6-v2's int6 codes in 0.990 of the grid's bytes), or None unless their
+    estimate beats `best`'s."""
     if not geo.matrix or geo.rows * geo.cols != geo.n or geo.n < BLOCK_SYMBOLS or geo.rows < 4 * BLOCK_ROWS[0]:
         return None
     x = sym.reshape(geo.rows, geo.cols).astype(np.int16)  # (symbols < MAX_ALPHABET)
     some = x[:: max(1, geo.rows // 256)]
     x -= np.int16(np.rint(some.mean()))
     sd, mag = float(some.std()) or 1.0, float(np.abs(some - some.mean()).mean()) or 1.0
-    # Sums of the finest blocks (the last: what rows are left), then of pairs of them (BLOCK_ROWS
-    # doubles); a reshape's sum, where np.add.reduceat would cast each int16 slowly
+    # Sums of the finest blocks (by reshape: np.add.reduceat casts each int16, 40x slower), then pairs
     full, rb = geo.rows // BLOCK_ROWS[0] * BLOCK_ROWS[0], BLOCK_ROWS[0]
     sums, spreads = (
         np.concatenate([a[:full].reshape(-1, rb, geo.cols).sum(1, dtype=np.int32), a[full:].sum(0, np.int32)[None]])
