@@ -228,6 +228,7 @@ TYPED_FIELDS = [
     ("int4", "streams", "codes", "params", "lanes"),
     ("int4", "streams", "codes", "params", "k"),
     ("int4", "streams", "codes", "params", "tuple"),
+    ("int4", "streams", "codes", "params", "delta"),
     ("int4", "params", "group"),
 ]
 WRONG_TYPES = {
@@ -257,6 +258,13 @@ def _class_context(variant: str, shape: list[int], codes_shape: list[int]) -> Ca
         if variant == "grid":
             s["params"]["kc"] = 2
         t["streams"]["scales"]["shape"] = codes_shape[:1]
+
+    return fn
+
+
+def _int4_params(**change) -> Callable[[dict], None]:
+    def fn(m: dict) -> None:
+        _entry(m, "int4")["streams"]["codes"]["params"].update(change)
 
     return fn
 
@@ -352,6 +360,23 @@ CASES: dict[str, Callable[[], bytes]] = {
     "rans/grid-huge-dims": _edit(_class_context("grid", [1 << 39, 1 << 39, 0], [1, 4000])),
     "rans/col-huge-class-ids": _edit(_class_context("col", [1, 1 << 38], [1 << 19, 1 << 19])),
     "rans/one-dimensional-class-context": _edit(_class_context("row", [4000], [1, 4000])),
+    # row deltas (params.delta): only 0 or 1, on a stream that is its tensor's [rows, cols], and
+    # deltas declared on plain codes sum to other codes (the hash, or their range, refuses them)
+    "rans/delta-2": _edit(_set(("int4", "streams", "codes", "params", "delta"), 2)),
+    "rans/delta-on-plain-codes": _edit(_set(("int4", "streams", "codes", "params", "delta"), 1)),
+    "rans/delta-one-dimensional": _edit(
+        lambda m: (_set(("int4", "streams", "codes", "params", "delta"), 1)(m), _entry(m, "int4").update(shape=[8192]))
+    ),
+    # block contexts: rb only with block, >= 1, ids of ceil(rows / rb) x cols, bounded
+    "rans/block-without-rb": _edit(_int4_params(context="block")),
+    "rans/block-rb-0": _edit(_int4_params(context="block", rb=0)),
+    "rans/block-huge-rb": _edit(_int4_params(context="block", rb=1 << 40)),
+    "rans/block-rb-float": _edit(_int4_params(context="block", rb=1.0)),
+    "rans/block-rb-with-grid": _edit(_int4_params(context="grid", k=4, kc=2, rb=8)),
+    "rans/block-without-ids": _edit(_int4_params(context="block", rb=8)),
+    "rans/delta-offset-past-2**32": _edit(
+        lambda m: _entry(m, "int4")["streams"]["codes"]["params"].update(delta=1, offset=1 << 40)
+    ),
 }
 
 

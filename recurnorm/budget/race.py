@@ -150,8 +150,8 @@ def encode_best(arr: np.ndarray, ctx: StreamContext, names=None, plans=None) -> 
 
 
 def _rans(s: Stream, best: int, plan) -> list[tuple[bytes, dict]]:
-    plan = plan or get("rans").prepare([(s.arr, s.ctx)])[0]  # (not a codes stream: planned alone)
-    return [get("rans").encode(s.arr, s.ctx, plan)] if plan else []
+    plans = plan or get("rans").prepare([(s.arr, s.ctx)])[0]  # (not a codes stream: planned alone)
+    return [get("rans").encode(s.arr, s.ctx, p) for p in plans or []]
 
 
 def _fields(s: Stream, best: int, plan) -> list[tuple[bytes, dict]]:

@@ -73,7 +73,7 @@ def inflate(kind, blob, limit):
             else lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2, "dict_size": 1 << 22}])
         )
         out = d.decompress(out, limit + 1)
-        need(d.eof and not d.unused_data, "bad deflate/lzma data")
+        need(d.eof and not d.unused_data, "bad data")
     need(len(out) <= limit, "too long")
     return out
 
@@ -93,7 +93,7 @@ def varints(b, n):
 
 def dims(shape):
     """The element count of a shape (a negative dim would hide others' bytes from the sum)."""
-    need(min(shape, default=0) >= 0, "bad shape")
+    need(min(shape, default=0) >= 0, "bad data")
     return math.prod(shape)
 
 
@@ -131,6 +131,8 @@ def contexts(p, k, ids, n, t, tshape, L, scales):
             if var == "row"
             else ids[None, :cols]
             if var == "col"
+            else ids.reshape(-1, cols)[np.arange(rows) // p["rb"]]
+            if var == "block"
             else ids[:rows, None] * p["kc"] + ids[rows:][None]
         )
         c = np.r_[np.broadcast_to(c, (rows, cols)).ravel(), np.zeros(n - rows * cols, np.uint8)]
@@ -293,7 +295,7 @@ def decode(src, max_bytes=1 << 30):
             )
             for t in todo
         )
-        need(size <= max_bytes, "decodes to more than max_bytes")
+        need(size <= max_bytes, "decodes larger than max_bytes allows")
         arrays, rans = {}, []
 
         def stream(t, kind):
@@ -307,6 +309,8 @@ def decode(src, max_bytes=1 << 30):
                 if off:
                     v = a.view(f"<u{dt.itemsize}")
                     v += v.dtype.type(off % 256**dt.itemsize)
+                if p.get("delta"):  # row deltas: summed down the columns (wrapping as the add did)
+                    a = a.reshape(t["shape"][0], -1).cumsum(0, a.dtype)
                 a = a.reshape(s["shape"])
                 need(hashlib.sha256(a).hexdigest() == s["sha256"], f"{key} hash mismatch")
                 arrays[key] = a
@@ -381,7 +385,7 @@ def dequantize(t, codes, scales, zeros, lr):
     else:
         v = v.astype(dtype, copy=False)
     # (bfloat16: the high halves hold it, and the float32 they start is as finite as it is)
-    need(np.isfinite(v).all(), "weights overflow their dtype")
+    need(np.isfinite(v).all(), "weights overflow")
     return (v.view("<u2")[1::2].astype(BF16) if dtype == "bfloat16" else v).reshape(t["shape"])
 
 
