@@ -111,3 +111,16 @@ def fuzz_base_artifact() -> bytes:
         },
         {"config": {"d": 1}},
     )
+
+
+def standalone_loader(compact: bool) -> dict:
+    """The standalone loader's functions (decode, load, ...): rnpk_load.py as it is, or the
+    compact form `recurnorm wrap --loader` ships, run from its source."""
+    from recurnorm.budget import rnpk_load
+    from recurnorm.budget.loader import compact_loader
+
+    if not compact:
+        return vars(rnpk_load)
+    space: dict = {}
+    exec(compile(compact_loader(), "rnpk_load.py", "exec"), space)  # noqa: S102 - our own generated code
+    return space

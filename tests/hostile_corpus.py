@@ -1134,14 +1134,9 @@ def run_loader(path: str | Path, mem_bytes: int = 1 << 30, alarm_s: int = 10, co
     whether it is a ValueError, message), seconds, peak resident growth; killed: code -signal."""
     import json
 
-    from recurnorm.budget import rnpk_load
-    from recurnorm.budget.loader import compact_loader
+    from helpers import standalone_loader
 
-    load = rnpk_load.load
-    if compact:
-        space: dict = {}
-        exec(compile(compact_loader(), "rnpk_load.py", "exec"), space)  # noqa: S102 - our own generated code
-        load = space["load"]
+    load = standalone_loader(compact)["load"]
     _trim_heap()
     rpipe, wpipe = os.pipe()
     start = time.perf_counter()

@@ -7,12 +7,12 @@ import hostile_corpus as hc
 import numpy as np
 import pytest
 import torch
+from helpers import standalone_loader
 
 from recurnorm import quant
 from recurnorm.budget import codecs, rans, rnpk_load
 from recurnorm.budget.api import pack_qtensors, read_artifact, unpack, verify_bytes
 from recurnorm.budget.codecs import StreamContext
-from recurnorm.budget.loader import compact_loader
 from recurnorm.errors import ArtifactError
 
 WORDS = {"bf16": (np.uint16, 7), "fp16": (np.uint16, 10), "fp32": (np.uint32, 23)}
@@ -132,12 +132,7 @@ def test_library_and_standalone_loader_read_the_same_bits(compact):
     used = {t["name"]: t["streams"]["codes"]["codec"] for t in read_artifact(data).manifest["tensors"]}
     assert {used[k] for k in ("a.bf16", "b.fp32", "c.fp16")} == {"fields"}
     assert verify_bytes(data).ok
-    load = rnpk_load.decode
-    if compact:
-        space: dict = {}
-        exec(compile(compact_loader(), "rnpk_load.py", "exec"), space)  # noqa: S102 - our own generated code
-        load = space["decode"]
-    got, _ = load(data)
+    got, _ = standalone_loader(compact)["decode"](data)
     ref = unpack(data)
     for name, t in ref.items():
         bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else t

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import standalone_loader
 
 from recurnorm import quant
-from recurnorm.budget import rans, rnpk_load, search
+from recurnorm.budget import rans, search
 from recurnorm.budget.api import pack_qtensors, read_artifact, unpack, verify_bytes
-from recurnorm.budget.loader import compact_loader
 
 
 def _weights(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -54,12 +54,7 @@ def test_smooth_rows_code_deltas_and_every_reader_gets_the_codes_back(fmt, opts,
     art = read_artifact(data)
     for name, qt in qts.items():
         assert np.array_equal(art.qtensors[name].codes, qt.codes), name
-    load = rnpk_load.decode
-    if compact:
-        space: dict = {}
-        exec(compile(compact_loader(), "rnpk_load.py", "exec"), space)  # noqa: S102 - our own generated code
-        load = space["decode"]
-    got, _ = load(data)
+    got, _ = standalone_loader(compact)["decode"](data)
     for name, t in unpack(data).items():
         assert got[name].tobytes() == t.numpy().tobytes(), name
 
