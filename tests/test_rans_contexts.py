@@ -101,3 +101,14 @@ def test_block_contexts_of_a_short_last_block_and_their_ids():
         got = rans.context_vector("block", 15, 11 * 5 + 4, 11, 5, 5, None, ids.ravel(), step, np.uint8, 4)
         want = np.r_[ids[np.arange(11) // 4].ravel(), np.zeros(4, np.uint8)][::step]
         assert np.array_equal(got, want)
+
+
+def test_inspect_says_deltas_and_blocks():
+    """What `recurnorm inspect` prints of a stream says how it was coded: row deltas, and a
+    block context's contexts and rows per block."""
+    from recurnorm.budget.api import tensor_stats
+
+    _, data, params = _packed("int6", {"clip": "sigma:3"})
+    labels = {r["name"]: r["codec"] for r in tensor_stats(read_artifact(data).manifest)}
+    assert "row deltas" in labels["pos"] and "row deltas" not in labels["iid"]
+    assert f"block{params['emb']['k']},{params['emb']['rb']} rows" in labels["emb"]

@@ -270,10 +270,13 @@ def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> 
 
 def _codec_label(s: dict) -> str:
     p = s["params"]
+    delta = ",row deltas" if p.get("delta") else ""
     if s["codec"] == "rans" and p.get("context") == "grid":  # row classes x column classes
-        return f"rans[grid{p['k'] // p['kc']}x{p['kc']}]"
+        return f"rans[grid{p['k'] // p['kc']}x{p['kc']}{delta}]"
+    if s["codec"] == "rans" and p.get("context") == "block":  # contexts x rows per block
+        return f"rans[block{p['k']},{p['rb']} rows{delta}]"
     if s["codec"] == "rans":
-        return f"rans[{p.get('context', 'none')}{'x' + str(p.get('k')) if p.get('k', 1) > 1 else ''}]"
+        return f"rans[{p.get('context', 'none')}{'x' + str(p.get('k')) if p.get('k', 1) > 1 else ''}{delta}]"
     if s["codec"] == "zstd":
         return f"zstd[{p.get('layout')}]"
     return s["codec"]
