@@ -8,7 +8,9 @@ process with one BLAS/OpenMP thread. Each of --repeats runs is a new child; the 
 time and the largest peak RSS count. Targets (issue 23): decode <= 5 s, peak RSS <= 2 x
 decoded bytes + 64 MB, compact loader <= 4,000 bytes.
 
-    python benchmarks/loader.py [--real FILE] [--repeats 3]
+    python benchmarks/loader.py [--real FILE] [--repeats 3] [--effort max]
+
+(--effort max: rows predicted from earlier rows, which the loader restores row by row.)
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ print(json.dumps({"decode_s": took, "decoded": decoded, "peak": hwm(), "base": b
 """
 
 
-def artifact(path: str) -> bytes:
+def artifact(path: str, effort: str = "normal") -> bytes:
     """The checkpoint's large 2-D matrices at int6 (clip=sigma:3), its other floats fp32, packed."""
     from safetensors.torch import load_file
 
@@ -58,20 +60,21 @@ def artifact(path: str) -> bytes:
         large = t.is_floating_point() and t.dim() == 2 and t.numel() >= REAL_MIN_NUMEL
         q = quant.get("int6", clip="sigma:3") if large else quant.get("fp32" if t.is_floating_point() else "raw")
         qts[name] = q.quantize(t.float() if t.is_floating_point() else t, name=name)
-    return pack_qtensors(qts)
+    return pack_qtensors(qts, effort=effort)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--real", default=MINILM, help="a .safetensors checkpoint (benchmarks/real_ckpt.py makes them)")
     ap.add_argument("--repeats", type=int, default=3, help="fresh child processes (best time, largest peak)")
+    ap.add_argument("--effort", choices=("normal", "max"), default="normal", help="the packer's effort")
     args = ap.parse_args()
     if not os.path.exists(args.real):
         sys.exit(f"{args.real} not found: benchmarks/real_ckpt.py caches it (or pass --real FILE)")
     from recurnorm.budget.loader import compact_loader
 
     with tempfile.TemporaryDirectory() as tmp:
-        data, loader = artifact(args.real), compact_loader()
+        data, loader = artifact(args.real, args.effort), compact_loader()
         with open(os.path.join(tmp, "model.rnpk"), "wb") as f:
             f.write(data)
         with open(os.path.join(tmp, "rnpk_load.py"), "wb") as f:
@@ -89,7 +92,7 @@ def main() -> None:
     best, peak, decoded = min(r["decode_s"] for r in runs), max(r["peak"] for r in runs), runs[0]["decoded"]
     limit = 2 * decoded + (64 << 20)
     mb = 1 << 20
-    print(f"artifact: {os.path.basename(args.real)}, int6 clip=sigma:3 large matrices, {len(data):,} B")
+    print(f"artifact: {os.path.basename(args.real)}, int6 clip=sigma:3 large matrices, effort {args.effort}, {len(data):,} B")
     print(f"compact loader: {len(loader):,} B (target <= {TARGET_LOADER:,}) {_ok(len(loader) <= TARGET_LOADER)}")
     print(
         f"decode, one thread, best of {len(runs)} fresh processes: {best:.2f} s "

@@ -32,8 +32,12 @@ def stats(model, fmt: str) -> list[dict]:
     return tensor_stats(art.manifest, art.qtensors)
 
 
-def code_bytes(rows: list[dict], fmt: str) -> int:
-    return sum(r["codes_bytes"] for r in rows if r.get("format") == fmt)
+EMBED = "embed.weight"  # the token embedding, calibrated apart (TRAINED_EMBED_RATIO)
+
+
+def code_bytes(rows: list[dict], fmt: str, embed: bool = False) -> int:
+    """Code bytes of the tensors in fmt: the embedding's alone, or every other's."""
+    return sum(r["codes_bytes"] for r in rows if r.get("format") == fmt and (r["name"] == EMBED) == embed)
 
 
 def fill(rows: list[dict], fmt: str, itemsize: int) -> float | None:
@@ -55,6 +59,7 @@ def main() -> None:
 
     corpus = load_corpus("default")
     ratios: dict[str, list[float]] = {f: [] for f in FORMATS}
+    embeds: list[float] = []
     fills: list[float] = []
     for d in (int(x) for x in args.d.split(",")):
         for scheme in args.schemes.split(","):
@@ -66,14 +71,16 @@ def main() -> None:
             fresh = RecurrentLM(ModelConfig.from_dict(config.to_dict()))
             row = []
             for f in FORMATS:
-                t_rows = stats(trained, f)
-                r = code_bytes(t_rows, f) / code_bytes(stats(fresh, f), f)
+                t_rows, f_rows = stats(trained, f), stats(fresh, f)
+                r = code_bytes(t_rows, f) / code_bytes(f_rows, f)
                 ratios[f].append(r)
                 row.append(f"{f} {r:.4f}")
-                if f == "int8":  # the controls are fp32 under every format
+                if f == "int8":  # the controls are fp32 under every format; the embedding int8 under most
                     fills.append(fill(t_rows, "fp32", 4))
-            print(f"d={d} {scheme:<10} " + "  ".join(row) + f"  fp32 fill {fills[-1]:.4f}", flush=True)
+                    embeds.append(code_bytes(t_rows, f, True) / code_bytes(f_rows, f, True))
+            print(f"d={d} {scheme:<10} " + "  ".join(row) + f"  embed int8 {embeds[-1]:.4f}  fp32 fill {fills[-1]:.4f}")
     print("TRAINED_CODE_RATIO = {" + ", ".join(f'"{f}": {statistics.median(v):.4f}' for f, v in ratios.items()) + "}")
+    print(f'TRAINED_EMBED_RATIO = {{"int8": {statistics.median(embeds):.4f}}}')
     print(f"PASSTHROUGH_FILL fp32 = {statistics.median(fills):.4f}")
 
 

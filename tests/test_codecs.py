@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recurnorm.budget import codecs, race, rans
+from recurnorm.budget import codecs, compress, race, rans
 from recurnorm.budget.codecs import StreamContext
+from recurnorm.errors import ArtifactError
 
 
 def _ctx(arr, tensor_shape=None, scales=None, kind="codes"):
@@ -34,43 +35,32 @@ def test_codec_round_trip(name, dtype):
     assert out.dtype == arr.dtype and np.array_equal(out, arr)
 
 
-@pytest.mark.parametrize("layout_span", [2, 3, 4, 16, 64, 200])
-def test_zstd_packed_layouts(layout_span):
-    arr = np.random.default_rng(0).integers(-5, -5 + layout_span, size=(3, 1001)).astype(np.int16)
+@pytest.mark.parametrize("dtype", ["int16", "int8", "float32"])
+def test_zstd_layouts(dtype):
+    arr = np.random.default_rng(0).integers(-5, 195, size=(3, 1001)).astype(dtype)
     ctx = _ctx(arr)
-    for layout, offset in codecs.layouts_for(arr, "int16"):
-        raw = codecs.layout_bytes(arr, "int16", layout, offset)
+    for layout in codecs.layouts_for(dtype):
+        raw = codecs.layout_bytes(arr, dtype, layout)
         import zstandard
 
-        out = codecs.Zstd().decode(zstandard.ZstdCompressor().compress(raw), {"layout": layout, "offset": offset}, ctx)
+        out = codecs.Zstd().decode(zstandard.ZstdCompressor().compress(raw), {"layout": layout}, ctx)
         assert np.array_equal(out, arr), layout
 
 
-@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "int64", "uint64"])
-def test_packed_layouts_at_the_ends_of_each_dtype(dtype):
-    """Packing works in byte arithmetic (wrapping modulo 256): codes at a dtype's extremes,
-    offsets past int64 included, pack to the symbols' defined bytes and unpack exactly."""
-    info = np.iinfo(dtype)
-    for layout in ("trit5", "bits2", "nib4", "pack6", "byte"):
-        lay = codecs.LAYOUTS[layout]
-        span = min(lay.capacity, info.max - info.min + 1)
-        for lo in (int(info.min), int(info.max) - span + 1):
-            sym = np.random.default_rng(span).integers(0, span, size=(2, 37))
-            arr = (sym.astype(object) + lo).astype(dtype)
-            raw = codecs.layout_bytes(arr, dtype, layout, lo)
-            flat = [int(v) for v in sym.ravel()]
-            if layout == "trit5":
-                flat += [0] * (-len(flat) % 5)
-                want = bytes(sum(v * 3**j for j, v in enumerate(flat[i : i + 5])) for i in range(0, len(flat), 5))
-            else:
-                per, bits = (1, 8) if layout == "byte" else (lay.per, lay.bits)
-                flat += [0] * (-len(flat) % per)
-                words = [
-                    sum(v << (bits * j) for j, v in enumerate(flat[i : i + per])) for i in range(0, len(flat), per)
-                ]
-                want = b"".join(w.to_bytes(per * bits // 8, "little") for w in words)
-            assert raw == want, (layout, lo)
-            assert np.array_equal(lay.unpack(raw, lo, _ctx(arr)), arr), (layout, lo)
+@pytest.mark.parametrize(
+    "dtype,params",
+    [
+        ("int8", {"layout": "nib4"}),  # packed layouts are gone: plain and shuffle only
+        ("int8", {"layout": "shuffle"}),  # (one byte a word: nothing to group)
+        ("int16", {"layout": "plain", "offset": 0}),
+        ("int16", {}),
+        ("int16", {"layout": ["plain"]}),
+    ],
+)
+def test_lz_codecs_refuse_other_layouts_and_params(dtype, params):
+    arr = np.arange(64, dtype=dtype).reshape(4, 16)
+    with pytest.raises(ArtifactError, match="layout"):
+        codecs.Deflate().decode(compress.deflate(arr.tobytes()), params, _ctx(arr))
 
 
 def test_scales_byte_grouped():
@@ -146,9 +136,8 @@ def _best(arr, kind="codes", scales=None):
 @pytest.mark.parametrize("shape", [(64, 512), (512, 1024)])  # below and above the quick-pass sizes
 def test_quick_gates_keep_lz_codecs_where_they_win(shape, monkeypatch):
     """The quick passes that skip deflate-9 / lzma on codes (no repetition found, order-0
-    floor above the best) must not skip them where LZ matches win: tiled rows (whose rans
-    row deltas, all 0 below the first row, would win: they are off here)."""
-    monkeypatch.setattr(rans, "row_deltas", lambda *a: None)
+    floor above the best) must not skip them where LZ matches win: tiled rows (the race
+    alone: in an artifact each row would be predicted by the one above, parents.py)."""
     rng = np.random.default_rng(5)
     row, s = _gauss(1, shape[1], 127, rng)
     arr = np.tile(row, (shape[0], 1))
@@ -169,7 +158,7 @@ def test_quick_gates_skip_lz_codecs_that_cannot_win(shape, qmax, monkeypatch):
         compress, "compress", lambda kind, raw, *a: calls.append((kind, len(raw))) or real(kind, raw, *a)
     )
     name, size, ok = _best(arr, scales=scales)
-    raw = codecs.layout_bytes(arr, "int8", *codecs.layouts_for(arr, "int8")[-1])
+    raw = codecs.layout_bytes(arr, "int8", "plain")
     # (rans side data may still try lzma)
     assert ok and name in ("rans", "deflate") and (compress.LZMA, len(raw)) not in calls
     assert size <= min(len(compress.deflate(raw)), len(real(compress.LZMA, raw)))
@@ -200,7 +189,7 @@ def test_deflate_skips_codes_without_repetition(shape, qmax):
     assert _deflate(arr, _ctx(arr, scales=scales)) == []
     words = arr.astype(np.float16)
     (data, params), *_ = _deflate(words, _ctx(words))
-    assert data == compress.deflate(codecs.layout_bytes(words, "float16", params["layout"], 0))
+    assert data == compress.deflate(codecs.layout_bytes(words, "float16", params["layout"]))
     assert np.array_equal(codecs.Deflate().decode(data, params, _ctx(words)), words)
 
 
@@ -211,4 +200,4 @@ def test_deflate_keeps_level_9_where_matches_pay(n):
     arr = np.zeros((1, n), dtype=np.int8) if n == 512 else np.tile(np.arange(-8, 8, dtype=np.int8), (n // 16, 1))
     scales = np.ones(arr.shape[0])
     sizes = [len(d) for d, _ in _deflate(arr, _ctx(arr, scales=scales))]
-    assert min(sizes) < 100  # (Huffman alone: 1 bit a code at best, 8K bytes for the tiled codes)
+    assert min(sizes) < 300  # (Huffman alone: 1 bit a code at best, 32K bytes for the tiled codes)

@@ -23,7 +23,6 @@ def _golf_like(fmt: str, rows: int = 256, cols: int = 512, seed: int = 0) -> dic
 
 # gate -> (stand-in, codecs): the cases each gate was measured on, small.
 CASES = {
-    "packed_only": (_golf_like("int4"), None),
     "float_probe": (_golf_like("bf16", 512), None),
     "codes_norep": (_golf_like("int8"), None),
     "lzma_race": (_golf_like("int8"), None),

@@ -1,6 +1,6 @@
-"""rans over row deltas (params.delta) and block contexts (context "block"): the packer
-races each where it may win, and the library, the standalone loader (readable and compact)
-and the numpy reference coder agree bit for bit."""
+"""Smooth rows predicted by the row above (a parents stream, parents.previous) and rans block
+contexts (context "block"): the packer uses each where it wins, and the library, the
+standalone loader (readable and compact) and the numpy reference coder agree bit for bit."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from helpers import standalone_loader
 
 from recurnorm import quant
-from recurnorm.budget import rans, search
+from recurnorm.budget import parents, rans, search
 from recurnorm.budget.api import pack_qtensors, read_artifact, unpack, verify_bytes
 
 
@@ -36,17 +36,21 @@ def _small_blocks(monkeypatch):
 
 
 def _packed(fmt: str, opts=None) -> tuple[dict, bytes, dict]:
+    """(QTensors, artifact, {name: codes params, plus "parents" where the rows are predicted})."""
     qts = {k: quant.get(fmt, **(opts or {})).quantize(v, name=k) for k, v in _weights().items()}
     data = pack_qtensors(qts)
-    params = {t["name"]: t["streams"]["codes"]["params"] for t in read_artifact(data).manifest["tensors"]}
+    params = {
+        t["name"]: {**t["streams"]["codes"]["params"], **({"parents": 1} if "parents" in t["streams"] else {})}
+        for t in read_artifact(data).manifest["tensors"]
+    }
     return qts, data, params
 
 
 @pytest.mark.parametrize("fmt,opts", [("int8", {}), ("int6", {"clip": "sigma:3"}), ("int4", {})])
 @pytest.mark.parametrize("compact", [False, True])
-def test_smooth_rows_code_deltas_and_every_reader_gets_the_codes_back(fmt, opts, compact):
+def test_smooth_rows_are_predicted_and_every_reader_gets_the_codes_back(fmt, opts, compact):
     qts, data, params = _packed(fmt, opts)
-    assert params["pos"].get("delta") == 1 and "delta" not in params["iid"]
+    assert params["pos"].get("parents") == 1 and "parents" not in params["iid"]
     if fmt != "int8":  # (int8 here: 75 tables of 255 symbols cost more than its scale buckets)
         assert params["emb"].get("context") == "block" and params["emb"]["rb"] in search.BLOCK_ROWS
     assert all(p.get("context") != "block" for k, p in params.items() if k != "emb")
@@ -59,35 +63,40 @@ def test_smooth_rows_code_deltas_and_every_reader_gets_the_codes_back(fmt, opts,
         assert got[name].tobytes() == t.numpy().tobytes(), name
 
 
-def test_deltas_never_make_a_stream_bigger(monkeypatch):
-    """The plain codes race beside the deltas: no stream is bigger than without them."""
+def test_predicted_rows_and_blocks_make_streams_smaller(monkeypatch):
+    """Without parents and block contexts the smooth and the leaning tensors take more bytes,
+    and no tensor takes fewer."""
     _, data, _ = _packed("int6", {"clip": "sigma:3"})
-    monkeypatch.setattr(rans, "row_deltas", lambda *a: None)
+    monkeypatch.setattr(parents, "previous", lambda *a: None)
     monkeypatch.setattr(search, "block_choice", lambda *a: None)
     _, plain, params = _packed("int6", {"clip": "sigma:3"})
-    assert not any(p.get("delta") or p.get("context") == "block" for p in params.values())
+    assert not any(p.get("parents") or p.get("context") == "block" for p in params.values())
     sizes = [
-        {t["name"]: t["streams"]["codes"]["length"] for t in read_artifact(d).manifest["tensors"]}
+        {
+            t["name"]: sum(s["length"] for k, s in t["streams"].items() if k != "scales")
+            for t in read_artifact(d).manifest["tensors"]
+        }
         for d in (data, plain)
     ]
     assert all(sizes[0][k] <= sizes[1][k] for k in sizes[0]) and sizes[0]["pos"] < 0.95 * sizes[1]["pos"]
     assert sizes[0]["emb"] < 0.99 * sizes[1]["emb"]
 
 
-def test_the_gate_and_the_deltas():
+def test_smooth_rows_and_the_sample_that_finds_them():
     rng = np.random.default_rng(1)
-    smooth = np.cumsum(rng.integers(-2, 3, size=(64, 32)), axis=0)
-    d = rans.row_deltas(smooth.ravel() - smooth.min(), 64, 32, int(smooth.min()))
-    assert d is not None and np.array_equal(np.cumsum(d.reshape(64, 32), axis=0), smooth)
-    noise = rng.integers(0, 50, size=(64, 32))
-    assert rans.row_deltas(noise.ravel(), 64, 32, 0) is None
-    assert rans.row_deltas(smooth.ravel(), 1, 64 * 32, 0) is None  # one row: nothing to subtract
-    assert rans.row_deltas(smooth.ravel(), 32, 32, 0) is None  # the view is not the whole stream
+    smooth = np.cumsum(rng.integers(-2, 3, size=(64, 32)), axis=0).astype(np.int8)
+    p = parents.previous(smooth)
+    assert p is not None and (p[1:] == (1, parents.STEP)).all() and (p[0] == 0).all()
+    res = parents.residuals(smooth, p)
+    assert np.abs(res[1:]).max() <= 2 and np.array_equal(parents.restore(res, p, "t"), smooth)
+    noise = rng.integers(-50, 50, size=(64, 32)).astype(np.int8)
+    assert parents.previous(noise) is None
+    assert parents.previous(smooth[:1]) is None  # one row: nothing to predict it from
 
 
 def test_the_numpy_reference_writes_the_same_artifact(monkeypatch):
     _, data, params = _packed("int6", {"clip": "sigma:3"})
-    assert params["pos"].get("delta") == 1 and params["emb"]["context"] == "block"
+    assert params["pos"].get("parents") == 1 and params["emb"]["context"] == "block"
     monkeypatch.setattr(rans, "_ransc", None)
     again = _packed("int6", {"clip": "sigma:3"})[1]
     assert again == data
@@ -103,12 +112,12 @@ def test_block_contexts_of_a_short_last_block_and_their_ids():
         assert np.array_equal(got, want)
 
 
-def test_inspect_says_deltas_and_blocks():
-    """What `recurnorm inspect` prints of a stream says how it was coded: row deltas, and a
-    block context's contexts and rows per block."""
+def test_inspect_says_parents_and_blocks():
+    """What `recurnorm inspect` prints of a tensor says how it was coded: its parents stream,
+    and a block context's contexts and rows per block."""
     from recurnorm.budget.api import tensor_stats
 
     _, data, params = _packed("int6", {"clip": "sigma:3"})
     labels = {r["name"]: r["codec"] for r in tensor_stats(read_artifact(data).manifest)}
-    assert "row deltas" in labels["pos"] and "row deltas" not in labels["iid"]
+    assert "parents:" in labels["pos"] and "parents" not in labels["iid"]
     assert f"block{params['emb']['k']},{params['emb']['rb']} rows" in labels["emb"]

@@ -15,7 +15,7 @@ from ..quant import registry as quant_registry
 from ..quant.qtensor import QTensor
 from . import codecs as codecs_mod
 from . import format as fmt
-from . import heap, race, validate
+from . import heap, parents, race, validate
 from .codecs import DTYPES, StreamContext
 from .rans import order0_bits
 from .search import EFFORTS
@@ -86,8 +86,8 @@ def pack_qtensors(
 ) -> bytes:
     """Entropy-pack QTensors into artifact bytes; one QTensor under two names is stored once.
 
-    effort: "normal" (fast), or "max": a wider codec search for the last bytes (several
-    times slower; readers need nothing different). The search ranks codings by estimates,
+    effort: "normal" (fast), or "max": a wider codec search for the last bytes, and rows of
+    int8 codes predicted from earlier similar rows (parents.py; several times slower). The search ranks codings by estimates,
     so "max" also packs at "normal" and keeps the smaller artifact: it is never larger.
     check: refuse (QuantError) names, shapes and values that readers refuse; False only to
     forge such artifacts (tests/hostile_corpus.py).
@@ -119,9 +119,15 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
 
     def entry(name: str, qt: QTensor) -> dict:
         _check_qtensor(name, qt, check)
-        streams = {}
-        for kind in ("scales", "zeros", "codes"):
-            arr = getattr(qt, kind)
+        streams, arrays = {}, {"scales": qt.scales, "zeros": qt.zeros, "codes": np.asarray(qt.codes)}
+        codes = arrays["codes"]  # the tensor's rows predicted from earlier rows: searched at effort max
+        if codes.dtype == np.int8 and len(qt.shape) > 1 and codes.size == qt.numel > 0:
+            m = codes.reshape(qt.shape[0], -1)
+            arrays["parents"] = (parents.find if effort == "max" else parents.previous)(m)
+            if arrays["parents"] is not None:
+                arrays["codes"] = parents.residuals(m, arrays["parents"]).reshape(codes.shape)
+        for kind in fmt.STREAM_KINDS:
+            arr = arrays.get(kind)
             if arr is None:
                 continue
             arr = np.ascontiguousarray(arr)
@@ -206,9 +212,12 @@ def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact
             continue
         st = t["streams"]
         dec = {}
-        for kind in ("scales", "zeros", "codes"):
+        for kind in fmt.STREAM_KINDS:
             if kind in st:
                 dec[kind] = _decode_stream(payload, st[kind], kind, t, dec.get("scales"), manifest["version"])
+        if "parents" in dec:  # (validate checked: [rows, 2], and the codes are the tensor's [rows, cols])
+            m = dec["codes"].reshape(t["shape"][0], -1)
+            dec["codes"] = parents.restore(m, dec["parents"], f"tensor {t['name']!r}").reshape(dec["codes"].shape)
         qtensors[t["name"]] = QTensor(
             format=t["format"],
             shape=tuple(t["shape"]),
@@ -258,9 +267,9 @@ def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> 
             row["lowrank_of"] = owner[t["name"]]
         if qtensors is not None and t["name"] in qtensors:
             qt = qtensors[t["name"]]
-            side = sum(s["length"] for k, s in t["streams"].items() if k != "codes")
+            side = sum(s["length"] for k, s in t["streams"].items() if k in ("scales", "zeros"))
             bound = order0_bits(qt.codes) / 8
-            row["codes_bytes"] = t["streams"]["codes"]["length"]
+            row["codes_bytes"] = packed - side  # (a parents stream is part of how the codes are coded)
             row["side_bytes"] = side
             row["order0_bytes"] = bound
             row["overhead"] = (row["codes_bytes"] / bound - 1.0) if bound > 0 else None
@@ -270,13 +279,12 @@ def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> 
 
 def _codec_label(s: dict) -> str:
     p = s["params"]
-    delta = ",row deltas" if p.get("delta") else ""
     if s["codec"] == "rans" and p.get("context") == "grid":  # row classes x column classes
-        return f"rans[grid{p['k'] // p['kc']}x{p['kc']}{delta}]"
+        return f"rans[grid{p['k'] // p['kc']}x{p['kc']}]"
     if s["codec"] == "rans" and p.get("context") == "block":  # contexts x rows per block
-        return f"rans[block{p['k']},{p['rb']} rows{delta}]"
+        return f"rans[block{p['k']},{p['rb']} rows]"
     if s["codec"] == "rans":
-        return f"rans[{p.get('context', 'none')}{'x' + str(p.get('k')) if p.get('k', 1) > 1 else ''}{delta}]"
+        return f"rans[{p.get('context', 'none')}{'x' + str(p.get('k')) if p.get('k', 1) > 1 else ''}]"
     if s["codec"] == "zstd":
         return f"zstd[{p.get('layout')}]"
     return s["codec"]

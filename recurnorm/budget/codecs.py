@@ -9,7 +9,7 @@ context uses as side information.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -124,204 +124,49 @@ class Raw(Codec, name="raw"):
 # ----------------------------------------------------------------- byte layouts
 
 
-class Layout:
-    """One way to lay a stream out as bytes for a whole-stream compressor, with its inverse.
-    `capacity`: the alphabet a packed layout holds (codes - offset); 0 for plain and shuffle."""
-
-    capacity: ClassVar[int] = 0
-
-    def size(self, n: int, itemsize: int) -> int:
-        """Bytes of n values."""
-        raise NotImplementedError
-
-    def pack(self, arr: np.ndarray, dtype: str, offset: int) -> bytes:
-        raise NotImplementedError
-
-    def unpack(self, raw: bytes, offset: int, ctx: StreamContext) -> np.ndarray:
-        """The array of ctx's dtype and shape; raw holds exactly size(ctx.numel) bytes."""
-        raise NotImplementedError
-
-
-class Plain(Layout):
-    """Little-endian words as they are."""
-
-    def size(self, n, itemsize):
-        return n * itemsize
-
-    def pack(self, arr, dtype, offset):
-        return to_le_bytes(arr, dtype)
-
-    def unpack(self, raw, offset, ctx):
-        return from_le_bytes(raw, ctx)
-
-
-class Shuffle(Plain):
+def shuffled(arr: np.ndarray, dtype: str) -> bytes:
     """Byte-grouped words, high bytes first: exponent and sign bytes are the compressible part."""
-
-    def pack(self, arr, dtype, offset):
-        size = DTYPES[dtype].itemsize
-        return np.frombuffer(to_le_bytes(arr, dtype), dtype=np.uint8).reshape(-1, size)[:, ::-1].T.tobytes()
-
-    def unpack(self, raw, offset, ctx):
-        b = np.frombuffer(raw, dtype=np.uint8).reshape(DTYPES[ctx.dtype].itemsize, -1).T[:, ::-1]
-        return from_le_bytes(np.ascontiguousarray(b).tobytes(), ctx)
+    size = DTYPES[dtype].itemsize
+    return np.frombuffer(to_le_bytes(arr, dtype), dtype=np.uint8).reshape(-1, size)[:, ::-1].T.tobytes()
 
 
-class Packed(Layout):
-    """Integer codes as symbols (code - offset) packed tighter than a byte each."""
-
-    def pack(self, arr, dtype, offset):
-        # Symbols lie in [0, capacity <= 256): byte arithmetic, which wraps modulo 256, gives
-        # them exactly, with no int64 copy of the stream.
-        sym = np.asarray(arr).ravel().astype(np.uint8)
-        sym -= np.uint8(offset % 256)
-        return self.pack_symbols(sym)
-
-    def unpack(self, raw, offset, ctx):
-        sym = self.unpack_symbols(raw)
-        # The last group's padding symbols are 0 (as written): another value would be a
-        # second spelling of the same codes, past the stream's hash.
-        if sym[ctx.numel :].any():
-            raise ArtifactError(f"{ctx.kind} stream: packed layout padding is not zero")
-        return _symbols_to_array(sym[: ctx.numel], offset, ctx)
-
-    def pack_symbols(self, sym: np.ndarray) -> bytes:
-        raise NotImplementedError
-
-    def unpack_symbols(self, raw: bytes) -> np.ndarray:
-        """Every symbol raw holds, the last group's padding included."""
-        raise NotImplementedError
+def layout_bytes(arr: np.ndarray, dtype: str, layout: str) -> bytes:
+    """The bytes of one layout: plain (little-endian words as they are) or shuffle."""
+    return shuffled(arr, dtype) if layout == "shuffle" else to_le_bytes(arr, dtype)
 
 
-class Trits(Packed):
-    """Five base-3 symbols per byte (3^5 = 243 <= 256)."""
-
-    capacity = 3
-
-    def size(self, n, itemsize):
-        return -(-n // 5)
-
-    def pack_symbols(self, sym):
-        padded = np.zeros(-(-len(sym) // 5) * 5, dtype=np.uint8)
-        padded[: len(sym)] = sym
-        p = padded.reshape(-1, 5)
-        out = p[:, 4] * np.uint8(81)  # at most 242: byte arithmetic holds it
-        for j in (3, 2, 1, 0):
-            out += p[:, j] * np.uint8(3**j)
-        return out.tobytes()
-
-    def unpack_symbols(self, raw):
-        b = np.frombuffer(raw, dtype=np.uint8)
-        if b.size and b.max() >= 243:
-            raise ArtifactError("trit byte out of range")
-        return np.stack([(b // d) % 3 for d in (1, 3, 9, 27, 81)], axis=1).ravel()
-
-
-class Bits(Packed):
-    """`per` symbols of `bits` bits each in one little-endian word of per*bits bits."""
-
-    def __init__(self, per: int, bits: int) -> None:
-        self.per, self.bits = per, bits
-        self.capacity = 1 << bits
-
-    def size(self, n, itemsize):
-        return -(-n // self.per) * (self.per * self.bits // 8)
-
-    def pack_symbols(self, sym):
-        per, bits = self.per, self.bits
-        wide = np.uint8 if per * bits == 8 else np.uint32  # a byte holds byte's, nib4's and bits2's words
-        padded = np.zeros(-(-len(sym) // per) * per, dtype=wide)
-        padded[: len(sym)] = sym
-        words = padded[::per].copy()
-        for j in range(1, per):
-            words |= padded[j::per] << wide(bits * j)
-        if wide is np.uint8:
-            return words.tobytes()
-        return words.astype("<u4").view(np.uint8).reshape(-1, 4)[:, : per * bits // 8].tobytes()
-
-    def unpack_symbols(self, raw):
-        per, bits = self.per, self.bits
-        b = np.frombuffer(raw, dtype=np.uint8).reshape(-1, per * bits // 8)
-        w = np.zeros((len(b), 4), dtype=np.uint8)
-        w[:, : b.shape[1]] = b
-        words = w.view("<u4").ravel().astype(np.uint32)
-        out = np.empty((len(words), per), dtype=np.uint8)
-        for j in range(per):
-            out[:, j] = (words >> np.uint32(bits * j)) & np.uint32((1 << bits) - 1)
-        return out.ravel()
-
-
-# Every layout, by the name the manifest stores; the packed ones tightest first.
-LAYOUTS: dict[str, Layout] = {
-    "plain": Plain(),
-    "shuffle": Shuffle(),
-    "trit5": Trits(),
-    "bits2": Bits(4, 2),
-    "nib4": Bits(2, 4),
-    "pack6": Bits(4, 6),
-    "byte": Bits(1, 8),  # one symbol a byte: codes wider than a byte whose span fits in one
-}
-
-
-def layout_bytes(arr: np.ndarray, dtype: str, layout: str, offset: int = 0) -> bytes:
-    """The bytes of one layout: plain, shuffle (byte-grouped) or a packed code layout."""
-    if layout not in LAYOUTS:
-        raise ArtifactError(f"unknown layout {layout!r}")
-    return LAYOUTS[layout].pack(arr, dtype, offset)
-
-
-def layouts_for(arr: np.ndarray, dtype: str) -> list[tuple[str, int]]:
-    """(layout, offset) pairs that can hold arr: plain, shuffle, and the tightest packing."""
-    out = [("plain", 0)]
-    if DTYPES[dtype].itemsize > 1:
-        out.append(("shuffle", 0))
-    rng = _int_range(arr)
-    if rng is not None:
-        span = rng[1] - rng[0] + 1
-        for name, lay in LAYOUTS.items():
-            if not lay.capacity:
-                continue
-            if name == "byte" and DTYPES[dtype].itemsize == 1:
-                break  # same bytes as plain up to a relabelling
-            if span <= lay.capacity:
-                out.append((name, rng[0]))
-                break
-    return out
+def layouts_for(dtype: str) -> list[str]:
+    """The layouts a stream of this dtype may take: plain, and shuffle for words of 2+ bytes.
+    (Packing small alphabets tighter than a byte gained nothing measurable once rans coded
+    every integer stream: benchmarks' tiny trained and golf-shaped models, same bytes.)"""
+    return ["plain", "shuffle"] if DTYPES[dtype].itemsize > 1 else ["plain"]
 
 
 class Compressed(Codec):
-    """A general-purpose compressor over a byte layout of the stream (plain, byte-grouped,
-    bit-packed); subclasses name the compressor (compress.py). race.py picks the layouts."""
+    """A general-purpose compressor over a byte layout of the stream (plain or byte-grouped);
+    subclasses name the compressor (compress.py). race.py picks the layouts."""
 
     compressor: ClassVar[int]  # a compress.py id
 
     def encode(self, arr, ctx, plan=None):
-        """The smallest over every layout (plan: the (layout, offset) pairs to try)."""
+        """The smallest over every layout (plan: the layouts to try)."""
         tries = [
-            (compress.compress(self.compressor, layout_bytes(arr, ctx.dtype, lay, off)), {"layout": lay, "offset": off})
-            for lay, off in plan or layouts_for(arr, ctx.dtype)
+            (compress.compress(self.compressor, layout_bytes(arr, ctx.dtype, lay)), {"layout": lay})
+            for lay in plan or layouts_for(ctx.dtype)
         ]
         return min(tries, key=lambda t: len(t[0]))
 
     def decode(self, data, params, ctx):
         layout = params.get("layout")
-        offset = params.get("offset", 0)
-        if not isinstance(offset, int) or isinstance(offset, bool) or abs(offset) > 1 << 64:
-            raise ArtifactError(f"{self.name} offset must be an integer")
-        if not isinstance(layout, str):
-            raise ArtifactError(f"{ctx.kind} stream: {self.name} layout must be a string")
-        if layout not in LAYOUTS:
-            raise ArtifactError(f"unknown {self.name} layout {layout!r}")
-        lay = LAYOUTS[layout]
-        if not lay.capacity and offset:
-            raise ArtifactError(f"{ctx.kind} stream: layout {layout} takes no offset")
-        if lay.capacity and DTYPES[ctx.dtype].kind not in "iub":
-            raise ArtifactError(f"{ctx.kind} stream: packed layout {layout} needs integer codes")
-        expect = lay.size(ctx.numel, DTYPES[ctx.dtype].itemsize)
-        raw = compress.decompress(self.compressor, data, expect, f"{ctx.kind} stream")
-        if len(raw) != expect:
-            raise ArtifactError(f"{ctx.kind} stream: {self.name} gave {len(raw)} bytes, expected {expect}")
-        return lay.unpack(raw, offset, ctx)
+        if set(params) != {"layout"} or layout not in layouts_for(ctx.dtype):
+            raise ArtifactError(f"{ctx.kind} stream: {self.name} takes a layout of {layouts_for(ctx.dtype)} alone")
+        size = DTYPES[ctx.dtype].itemsize
+        raw = compress.decompress(self.compressor, data, ctx.numel * size, f"{ctx.kind} stream")
+        if len(raw) != ctx.numel * size:
+            raise ArtifactError(f"{ctx.kind} stream: {self.name} gave {len(raw)} bytes, expected {ctx.numel * size}")
+        if layout == "shuffle":
+            raw = np.ascontiguousarray(np.frombuffer(raw, np.uint8).reshape(size, -1).T[:, ::-1]).tobytes()
+        return from_le_bytes(raw, ctx)
 
 
 class Deflate(Compressed, name="deflate"):
@@ -375,9 +220,9 @@ def geometry(ctx: StreamContext) -> search.Geometry:
 class Rans(Codec, name="rans"):
     """rANS over the codes with stored integer tables, one per context: none, the code row's
     scale bucket, stored row or column classes, or both (grid), or stored block-of-rows x
-    column statistics (block, big matrices); smooth rows may code their row deltas (delta);
-    big streams of small alphabets code tuples of symbols as one. `search.plan` picks all of
-    it by estimated size; block and delta plans race beside its choice."""
+    column statistics (block, big matrices); big streams of small alphabets code tuples of
+    symbols as one. `search.plan` picks all of it by estimated size; a block plan races
+    beside its choice."""
 
     def symbols(self, arr: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         """(symbols = codes - lowest, lowest, alphabet size), or None where rans cannot code arr
@@ -395,29 +240,23 @@ class Rans(Codec, name="rans"):
     def prepare(self, items):
         """One search for all integer streams (search.plan): small tensors share its calls.
         Each item's plans: a list of ((symbols, offset, alphabet), geometry, choice), the
-        search's first, then a block plan and row deltas' plans where they may win (or None)."""
+        search's first, then a block plan where it may win (or None)."""
         jobs, ctxs, syms, out = [], [], [], [None] * len(items)
         for j, (arr, ctx) in enumerate(items):
             got = self.symbols(arr)
             if got is not None:
-                geo = geometry(ctx)
-                d = rans.row_deltas(got[0], geo.rows, geo.cols, got[1]) if geo.matrix else None
-                for delta, g in ((0, got), (1, None if d is None else self.symbols(d))):
-                    if g is not None:
-                        jobs.append((g[0], g[2], geo))
-                        ctxs.append(ctx)
-                        syms.append((j, delta, g))
+                jobs.append((got[0], got[2], geometry(ctx)))
+                ctxs.append(ctx)
+                syms.append((j, got))
         for effort in sorted({c.effort for c in ctxs}):
             picked = [i for i, c in enumerate(ctxs) if c.effort == effort]
             for i, choice in zip(picked, search.plan([jobs[i] for i in picked], effort), strict=True):
-                (j, delta, g), geo = syms[i], jobs[i][2]
-                plans = [(g, geo, replace(choice, delta=delta))]
+                (j, g), geo = syms[i], jobs[i][2]
+                out[j] = [(g, geo, choice)]
                 block = search.block_choice(g[0], g[2], geo, choice)
                 if block is not None:  # stored block statistics may code smaller: both race
-                    block = replace(block, delta=delta)
                     # (a block plan whose estimate is BLOCK_MARGIN under the search's replaces it)
-                    plans = (plans if block.cost >= self.BLOCK_MARGIN * choice.cost else []) + [(g, geo, block)]
-                out[j] = (out[j] or []) + plans
+                    out[j] = (out[j] if block.cost >= self.BLOCK_MARGIN * choice.cost else []) + [(g, geo, block)]
         return out
 
     # Block plans' estimates count their streams exactly (tables and ids measured): on
@@ -447,17 +286,14 @@ class Rans(Codec, name="rans"):
             params["kc" if c.variant == "grid" else "rb"] = c.kc
         if c.t > 1:
             params["tuple"] = c.t
-        if c.delta:
-            params["delta"] = 1
         return body, params
 
     def decode(self, data, params, ctx):
         offset, nsym = params.get("offset"), params.get("nsym")
         variant, k, kc = params.get("context", "none"), params.get("k", 1), params.get("kc", params.get("rb", 1))
-        t, lanes, prec, delta = params.get("tuple", 1), params.get("lanes"), params.get("prec"), params.get("delta", 0)
+        t, lanes, prec = params.get("tuple", 1), params.get("lanes"), params.get("prec")
         for key, v, lo, hi in (
-            ("delta", delta, 0, 1),
-            ("offset", offset, -(1 << 64) >> 32 * (delta == 1), 1 << 64 >> 32 * (delta == 1)),
+            ("offset", offset, -(1 << 64), 1 << 64),
             ("nsym", nsym, 1, rans.MAX_ALPHABET),
             ("k", k, 1, rans.MAX_CONTEXTS),
             ("rb" if "rb" in params else "kc", kc, 1, rans.MAX_CONTEXTS if variant == "grid" else 1 << 40),
@@ -480,8 +316,6 @@ class Rans(Codec, name="rans"):
             raise ArtifactError(f"rans grid context: k={k} must be (row classes >= 2) x (kc={kc} >= 2)")
         rows, cols = rows_layout(ctx.tensor_shape)
         n = ctx.numel
-        if delta and (len(ctx.tensor_shape) < 2 or rows * cols != n):
-            raise ArtifactError("rans row deltas need the stream to be the tensor's [rows, cols]")
         n_ids = {"row": rows, "col": cols, "grid": rows + cols, "block": -(-rows // kc) * cols}.get(variant, 0)
         # Class ids are stored per row/column: an empty tensor has none to give, and their
         # count is bounded by the codes' (a zero dimension must not declare 2**39 rows).
@@ -498,10 +332,6 @@ class Rans(Codec, name="rans"):
             raise ArtifactError("rans grid class ids do not match the declared classes")
         cvec = geometry(ctx).context_vector(variant, k, ids, t, np.uint8, kc)
         sym = rans.from_tuples(rans.ilv_decode(words, cvec, tables, prec, lanes, len(cvec)), nsym, t, n)
-        if delta:  # the codes: row deltas summed down the columns
-            d = sym.astype(np.int64).reshape(rows, cols)
-            d += offset
-            sym, offset = np.cumsum(d, axis=0, out=d), 0
         return _symbols_to_array(sym, offset, ctx)
 
 

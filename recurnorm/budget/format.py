@@ -39,7 +39,7 @@ MAX_CONFIG_DEPTH = MAX_JSON_DEPTH - 4  # config.json, under the manifest's {"met
 MAX_NDIM = 16
 MAX_TOTAL_ELEMENTS = 1 << 28  # 268M weights: far above what 16 MB can hold; bounds decode memory
 MAX_TENSORS = 1 << 20
-STREAM_KINDS = ("codes", "scales", "zeros")
+STREAM_KINDS = ("scales", "zeros", "parents", "codes")  # the order they are written and read in
 
 
 def dumps(obj: Any) -> bytes:

@@ -14,7 +14,7 @@ import numpy as np
 import zstandard
 
 from . import codecs, compress, rans
-from .codecs import LAYOUTS, StreamContext, get
+from .codecs import StreamContext, get
 
 # Portable: what the standard library and numpy decode (the standalone loader reads these).
 DEFAULT_CODECS = ("rans", "fields", "deflate", "lzma", "raw")
@@ -27,9 +27,6 @@ PROBE = 1 << 16  # bytes per zstd-1 probe slice (three on streams over 4 slices)
 # what it costs in bytes where it costs any. One that saves under 10% goes. None turns a row off:
 # that path then runs as effort "max" runs all of them.
 GATES: dict[str, float | None] = {
-    # Codes that pack: the packed layout only (plain is 7-36% larger). Saves 13-18% on MiniLM
-    # int4/ternary, 23% on golf-shaped ternary.
-    "packed_only": 1,
     # Float words over QUICK_MIN: no deflate/lzma where deflate-1 of 16 byte-grouped slices of
     # this many bytes lands over the best (the fields coding). Saves 93-95% on MiniLM bf16 and
     # golf-shaped bf16/fp32.
@@ -94,22 +91,16 @@ class Stream:
 
     def __init__(self, arr: np.ndarray, ctx: StreamContext) -> None:
         self.arr, self.ctx = arr, ctx
-        self.laid: dict[tuple[str, int], LaidOut] = {}
+        self.laid: dict[str, LaidOut] = {}
         self.deflate: list[tuple[int, dict]] | None = None
 
     def on(self, gate: str) -> bool:
         return self.ctx.effort != "max" and GATES[gate] is not None
 
-    def laid_out(self, layout: str, offset: int) -> LaidOut:
-        if (layout, offset) not in self.laid:
-            self.laid[layout, offset] = LaidOut(codecs.layout_bytes(self.arr, self.ctx.dtype, layout, offset))
-        return self.laid[layout, offset]
-
-    def layouts(self) -> list[tuple[str, int]]:
-        layouts = codecs.layouts_for(self.arr, self.ctx.dtype)
-        if self.on("packed_only") and LAYOUTS[layouts[-1][0]].capacity:
-            layouts = layouts[-1:]
-        return layouts
+    def laid_out(self, layout: str) -> LaidOut:
+        if layout not in self.laid:
+            self.laid[layout] = LaidOut(codecs.layout_bytes(self.arr, self.ctx.dtype, layout))
+        return self.laid[layout]
 
     def norep_codes(self, laid: LaidOut) -> bool:
         """Quantized codes (they have scales) in which zstd-1 finds no repetition."""
@@ -166,7 +157,7 @@ def _float_probe(s: Stream) -> float:
     w = np.ascontiguousarray(s.arr).reshape(-1)
     k = GATES["float_probe"] // w.itemsize
     parts = [w] if w.size <= 32 * k else [w[i : i + k] for i in np.linspace(0, w.size - k, 16).astype(int)]
-    got = sum(len(compress.deflate(LAYOUTS["shuffle"].pack(p, s.ctx.dtype, 0), 1)) for p in parts)
+    got = sum(len(compress.deflate(codecs.shuffled(p, s.ctx.dtype), 1)) for p in parts)
     return got * w.size / sum(p.size for p in parts)
 
 
@@ -176,37 +167,38 @@ def _deflate(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
     if s.on("float_probe") and s.ctx.mant and s.ctx.nbytes > QUICK_MIN and _float_probe(s) > best:
         return []
     out = []
-    for layout, offset in s.layouts():
-        laid = s.laid_out(layout, offset)
+    for layout in codecs.layouts_for(s.ctx.dtype):
+        laid = s.laid_out(layout)
         if not (s.on("codes_norep") and s.norep_codes(laid)):
-            out.append((compress.deflate(laid.raw), {"layout": layout, "offset": offset}))
+            out.append((compress.deflate(laid.raw), {"layout": layout}))
             s.deflate.append((len(out[-1][0]), out[-1][1]))
     return out
 
 
 def _lzma(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
     if not s.on("lzma_race"):  # every layout
-        tries = [(s.laid_out(*lo), {"layout": lo[0], "offset": lo[1]}) for lo in s.layouts()]
-        return [(compress.compress(compress.LZMA, laid.raw), params) for laid, params in tries]
+        layouts = codecs.layouts_for(s.ctx.dtype)
+        return [(compress.compress(compress.LZMA, s.laid_out(lay).raw), {"layout": lay}) for lay in layouts]
     if s.deflate is None:  # deflate was not in the race: its sizes are needed all the same
         _deflate(s, best)
     if not s.deflate:  # deflate skipped these bytes (floats the probe judged, codes without repetition)
         return []
     size, params = min(s.deflate, key=lambda c: c[0])
-    laid = s.laid_out(params["layout"], params["offset"])
+    laid = s.laid_out(params["layout"])
     if size > best * (1.0 if len(laid.raw) > 1 << 18 else GATES["lzma_race"]):
         return []
     return [(compress.compress(compress.LZMA, laid.raw), params)]
 
 
 def _zstd(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
-    quick = [(zstandard.ZstdCompressor(level=3).compress(s.laid_out(*lo).raw), lo) for lo in s.layouts()]
-    slow = [lo for _, lo in quick]
+    layouts = codecs.layouts_for(s.ctx.dtype)
+    quick = [(zstandard.ZstdCompressor(level=3).compress(s.laid_out(lay).raw), lay) for lay in layouts]
+    slow = layouts
     if s.on("zstd_slow_race"):
-        data, lo = min(quick, key=lambda q: len(q[0]))  # first layout on ties
-        slow = [lo] if len(data) <= best * GATES["zstd_slow_race"] else []
-    slow = [(compress.compress(compress.ZSTD, s.laid_out(*lo).raw), lo) for lo in slow]
-    return [(data, {"layout": lo[0], "offset": lo[1]}) for data, lo in quick + slow]
+        data, lay = min(quick, key=lambda q: len(q[0]))  # first layout on ties
+        slow = [lay] if len(data) <= best * GATES["zstd_slow_race"] else []
+    slow = [(compress.compress(compress.ZSTD, s.laid_out(lay).raw), lay) for lay in slow]
+    return [(data, {"layout": lay}) for data, lay in quick + slow]
 
 
 # The order of the race (after raw); lzma reuses deflate's sizes.

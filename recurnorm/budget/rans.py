@@ -234,29 +234,6 @@ def context_counts(sym: np.ndarray, ctx: np.ndarray | None, k: int, nsym: int) -
     return np.bincount(idx, minlength=k * nsym).reshape(k, nsym)
 
 
-DELTA_GAIN = 0.97  # row deltas are coded where their order-0 bound is below this share of the codes'
-DELTA_SAMPLE = 1 << 16  # the gate compares about this many codes of sampled row pairs
-
-
-def row_deltas(sym: np.ndarray, rows: int, cols: int, lo: int) -> np.ndarray | None:
-    """Each code (symbol + lo) minus the one above it in the tensor's [rows, cols] view, where that
-    view is the stream and sampled row pairs' order-0 bound is under DELTA_GAIN of the codes'
-    (smooth rows: all-MiniLM-L6-v2's position embedding, int8 0.88); else None."""
-    if rows < 2 or rows * cols != sym.size:
-        return None
-    m = np.asarray(sym).reshape(rows, cols)
-    step = max(1, (rows * cols) // DELTA_SAMPLE)  # every step-th row's delta is sampled
-    below = m[1::step].astype(np.int16)  # (symbols < MAX_ALPHABET: their deltas fit)
-    d = below - m[: rows - 1 : step]
-    d -= d.min()
-    if entropy_bits(np.bincount(d.ravel())) > DELTA_GAIN * entropy_bits(np.bincount(below.ravel())):
-        return None
-    d = m.astype(np.int64)
-    d[1:] -= m[:-1]
-    d[0] += lo  # (row 0: the codes themselves)
-    return d.ravel()
-
-
 def order0_bits(symbols: np.ndarray) -> float:
     """The order-0 entropy bound in bits of an integer array."""
     s = np.asarray(symbols).ravel()
@@ -288,11 +265,6 @@ def rank_buckets(order: np.ndarray, k) -> np.ndarray:
         if np.ndim(k)
         else rank * k // max(len(order), 1)
     )
-
-
-def scale_buckets(scales: np.ndarray, k: int) -> np.ndarray:
-    """Bucket id per group: the rank of |scale| cut into k equal-count bins."""
-    return rank_buckets(scale_order(scales), k)
 
 
 def context_vector(

@@ -49,7 +49,6 @@ NF4 = np.array(
     np.float32,
 )
 BF16 = np.dtype("<u2", metadata={"bf16": 1})  # numpy has no bfloat16: its bits, marked
-PACKED = {"trit5": (5, 1), "bits2": (4, 1), "nib4": (2, 1), "pack6": (4, 3), "byte": (1, 1)}  # symbols, bytes
 MANIFEST = 8 << 20  # the manifest's bytes, stored and decompressed
 
 
@@ -74,7 +73,7 @@ def inflate(kind, blob, limit):
         )
         out = d.decompress(out, limit + 1)
         need(d.eof and not d.unused_data, "bad data")
-    need(len(out) <= limit, "too long")
+    need(len(out) <= limit, "bad data")
     return out
 
 
@@ -82,7 +81,7 @@ def varints(b, n):
     """n LEB128 numbers (< 2**35) filling b."""
     b = np.frombuffer(b, np.uint8)
     ends = np.flatnonzero(b < 128)
-    need(len(ends) == n, "bad table")
+    need(len(ends) == n, "bad data")
     starts = np.r_[0, ends[:-1] + 1][:n]
     out = np.zeros(n, int)
     for j in range(5):  # (a longer or damaged varint decodes wrong: the stream's hash catches it)
@@ -97,22 +96,12 @@ def dims(shape):
     return math.prod(shape)
 
 
-def unpack_layout(raw, layout, n, dt):
-    """A deflate/lzma stream's layout: plain, shuffle (byte-grouped) or packed symbols."""
-    if layout == "plain":
-        return np.frombuffer(raw, dt)
+def unpack_layout(raw, layout, dt):
+    """A deflate/lzma stream's layout: plain, or shuffle (byte-grouped, high bytes first)."""
+    need(layout == "plain" or layout == "shuffle" and dt.itemsize > 1, "bad data")
     if layout == "shuffle":
-        return np.frombuffer(np.frombuffer(raw, np.uint8).reshape(dt.itemsize, -1)[::-1].T.tobytes(), dt)
-    per, size = PACKED[layout]
-    w = np.frombuffer(raw, np.uint8)
-    if per == 5:
-        d = w[:, None] // np.array([1, 3, 9, 27, 81], np.uint8) % 3
-    else:  # little-endian words of `size` bytes, first symbol in the low bits
-        if size > 1:  # pack6: 3-byte words, widened to 4
-            w = np.pad(w.reshape(-1, 3), ((0, 0), (0, 1))).view("<u4").ravel()
-        bits = 8 * size // per
-        d = w[:, None] >> bits * np.arange(per, dtype=w.dtype) & (1 << bits) - 1
-    return d.ravel()[:n]
+        raw = np.frombuffer(raw, np.uint8).reshape(dt.itemsize, -1)[::-1].T.tobytes()
+    return np.frombuffer(raw, dt)
 
 
 def contexts(p, k, ids, n, t, tshape, L, scales):
@@ -151,17 +140,16 @@ class Stream:
             p["prec"],
             p["lanes"],
         )
-        k = p.get("k", 1)
-        need(0 < t < 9 and 0 < k < 257 and 0 < prec < 17, "bad rans params")
-        nt, units = nsym**t, -(-n // t)
-        need(nt <= 4096 and units <= lanes << 16, "bad rans params")
+        k, units = p.get("k", 1), -(-n // t)  # (t = 0: ZeroDivisionError, malformed as any)
+        need(0 < t < 9 and 0 < k < 257 and 0 < prec < 17 and nsym**t <= 4096 and units <= lanes << 16, "bad data")
+        nt = nsym**t
         b = np.frombuffer(body, np.uint8)
         head = np.flatnonzero(b[:10] < 128)[1] + 1  # two varints: 4 * length + compressor id
         (tl, tz), (il, iz) = [(v >> 2, v & 3) for v in varints(b[:head], 2)]
         self.f = varints(inflate(tz, b[head : head + tl], 5 * k * nt), k * nt).reshape(k, nt)
         coder = b[head + tl + il :]
         self.x, self.words = coder[: 4 * lanes].view("<u4"), coder[4 * lanes :].view("<u2")
-        need(len(self.x) == lanes and len(self.words) <= units, "bad rans data")  # a unit takes <= 1 word
+        need(len(self.x) == lanes and len(self.words) <= units, "bad data")  # a unit takes <= 1 word
         ids = np.frombuffer(inflate(iz * (il > 0), b[head + tl : head + tl + il], 2 * n), np.uint8)
         self.ctx = contexts(p, k, ids, n, t, tshape, L, scales)
         self.steps = -(-units // lanes)
@@ -174,7 +162,7 @@ def fields(body, p, n, dt, done):
     the `hi` top mantissa bits). (The rans body, and the head symbols'
     callback, which fills each word in place; a tail of the wrong size raises.)"""
     m, h, w, o = p["mant"], p["hi"], 8 * dt.itemsize, p["tail"]
-    need(m < w - 1, "bad rans params")
+    need(m < w - 1, "bad data")
     (q, r), c = divmod(m - h, 8), -(-n // 8)
 
     def fill(sym):  # (the tail inflated only now: one stream's at a time)
@@ -248,7 +236,7 @@ def decode_rans(streams):
         i = np.flatnonzero(low)
         xa[i] = xa[i] << 16 | words.take((wptr - cs[lane0[:-1]])[:ns][sid[i]] + cs[i], mode="clip")
         wptr[:ns] += cs[lane0[1 : ns + 1]] - cs[lane0[:ns]]
-    need((x == 1 << 16).all() and (wptr == wend).all(), "bad rans data")
+    need((x == 1 << 16).all() and (wptr == wend).all(), "bad data")
     for s in streams:
         v = a[s.at : s.at + s.ctx]
         if s.t > 1:  # units are tuples of t symbols, first in the low digit
@@ -309,8 +297,6 @@ def decode(src, max_bytes=1 << 30):
                 if off:
                     v = a.view(f"<u{dt.itemsize}")
                     v += v.dtype.type(off % 256**dt.itemsize)
-                if p.get("delta"):  # row deltas: summed down the columns (wrapping as the add did)
-                    a = a.reshape(t["shape"][0], -1).cumsum(0, a.dtype)
                 a = a.reshape(s["shape"])
                 need(hashlib.sha256(a).hexdigest() == s["sha256"], f"{key} hash mismatch")
                 arrays[key] = a
@@ -321,12 +307,10 @@ def decode(src, max_bytes=1 << 30):
                     body, done = fields(body, p, n, dt, done)
                 return rans.append(Stream(body, p, n, t["shape"], L, arrays.get((t["name"], "scales")), done))
             kind = {"raw": 0, "deflate": 2, "lzma": 3}.get(s["codec"], 1)  # zstd is not portable
-            lay = p.get("layout", "plain")
-            per, nb = PACKED.get(lay, (1, dt.itemsize))
-            done(unpack_layout(inflate(kind, body, -(-n // per) * nb), lay, n, dt))
+            done(unpack_layout(inflate(kind, body, n * dt.itemsize), p.get("layout", "plain"), dt))
 
         for t in todo:
-            for kind in ("scales", "zeros", "codes"):
+            for kind in ("scales", "zeros", "parents", "codes"):
                 if kind in t["streams"]:
                     stream(t, kind)
         decode_rans(rans)
@@ -338,7 +322,8 @@ def decode(src, max_bytes=1 << 30):
                 if "alias_of" in t
                 else dequantize(
                     t,
-                    *(arrays.pop((name, k), None) for k in ("codes", "scales", "zeros")),
+                    restore(arrays.pop((name, "codes")), arrays.pop((name, "parents"), None), t["shape"]),
+                    *(arrays.pop((name, k), None) for k in ("scales", "zeros")),
                     [*map(out.pop, t.get("lowrank", []))],
                 )
             )
@@ -347,6 +332,20 @@ def decode(src, max_bytes=1 << 30):
         raise
     except Exception as e:  # whatever else a malformed artifact trips: the same error
         raise RnpkError(f"rnpk: malformed artifact ({e!r})") from None
+
+
+def restore(c, P, shape):
+    """int8 codes whose rows (the tensor's [rows, cols]) are residuals from earlier rows, P their
+    [rows, 2] distances back (0: none) and multipliers k: prediction (k * parent + 16) >> 5, wrapping."""
+    if P is not None:
+        need(len(shape) > 1 and P.shape == (shape[0], 2), "bad data")
+        c, s = c.reshape(len(P), -1).copy(), c.shape
+        for i, (d, k) in enumerate(P.tolist()):
+            if d:
+                need(0 < d <= i and -65 < k < 65, "bad data")
+                c[i] += (k * c[i - d].astype("i4") + 16 >> 5).astype("i1")
+        c = c.reshape(s)
+    return c
 
 
 def dequantize(t, codes, scales, zeros, lr):

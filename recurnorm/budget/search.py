@@ -151,7 +151,6 @@ class Choice:
     cost: float  # estimated bytes
     side: SideData | None = None  # measured side data, when the search counted exactly
     kc: int = 1  # grid: column classes; block: rows per block
-    delta: int = 0  # 1: the symbols are row deltas (rans.row_deltas)
 
 
 # ----------------------------------------------------------------- candidates

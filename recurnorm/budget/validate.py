@@ -194,7 +194,7 @@ def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
         raise ArtifactError(f"{where}: format {t['format']} stands for {kind} tensor, not {t['dtype']}")
     streams = t.get("streams")
     if not isinstance(streams, dict) or "codes" not in streams or set(streams) - set(fmt.STREAM_KINDS):
-        raise ArtifactError(f"{where}: streams must hold codes (and scales/zeros)")
+        raise ArtifactError(f"{where}: streams must hold codes (and scales/zeros/parents)")
     stream_bytes = elements = tables = 0
     shapes: dict[str, tuple[int, ...]] = {}
     for kind in [k for k in fmt.STREAM_KINDS if k in streams]:
@@ -231,7 +231,15 @@ def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
     for kind in ("scales", "zeros"):
         if kind in shapes and shapes[kind] != (G,):
             raise ArtifactError(f"{where} {kind}: expected one value per code row ({G})")
-    why = quantizer.check_streams({k: streams[k]["dtype"] for k in shapes})
+    if "parents" in shapes and (
+        len(shape) < 2
+        or shapes["parents"] != (shape[0], 2)
+        or streams["parents"]["dtype"] != "int32"
+        or streams["codes"]["dtype"] != "int8"
+        or G * L != numel
+    ):
+        raise ArtifactError(f"{where} parents: expected int32 [rows, 2] beside int8 codes without padding")
+    why = quantizer.check_streams({k: streams[k]["dtype"] for k in shapes if k != "parents"})
     if why:
         raise ArtifactError(f"{where}: {why}")
     stage = out_size if t["format"] == "raw" else max(out_size, FLOAT_STAGE_BYTES)

@@ -1,0 +1,62 @@
+"""Rows predicted from earlier rows (budget/parents.py, `--effort max`): the search finds the
+related rows of a token-embedding-like matrix, every reader restores the codes bit for bit, and
+forged parents are refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import standalone_loader
+
+from recurnorm import quant
+from recurnorm.budget import parents
+from recurnorm.budget.api import pack_qtensors, read_artifact, unpack
+from recurnorm.errors import ArtifactError
+
+
+def _related_rows(seed: int = 0) -> torch.Tensor:
+    """600 rows: 150 roots, then rows that are a root's multiple plus noise (words of one stem)."""
+    rng = np.random.default_rng(seed)
+    roots = rng.standard_normal((150, 64))
+    kids = roots[rng.integers(0, 150, 450)] * rng.uniform(0.5, 1.5, (450, 1)) + 0.2 * rng.standard_normal((450, 64))
+    return torch.from_numpy(np.concatenate([roots, kids]).astype(np.float32))
+
+
+def test_the_search_finds_related_rows_and_residuals_invert():
+    qt = quant.get("int8").quantize(_related_rows(), name="emb")
+    p = parents.find(qt.codes)
+    assert p is not None and (p[450:, 0] > 0).mean() > 0.9  # (kids come after their roots)
+    assert (p[:, 0] <= np.arange(len(p))).all()
+    res = parents.residuals(qt.codes, p)
+    assert np.abs(res).mean() < 0.5 * np.abs(qt.codes).mean()
+    assert np.array_equal(parents.restore(res, p, "emb"), qt.codes)
+    iid = quant.get("int8").quantize(torch.randn(300, 64, generator=torch.Generator().manual_seed(0)), name="x")
+    assert parents.find(iid.codes) is None  # nothing to gain: no stream
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_effort_max_packs_smaller_and_every_reader_restores_the_codes(compact):
+    qts = {"emb": quant.get("int8").quantize(_related_rows(), name="emb")}
+    normal, best = pack_qtensors(qts), pack_qtensors(qts, effort="max")
+    art = read_artifact(best)
+    assert "parents" in art.manifest["tensors"][0]["streams"] and len(best) < 0.9 * len(normal)
+    assert np.array_equal(art.qtensors["emb"].codes, qts["emb"].codes)
+    got, _ = standalone_loader(compact)["decode"](best)
+    assert got["emb"].tobytes() == unpack(best)["emb"].numpy().tobytes()
+
+
+@pytest.mark.parametrize(
+    "forged,why",
+    [
+        (lambda p: p.__setitem__((5, 0), 6), "earlier row"),  # row 5 reaching back 6 rows
+        (lambda p: p.__setitem__((5, 0), -1), "earlier row"),
+        (lambda p: p.__setitem__((7, 1), 65), "multipliers"),
+    ],
+)
+def test_forged_parents_are_refused(forged, why):
+    codes = np.arange(40, dtype=np.int8).reshape(10, 4)
+    p = np.zeros((10, 2), np.int32)
+    forged(p)
+    with pytest.raises(ArtifactError, match=why):
+        parents.restore(codes, p, "tensor 'x'")
