@@ -92,7 +92,9 @@ def main() -> None:
     best, peak, decoded = min(r["decode_s"] for r in runs), max(r["peak"] for r in runs), runs[0]["decoded"]
     limit = 2 * decoded + (64 << 20)
     mb = 1 << 20
-    print(f"artifact: {os.path.basename(args.real)}, int6 clip=sigma:3 large matrices, effort {args.effort}, {len(data):,} B")
+    print(
+        f"artifact: {os.path.basename(args.real)}, int6 clip=sigma:3 large matrices, effort {args.effort}, {len(data):,} B"
+    )
     print(f"compact loader: {len(loader):,} B (target <= {TARGET_LOADER:,}) {_ok(len(loader) <= TARGET_LOADER)}")
     print(
         f"decode, one thread, best of {len(runs)} fresh processes: {best:.2f} s "
