@@ -558,7 +558,8 @@ class Fields(Codec, name="fields"):
         return out
 
     def encode(self, arr, ctx, plan=None, tail_level=9):
-        """tail_level: deflate's level for the tail, kept where smaller (0: stored as it is)."""
+        """tail_level: deflate's level for the tail, or a list of one per compress.CHUNK bytes
+        of it (compress.deflate_chunks), kept where smaller (0: stored as it is)."""
         plan = plan or self.prepare([(arr, ctx)])[0]
         if plan is None:
             raise ValueError("fields needs float words")
@@ -566,7 +567,8 @@ class Fields(Codec, name="fields"):
         body, hparams = Rans().encode(None, hctx, head_plan)
         z = compress.RAW
         if tail_level:
-            packed = compress.deflate(tail, tail_level)
+            deflate = compress.deflate_chunks if isinstance(tail_level, list) else compress.deflate
+            packed = deflate(tail, tail_level)
             tail, z = (packed, compress.DEFLATE) if len(packed) < len(tail) else (tail, z)
         hparams["lo"] = hparams.pop("offset")  # (the heads' least value: no offset of the words)
         return tail + body, {**hparams, **params, "tail": len(tail), "tz": z}

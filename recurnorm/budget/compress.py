@@ -28,6 +28,7 @@ PORTABLE = (RAW, DEFLATE, LZMA)  # the standard library decodes these
 
 DEFLATE_LEVEL = 9
 DEFLATE_WBITS = -15  # raw deflate: no zlib header or checksum (the artifact hashes everything)
+CHUNK = (1 << 16) - 1  # deflate_chunks: a stored block's most
 # Raw LZMA2 (no .xz container: its header and check cost ~60 bytes a blob). The decoder
 # must be told a dictionary size at least the encoder's: LZMA_DICT for every reader; the
 # writer fits its dictionary to the input (as small, the same bytes on inputs we have
@@ -46,6 +47,19 @@ def deflate(raw: bytes, level: int = DEFLATE_LEVEL) -> bytes:
     """Raw deflate (RFC 1951) of raw."""
     c = zlib.compressobj(level, zlib.DEFLATED, DEFLATE_WBITS)
     return c.compress(raw) + c.flush()
+
+
+def deflate_chunks(raw, levels) -> bytes:
+    """Raw deflate of raw in CHUNK-byte chunks, chunk i at levels[i] (0: stored blocks) and
+    kept only where smaller: one stream any inflater reads, whose chunks refer to no other's."""
+    out = []
+    for i, level in enumerate(levels):
+        chunk = raw[i * CHUNK : (i + 1) * CHUNK]
+        c = zlib.compressobj(level, zlib.DEFLATED, DEFLATE_WBITS) if level else None
+        packed = c.compress(chunk) + c.flush(zlib.Z_SYNC_FLUSH) if c else b""
+        stored = len(chunk).to_bytes(2, "little") + (len(chunk) ^ 0xFFFF).to_bytes(2, "little")
+        out += [packed] if c and len(packed) < len(chunk) + 5 else [b"\0", stored, chunk]
+    return b"".join(out) + b"\1\0\0\xff\xff"  # the final block, empty
 
 
 def compress(kind: int, raw: bytes, magicless: bool = False) -> bytes:
