@@ -107,7 +107,7 @@ def test_the_kernel_and_numpy_split_and_join_words_alike(fmt, monkeypatch):
                     wide[-1] = 1 << (8 * w.itemsize - 1 - m + h)  # reaches the sign bit
                     with pytest.raises(ValueError, match="exponent out of range"):
                         codecs.join_words(wide, tail, m, h, w.itemsize)
-                got.append((head.tobytes(), tail))
+                got.append((head.tobytes(), bytes(tail)))
             assert got[0] == got[1]
 
 

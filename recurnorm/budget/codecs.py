@@ -521,7 +521,8 @@ class Fields(Codec, name="fields"):
         """(head symbols, tail bytes, params) of float words (ctx.mant bits of mantissa)."""
         w, m = np.ascontiguousarray(arr).view(f"<u{arr.dtype.itemsize}").ravel(), ctx.mant
         ebits = 8 * w.itemsize - 1 - m
-        top = ((w >> w.dtype.type(m - HI_MAX)) & w.dtype.type((1 << ebits + HI_MAX) - 1)).astype(np.uint16)
+        hi16 = w.view("<u2")[w.itemsize // 2 - 1 :: w.itemsize // 2]  # (exponent and top mantissa bits)
+        top = (hi16 >> np.uint16(m - HI_MAX + 16 - 8 * w.itemsize)) & np.uint16((1 << ebits + HI_MAX) - 1)
         counts = rans.context_counts(top, None, 1, 1 << ebits + HI_MAX)[0]
         used = np.flatnonzero(counts) >> HI_MAX  # the exponents that occur
         # The head's width: order-0 bits of the head plus raw tail bits, with a table's cost, and
@@ -571,7 +572,7 @@ class Fields(Codec, name="fields"):
             packed = deflate(tail, tail_level)
             tail, z = (packed, compress.DEFLATE) if len(packed) < len(tail) else (tail, z)
         hparams["lo"] = hparams.pop("offset")  # (the heads' least value: no offset of the words)
-        return tail + body, {**hparams, **params, "tail": len(tail), "tz": z}
+        return b"".join((tail, body)), {**hparams, **params, "tail": len(tail), "tz": z}
 
     def decode(self, data, params, ctx):
         dt = DTYPES[ctx.dtype]
@@ -596,8 +597,8 @@ class Fields(Codec, name="fields"):
             raise ArtifactError(f"{ctx.kind} stream: {exc}") from None
 
 
-def split_words(w: np.ndarray, m: int, h: int) -> tuple[np.ndarray, bytes]:
-    """Float words (uint16/uint32, m mantissa bits) as (head, tail): the head is the exponent
+def split_words(w: np.ndarray, m: int, h: int) -> tuple[np.ndarray, bytes | np.ndarray]:
+    """Float words (uint16/uint32, m mantissa bits) as (head, tail bytes): the head is the exponent
     above the h top mantissa bits; the tail the low m - h bits as q byte planes, then r bit
     planes (np.packbits), then the sign's plane. The compiled kernel where built; this numpy
     spelling is its reference (tests check both write the same bytes)."""
@@ -605,7 +606,7 @@ def split_words(w: np.ndarray, m: int, h: int) -> tuple[np.ndarray, bytes]:
     if rans.has_kernel():
         head, tail = np.empty(n, np.uint16), np.empty(q * n + (r + 1) * -(-n // 8), np.uint8)
         rans._ransc.fields_split(w, w.itemsize, m, h, head, tail)
-        return head, tail.tobytes()
+        return head, tail
     u, top = w.dtype.type, 8 * w.itemsize - 1
     head = ((w >> u(m - h)) & u((1 << top - m + h) - 1)).astype(np.uint16)
     planes = [w.view(np.uint8).reshape(-1, w.itemsize)[:, j] for j in range(q)]
