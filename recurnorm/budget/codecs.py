@@ -586,7 +586,8 @@ class Fields(Codec, name="fields"):
             raise ArtifactError(f"{ctx.kind} stream: fields params out of range")
         n, (q, r), c = ctx.numel, divmod(m - h, 8), -(-ctx.numel // 8)
         size = q * n + (r + 1) * c
-        tail = compress.decompress(z, data[:tlen], size, f"{ctx.kind} fields tail")
+        data = memoryview(data)  # (slices: no copies of the tail or the heads' body; RAW is 0)
+        tail = compress.decompress(z, data[:tlen], size, f"{ctx.kind} fields tail") if z else data[:tlen]
         if len(tail) != size:
             raise ArtifactError(f"{ctx.kind} stream: fields tail of {len(tail)} bytes, expected {size}")
         hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, version=ctx.version)

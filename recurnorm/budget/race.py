@@ -165,8 +165,7 @@ def _fields(s: Stream, best: int, plan) -> list[tuple[bytes, dict]]:
 
 def _float_probe(s: Stream) -> float:
     """About the deflate-1 size of float words byte-grouped, from 16 slices of a big stream."""
-    w = np.ascontiguousarray(s.arr).reshape(-1)
-    k = GATES["float_probe"] // w.itemsize
+    w, k = np.ascontiguousarray(s.arr).reshape(-1), GATES["float_probe"] // s.arr.itemsize
     some = w if w.size <= 32 * k else np.concatenate([w[i : i + k] for i in np.linspace(0, w.size - k, 16).astype(int)])
     return len(_zstd1().compress(LAYOUTS["shuffle"].pack(some, s.ctx.dtype, 0))) * w.size / some.size
 
