@@ -10,7 +10,7 @@ import torch
 from helpers import standalone_loader
 
 from recurnorm import quant
-from recurnorm.budget import codecs, rans, rnpk_load
+from recurnorm.budget import codecs, compress, rans, rnpk_load
 from recurnorm.budget.api import pack_qtensors, read_artifact, unpack, verify_bytes
 from recurnorm.budget.codecs import StreamContext
 from recurnorm.errors import ArtifactError
@@ -140,6 +140,26 @@ def test_library_and_standalone_loader_read_the_same_bits(compact):
     for name, (_, v) in _state().items():  # passthrough: the very bits went in
         if name != "f.int8":
             assert torch.equal(ref[name].view(torch.uint8), v.view(torch.uint8)), name
+
+
+def test_a_tail_deflates_only_the_chunks_that_repeat_and_every_reader_inflates_it(monkeypatch):
+    """fp32 rows cast from bf16 (low mantissa bytes all zero) in the first chunk of each byte
+    plane: those chunks are deflated, the random ones stored, in one raw deflate stream."""
+    rng = np.random.default_rng(5)
+    w = torch.from_numpy(rng.standard_normal((256, 512)).astype(np.float32) * 0.05)
+    w[:32] = w[:32].bfloat16().float()
+    levels = []
+    real = compress.deflate_chunks
+    monkeypatch.setattr(compress, "deflate_chunks", lambda raw, lv: levels.append(lv) or real(raw, lv))
+    data = pack_qtensors({"w": quant.get("fp32").quantize(w, name="w")})
+    params = read_artifact(data).manifest["tensors"][0]["streams"]["codes"]["params"]
+    assert params["tz"] == compress.DEFLATE and 0 < sum(levels[0]) < len(levels[0])
+    assert torch.equal(unpack(data)["w"], w)
+    for compact in (False, True):
+        assert standalone_loader(compact)["decode"](data)[0]["w"].tobytes() == w.numpy().tobytes()
+    raw = bytes(70000) + rng.bytes(70000)  # (and where a deflated chunk would not be smaller: stored)
+    for lv in ([0, 0, 0], [1, 1, 1], [9, 0, 1]):
+        assert compress.decompress(compress.DEFLATE, real(raw, lv), len(raw), "t") == raw
 
 
 @pytest.mark.parametrize("name", sorted(n for n in hc.R2_CASES if n.startswith("fields/")))

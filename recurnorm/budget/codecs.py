@@ -515,7 +515,7 @@ class Fields(Codec, name="fields"):
     """Float words as fields: rans over a head symbol, the exponent above the `hi` top
     mantissa bits, so that the exponent is their context and the head gets rans's row/column
     classes; the low mantissa bits and the sign, near uniform, stored as they are (deflated
-    where a quick probe finds repetition: rows cast from a narrower type)."""
+    in the chunks where a probe finds repetition: rows cast from a narrower type)."""
 
     def split(self, arr: np.ndarray, ctx: StreamContext):
         """(head symbols, tail bytes, params) of float words (ctx.mant bits of mantissa)."""
