@@ -518,27 +518,28 @@ class Fields(Codec, name="fields"):
     in the chunks where a probe finds repetition: rows cast from a narrower type)."""
 
     def split(self, arr: np.ndarray, ctx: StreamContext):
-        """(head symbols, tail bytes, params) of float words (ctx.mant bits of mantissa)."""
+        """(head symbols less the least, their alphabet, the least, tail bytes, params) of float
+        words (ctx.mant bits of mantissa)."""
         w, m = np.ascontiguousarray(arr).view(f"<u{arr.dtype.itemsize}").ravel(), ctx.mant
-        ebits = 8 * w.itemsize - 1 - m
+        g, ebits = geometry(ctx), 8 * w.itemsize - 1 - m
         hi16 = w.view("<u2")[w.itemsize // 2 - 1 :: w.itemsize // 2]  # (exponent and top mantissa bits)
         top = (hi16 >> np.uint16(m - HI_MAX + 16 - 8 * w.itemsize)) & np.uint16((1 << ebits + HI_MAX) - 1)
         counts = rans.context_counts(top, None, 1, 1 << ebits + HI_MAX)[0]
-        used = np.flatnonzero(counts) >> HI_MAX  # the exponents that occur
+        nz = np.flatnonzero(counts)  # the exponents (and top mantissa bits) that occur
         # The head's width: order-0 bits of the head plus raw tail bits, with a table's cost, and
         # no wider than lets the search cluster rows and columns (they pay more), nor past 256
         # heads (the standalone loader then holds them a byte each). Exponent 0 (zeros and
         # denormals) widens the heads' span: all-MiniLM-L6-v2's bf16 embedding then takes h = 1.
-        g = geometry(ctx)
         cost, items = [], max(g.rows, g.cols)
         for h in range(HI_MAX + 1):
             c = counts.reshape(-1, 1 << HI_MAX - h).sum(1)
-            span = int(used[-1] - used[0] + 1) << h
+            span = int((nz[-1] >> HI_MAX) - (nz[0] >> HI_MAX) + 1) << h
             wide = h and (items * span > search.CLUSTER_MAX_CELLS or span > 256)
             cost.append(rans.entropy_bits(c) / 8 + w.size * (m - h + 1) / 8 + 2 * np.count_nonzero(c) + wide * 1e30)
         h = int(np.argmin(cost))
-        head, tail = split_words(w, m, h)
-        return head.reshape(1, -1), tail, {"mant": m, "hi": h}
+        (head, tail), lo = split_words(w, m, h), int(nz[0]) >> HI_MAX - h  # (the least head)
+        head -= np.uint16(lo)  # (its own array: no copy)
+        return head, (int(nz[-1]) >> HI_MAX - h) - lo + 1, lo, tail, {"mant": m, "hi": h}
 
     def prepare(self, items):
         """Every float stream's head, and one rans search for all of them (as Rans.prepare).
@@ -546,10 +547,9 @@ class Fields(Codec, name="fields"):
         jobs, heads, out = [], [], [None] * len(items)
         for j, (arr, ctx) in enumerate(items):
             if ctx.mant and arr.size and arr.dtype.itemsize == (4 if ctx.mant > 16 else 2):  # (their words)
-                head, tail, params = self.split(arr, ctx)
+                head, nsym, lo, tail, params = self.split(arr, ctx)
                 hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, ctx.effort)
-                lo = int(head.min())
-                jobs.append((head.ravel() - np.uint16(lo), int(head.max()) - lo + 1, geometry(hctx)))
+                jobs.append((head, nsym, geometry(hctx)))
                 heads.append((j, ctx, hctx, lo, tail, params))
         for effort in sorted({h[1].effort for h in heads}):
             picked = [i for i, h in enumerate(heads) if h[1].effort == effort]
