@@ -89,8 +89,10 @@ def test_the_kernel_and_numpy_split_and_join_words_alike(fmt, monkeypatch):
     """Every head width, lengths off a multiple of 8, and the two refusals, both ways."""
     dt, m = WORDS[fmt]
     rng = np.random.default_rng(5)
-    for n in (0, 1, 7, 8, 9, 1001):
+    for n in (0, 1, 7, 8, 9, 1001, 9001):  # (9001: past the kernel's blocks of 4096 words)
         w = rng.integers(0, np.iinfo(dt).max, n, dtype=dt, endpoint=True)
+        odd = np.frombuffer(b"\0" + w.tobytes(), dt, offset=1)  # unaligned words: the kernel reads bytes
+        assert [bytes(x) for x in codecs.split_words(odd, m, 2)] == [bytes(x) for x in codecs.split_words(w, m, 2)]
         for h in range(codecs.HI_MAX + 1):
             got = []
             for kernel in (rans._ransc, None):
