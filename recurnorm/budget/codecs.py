@@ -518,13 +518,11 @@ class Fields(Codec, name="fields"):
     in the chunks where a probe finds repetition: rows cast from a narrower type)."""
 
     def split(self, arr: np.ndarray, ctx: StreamContext):
-        """(head symbols less the least, their alphabet, the least, tail bytes, params) of float
-        words (ctx.mant bits of mantissa)."""
+        """(heads less the least, their alphabet, the least, tail, params) of float words."""
         w, m = np.ascontiguousarray(arr).view(f"<u{arr.dtype.itemsize}").ravel(), ctx.mant
-        g, ebits = geometry(ctx), 8 * w.itemsize - 1 - m
-        hi16 = w.view("<u2")[w.itemsize // 2 - 1 :: w.itemsize // 2]  # (exponent and top mantissa bits)
-        top = (hi16 >> np.uint16(m - HI_MAX + 16 - 8 * w.itemsize)) & np.uint16((1 << ebits + HI_MAX) - 1)
-        counts = rans.context_counts(top, None, 1, 1 << ebits + HI_MAX)[0]
+        g, ebits, s = geometry(ctx), 8 * w.itemsize - 1 - m, w.itemsize // 2
+        top = (w.view("<u2")[s - 1 :: s] >> np.uint16(m - HI_MAX + 16 - 16 * s)) & np.uint16((1 << ebits + HI_MAX) - 1)
+        counts = rans.context_counts(top, None, 1, 1 << ebits + HI_MAX)[0]  # (of the words' high halves)
         nz = np.flatnonzero(counts)  # the exponents (and top mantissa bits) that occur
         # The head's width: order-0 bits of the head plus raw tail bits, with a table's cost, and
         # no wider than lets the search cluster rows and columns (they pay more), nor past 256
@@ -559,18 +557,14 @@ class Fields(Codec, name="fields"):
         return out
 
     def encode(self, arr, ctx, plan=None, tail_level=9):
-        """tail_level: deflate's level for the tail, or a list of one per compress.CHUNK bytes
-        of it (compress.deflate_chunks), kept where smaller (0: stored as it is)."""
+        """tail_level: deflate's level for the tail (or one per compress.CHUNK bytes); 0: stored."""
         plan = plan or self.prepare([(arr, ctx)])[0]
         if plan is None:
             raise ValueError("fields needs float words")
         hctx, tail, params, head_plan = plan
         body, hparams = Rans().encode(None, hctx, head_plan)
-        z = compress.RAW
-        if tail_level:
-            deflate = compress.deflate_chunks if isinstance(tail_level, list) else compress.deflate
-            packed = deflate(tail, tail_level)
-            tail, z = (packed, compress.DEFLATE) if len(packed) < len(tail) else (tail, z)
+        packed = compress.deflate(tail, tail_level) if np.any(tail_level) else tail
+        tail, z = (packed, compress.DEFLATE) if len(packed) < len(tail) else (tail, compress.RAW)
         hparams["lo"] = hparams.pop("offset")  # (the heads' least value: no offset of the words)
         return b"".join((tail, body)), {**hparams, **params, "tail": len(tail), "tz": z}
 
@@ -586,12 +580,11 @@ class Fields(Codec, name="fields"):
             raise ArtifactError(f"{ctx.kind} stream: fields params out of range")
         n, (q, r), c = ctx.numel, divmod(m - h, 8), -(-ctx.numel // 8)
         size = q * n + (r + 1) * c
-        data = memoryview(data)  # (slices: no copies of the tail or the heads' body; RAW is 0)
-        tail = compress.decompress(z, data[:tlen], size, f"{ctx.kind} fields tail") if z else data[:tlen]
+        tail = compress.decompress(z, data[:tlen], size, f"{ctx.kind} fields tail") if z else memoryview(data)[:tlen]
         if len(tail) != size:
             raise ArtifactError(f"{ctx.kind} stream: fields tail of {len(tail)} bytes, expected {size}")
         hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, version=ctx.version)
-        head = Rans().decode(data[tlen:], {**params, "offset": params.get("lo")}, hctx).ravel()
+        head = Rans().decode(memoryview(data)[tlen:], {**params, "offset": params.get("lo")}, hctx).ravel()
         try:
             return join_words(head, tail, m, h, dt.itemsize).view(dt).reshape(ctx.shape)
         except ValueError as exc:

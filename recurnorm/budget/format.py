@@ -47,20 +47,19 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def write_container(manifest: dict, payload: bytes | list[bytes]) -> bytes:
+def write_container(manifest: dict, payload: bytes) -> bytes:
     """Header + manifest (with payload length and hash filled in, in its shortest portable
-    form: raw, deflate or lzma) + payload (or its chunks, joined once)."""
-    manifest, chunks, sha = dict(manifest), payload if isinstance(payload, list) else [payload], hashlib.sha256()
-    for c in chunks:
-        sha.update(c)
-    manifest["payload_length"], manifest["payload_sha256"] = sum(len(c) for c in chunks), sha.hexdigest()
+    form: raw, deflate or lzma) + payload."""
+    manifest = dict(manifest)
+    manifest["payload_length"] = len(payload)
+    manifest["payload_sha256"] = hashlib.sha256(payload).hexdigest()
     raw = dumps(manifest)
     _check_writable(manifest, raw)
     m, flags = compress.smallest(raw)
     if has_lowrank(manifest):
         flags |= LOWRANK_FLAG
     header = HEADER.pack(MAGIC, VERSION, flags, len(m), hashlib.sha256(m).digest())
-    return b"".join([header, m, *chunks])
+    return header + m + payload
 
 
 def _check_writable(manifest: dict, raw: bytes) -> None:

@@ -159,7 +159,6 @@ def _fields(s: Stream, best: int, plan) -> list[tuple[bytes, dict]]:
     if len(tail) >= QUICK_MIN and s.on("fields_tail"):
         chunks = [tail[i : i + compress.CHUNK] for i in range(0, len(tail), compress.CHUNK)]
         level = [int(len(_zstd1().compress(c)) < GATES["fields_tail"] * len(c)) for c in chunks]
-        level = level if any(level) else 0
     return [get("fields").encode(s.arr, s.ctx, plan, tail_level=level)]
 
 
