@@ -10,7 +10,7 @@ import torch
 from helpers import standalone_loader
 
 from recurnorm import quant
-from recurnorm.budget import codecs, rans, rnpk_load
+from recurnorm.budget import codecs, compress, rans, rnpk_load
 from recurnorm.budget.api import pack_qtensors, read_artifact, unpack, verify_bytes
 from recurnorm.budget.codecs import StreamContext
 from recurnorm.errors import ArtifactError
@@ -89,8 +89,10 @@ def test_the_kernel_and_numpy_split_and_join_words_alike(fmt, monkeypatch):
     """Every head width, lengths off a multiple of 8, and the two refusals, both ways."""
     dt, m = WORDS[fmt]
     rng = np.random.default_rng(5)
-    for n in (0, 1, 7, 8, 9, 1001):
+    for n in (0, 1, 7, 8, 9, 1001, 9001):  # (9001: past the kernel's blocks of 4096 words)
         w = rng.integers(0, np.iinfo(dt).max, n, dtype=dt, endpoint=True)
+        odd = np.frombuffer(b"\0" + w.tobytes(), dt, offset=1)  # unaligned words: the kernel reads bytes
+        assert [bytes(x) for x in codecs.split_words(odd, m, 2)] == [bytes(x) for x in codecs.split_words(w, m, 2)]
         for h in range(codecs.HI_MAX + 1):
             got = []
             for kernel in (rans._ransc, None):
@@ -107,7 +109,7 @@ def test_the_kernel_and_numpy_split_and_join_words_alike(fmt, monkeypatch):
                     wide[-1] = 1 << (8 * w.itemsize - 1 - m + h)  # reaches the sign bit
                     with pytest.raises(ValueError, match="exponent out of range"):
                         codecs.join_words(wide, tail, m, h, w.itemsize)
-                got.append((head.tobytes(), tail))
+                got.append((head.tobytes(), bytes(tail)))
             assert got[0] == got[1]
 
 
@@ -140,6 +142,27 @@ def test_library_and_standalone_loader_read_the_same_bits(compact):
     for name, (_, v) in _state().items():  # passthrough: the very bits went in
         if name != "f.int8":
             assert torch.equal(ref[name].view(torch.uint8), v.view(torch.uint8)), name
+
+
+def test_a_tail_deflates_only_the_chunks_that_repeat_and_every_reader_inflates_it(monkeypatch):
+    """fp32 rows cast from bf16 (low mantissa bytes all zero) in the first chunk of each byte
+    plane: those chunks are deflated, the random ones stored, in one raw deflate stream."""
+    rng = np.random.default_rng(5)
+    w = torch.from_numpy(rng.standard_normal((256, 512)).astype(np.float32) * 0.05)
+    w[:32] = w[:32].bfloat16().float()
+    levels = []
+    real = compress.deflate
+    monkeypatch.setattr(compress, "deflate", lambda raw, lv=9: levels.append(lv) or real(raw, lv))
+    data = pack_qtensors({"w": quant.get("fp32").quantize(w, name="w")})
+    params = read_artifact(data).manifest["tensors"][0]["streams"]["codes"]["params"]
+    levels = [lv for lv in levels if isinstance(lv, list)]
+    assert params["tz"] == compress.DEFLATE and 0 < sum(levels[0]) < len(levels[0])
+    assert torch.equal(unpack(data)["w"], w)
+    for compact in (False, True):
+        assert standalone_loader(compact)["decode"](data)[0]["w"].tobytes() == w.numpy().tobytes()
+    raw = bytes(70000) + rng.bytes(70000)  # (and where a deflated chunk would not be smaller: stored)
+    for lv in ([0, 0, 0], [1, 1, 1], [9, 0, 1]):
+        assert compress.decompress(compress.DEFLATE, real(raw, lv), len(raw), "t") == raw
 
 
 @pytest.mark.parametrize("name", sorted(n for n in hc.R2_CASES if n.startswith("fields/")))

@@ -678,6 +678,7 @@ static inline int load_block(const uint8_t *restrict w, Py_ssize_t b, Py_ssize_t
 #define LOW_BITS 0x0101010101010101ull
 #define GATHER 0x8040201008040201ull
 static uint64_t SPREAD[256];
+#define FIELD_BLOCK 4096 /* words per block of the field loops below (a multiple of 8) */
 
 static void spread_init(void) {
     for (int b = 0; b < 256; b++) {
@@ -698,7 +699,37 @@ static PyObject *fields_split(PyObject *Py_UNUSED(self), PyObject *args) {
     const int lb = f.lowbits, top = 8 * (int)isz - 1;
     const uint32_t hmask = (1u << (top - lb)) - 1;
     Py_BEGIN_ALLOW_THREADS
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    /* Little-endian words, read as such: a simple loop a field over a block that stays in cache
+     * (they vectorize; 1.2-1.4x quicker than the loop below, which ends the last block). */
+    const Py_ssize_t full = (uintptr_t)w % isz ? 0 : n / 8 * 8; /* (aligned words only) */
+    for (Py_ssize_t i0 = 0; i0 < full; i0 += FIELD_BLOCK) {
+        const Py_ssize_t len = full - i0 < FIELD_BLOCK ? full - i0 : FIELD_BLOCK;
+#define SPLIT_FIELDS(T)                                                                             \
+        const T *restrict x = (const T *)w + i0;                                                    \
+        for (Py_ssize_t i = 0; i < len; i++) head[i0 + i] = (uint16_t)(x[i] >> lb & hmask);         \
+        for (Py_ssize_t j = 0; j < q; j++)                                                          \
+            for (Py_ssize_t i = 0; i < len; i++) tail[j * n + i0 + i] = (uint8_t)(x[i] >> 8 * j);   \
+        for (Py_ssize_t b = i0 / 8; b < (i0 + len) / 8; b++) {                                      \
+            uint64_t low = 0, sign = 0;                                                             \
+            for (int e = 0; e < 8; e++) {                                                           \
+                low |= (uint64_t)(x[8 * b - i0 + e] >> 8 * q & 0xFF) << 8 * e;                      \
+                sign |= (uint64_t)(x[8 * b - i0 + e] >> top) << 8 * e;                              \
+            }                                                                                       \
+            for (Py_ssize_t j = 0; j < r; j++) bits[j * c + b] = (uint8_t)(((low >> j & LOW_BITS) * GATHER) >> 56); \
+            bits[r * c + b] = (uint8_t)((sign * GATHER) >> 56);                                     \
+        }
+        if (isz == 2) {
+            SPLIT_FIELDS(uint16_t)
+        } else {
+            SPLIT_FIELDS(uint32_t)
+        }
+#undef SPLIT_FIELDS
+    }
+    for (Py_ssize_t b = full / 8; b < c; b++) {
+#else
     for (Py_ssize_t b = 0; b < c; b++) {
+#endif
         uint32_t v[8];
         const int a = load_block(w, b, n, isz, v);
         uint64_t low = 0, sign = 0; /* byte e: word 8b + e's bits 8q.., its sign */
@@ -757,7 +788,35 @@ static PyObject *fields_join(PyObject *Py_UNUSED(self), PyObject *args) {
     const char *err = NULL;
     Py_BEGIN_ALLOW_THREADS
     uint32_t over = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    /* Little-endian words, stored as such: a simple loop a field over a block that stays in
+     * cache (they vectorize; 1.5-1.8x quicker than join_block), the last partial block below. */
+    const Py_ssize_t full = (uintptr_t)w % isz ? 0 : n / 8 * 8; /* (aligned words only) */
+    for (Py_ssize_t i0 = 0; i0 < full; i0 += FIELD_BLOCK) {
+        const Py_ssize_t len = full - i0 < FIELD_BLOCK ? full - i0 : FIELD_BLOCK;
+#define JOIN_FIELDS(T)                                                                              \
+        T *restrict v = (T *)w + i0;                                                                \
+        for (Py_ssize_t i = 0; i < len; i++) { v[i] = (T)((T)head[i0 + i] << lb); over |= head[i0 + i]; } \
+        for (Py_ssize_t j = 0; j < q; j++)                                                          \
+            for (Py_ssize_t i = 0; i < len; i++) v[i] |= (T)((T)tail[j * n + i0 + i] << 8 * j);     \
+        for (Py_ssize_t b = i0 / 8; b < (i0 + len) / 8; b++) {                                      \
+            uint64_t low = 0;                                                                       \
+            for (Py_ssize_t j = 0; j < r; j++) low |= SPREAD[bits[j * c + b]] << j;                 \
+            const uint64_t sign = SPREAD[bits[r * c + b]];                                          \
+            for (int e = 0; e < 8; e++)                                                             \
+                v[8 * b - i0 + e] |= (T)((T)(low >> 8 * e & 0xFF) << 8 * q | (T)(sign >> 8 * e & 1) << top); \
+        }
+        if (isz == 2) {
+            JOIN_FIELDS(uint16_t)
+        } else {
+            JOIN_FIELDS(uint32_t)
+        }
+#undef JOIN_FIELDS
+    }
+    for (Py_ssize_t b = full / 8; b < c; b++) {
+#else
     for (Py_ssize_t b = 0; b < c; b++) {
+#endif
         const Py_ssize_t i0 = 8 * b;
         if (n - i0 >= 8) over |= join_block(w + isz * i0, head + i0, tail + i0, bits + b, 8, n, c, isz, q, r, lb, top);
         else over |= join_block(w + isz * i0, head + i0, tail + i0, bits + b, (int)(n - i0), n, c, isz, q, r, lb, top);

@@ -345,29 +345,29 @@ class Fields(Codec, name="fields"):
     """Float words as fields: rans over a head symbol, the exponent above the `hi` top
     mantissa bits, so that the exponent is their context and the head gets rans's row/column
     classes; the low mantissa bits and the sign, near uniform, stored as they are (deflated
-    where a quick probe finds repetition: rows cast from a narrower type)."""
+    in the chunks where a probe finds repetition: rows cast from a narrower type)."""
 
     def split(self, arr: np.ndarray, ctx: StreamContext):
-        """(head symbols, tail bytes, params) of float words (ctx.mant bits of mantissa)."""
+        """(heads less the least, their alphabet, the least, tail, params) of float words."""
         w, m = np.ascontiguousarray(arr).view(f"<u{arr.dtype.itemsize}").ravel(), ctx.mant
-        ebits = 8 * w.itemsize - 1 - m
-        top = ((w >> w.dtype.type(m - HI_MAX)) & w.dtype.type((1 << ebits + HI_MAX) - 1)).astype(np.uint16)
-        counts = rans.context_counts(top, None, 1, 1 << ebits + HI_MAX)[0]
-        used = np.flatnonzero(counts) >> HI_MAX  # the exponents that occur
+        g, ebits, s = geometry(ctx), 8 * w.itemsize - 1 - m, w.itemsize // 2
+        top = (w.view("<u2")[s - 1 :: s] >> np.uint16(m - HI_MAX + 16 - 16 * s)) & np.uint16((1 << ebits + HI_MAX) - 1)
+        counts = rans.context_counts(top, None, 1, 1 << ebits + HI_MAX)[0]  # (of the words' high halves)
+        nz = np.flatnonzero(counts)  # the exponents (and top mantissa bits) that occur
         # The head's width: order-0 bits of the head plus raw tail bits, with a table's cost, and
         # no wider than lets the search cluster rows and columns (they pay more), nor past 256
         # heads (the standalone loader then holds them a byte each). Exponent 0 (zeros and
         # denormals) widens the heads' span: all-MiniLM-L6-v2's bf16 embedding then takes h = 1.
-        g = geometry(ctx)
         cost, items = [], max(g.rows, g.cols)
         for h in range(HI_MAX + 1):
             c = counts.reshape(-1, 1 << HI_MAX - h).sum(1)
-            span = int(used[-1] - used[0] + 1) << h
+            span = int((nz[-1] >> HI_MAX) - (nz[0] >> HI_MAX) + 1) << h
             wide = h and (items * span > search.CLUSTER_MAX_CELLS or span > 256)
             cost.append(rans.entropy_bits(c) / 8 + w.size * (m - h + 1) / 8 + 2 * np.count_nonzero(c) + wide * 1e30)
         h = int(np.argmin(cost))
-        head, tail = split_words(w, m, h)
-        return head.reshape(1, -1), tail, {"mant": m, "hi": h}
+        (head, tail), lo = split_words(w, m, h), int(nz[0]) >> HI_MAX - h  # (the least head)
+        head -= np.uint16(lo)  # (its own array: no copy)
+        return head, (int(nz[-1]) >> HI_MAX - h) - lo + 1, lo, tail, {"mant": m, "hi": h}
 
     def prepare(self, items):
         """Every float stream's head, and one rans search for all of them (as Rans.prepare).
@@ -375,10 +375,9 @@ class Fields(Codec, name="fields"):
         jobs, heads, out = [], [], [None] * len(items)
         for j, (arr, ctx) in enumerate(items):
             if ctx.mant and arr.size and arr.dtype.itemsize == (4 if ctx.mant > 16 else 2):  # (their words)
-                head, tail, params = self.split(arr, ctx)
+                head, nsym, lo, tail, params = self.split(arr, ctx)
                 hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, ctx.effort)
-                lo = int(head.min())
-                jobs.append((head.ravel() - np.uint16(lo), int(head.max()) - lo + 1, geometry(hctx)))
+                jobs.append((head, nsym, geometry(hctx)))
                 heads.append((j, ctx, hctx, lo, tail, params))
         for effort in sorted({h[1].effort for h in heads}):
             picked = [i for i, h in enumerate(heads) if h[1].effort == effort]
@@ -388,18 +387,16 @@ class Fields(Codec, name="fields"):
         return out
 
     def encode(self, arr, ctx, plan=None, tail_level=9):
-        """tail_level: deflate's level for the tail, kept where smaller (0: stored as it is)."""
+        """tail_level: deflate's level for the tail (or one per compress.CHUNK bytes); 0: stored."""
         plan = plan or self.prepare([(arr, ctx)])[0]
         if plan is None:
             raise ValueError("fields needs float words")
         hctx, tail, params, head_plan = plan
         body, hparams = Rans().encode(None, hctx, head_plan)
-        z = compress.RAW
-        if tail_level:
-            packed = compress.deflate(tail, tail_level)
-            tail, z = (packed, compress.DEFLATE) if len(packed) < len(tail) else (tail, z)
+        packed = compress.deflate(tail, tail_level) if np.any(tail_level) else tail
+        tail, z = (packed, compress.DEFLATE) if len(packed) < len(tail) else (tail, compress.RAW)
         hparams["lo"] = hparams.pop("offset")  # (the heads' least value: no offset of the words)
-        return tail + body, {**hparams, **params, "tail": len(tail), "tz": z}
+        return b"".join((tail, body)), {**hparams, **params, "tail": len(tail), "tz": z}
 
     def decode(self, data, params, ctx):
         dt = DTYPES[ctx.dtype]
@@ -413,19 +410,19 @@ class Fields(Codec, name="fields"):
             raise ArtifactError(f"{ctx.kind} stream: fields params out of range")
         n, (q, r), c = ctx.numel, divmod(m - h, 8), -(-ctx.numel // 8)
         size = q * n + (r + 1) * c
-        tail = compress.decompress(z, data[:tlen], size, f"{ctx.kind} fields tail")
+        tail = compress.decompress(z, data[:tlen], size, f"{ctx.kind} fields tail") if z else memoryview(data)[:tlen]
         if len(tail) != size:
             raise ArtifactError(f"{ctx.kind} stream: fields tail of {len(tail)} bytes, expected {size}")
         hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, version=ctx.version)
-        head = Rans().decode(data[tlen:], {**params, "offset": params.get("lo")}, hctx).ravel()
+        head = Rans().decode(memoryview(data)[tlen:], {**params, "offset": params.get("lo")}, hctx).ravel()
         try:
             return join_words(head, tail, m, h, dt.itemsize).view(dt).reshape(ctx.shape)
         except ValueError as exc:
             raise ArtifactError(f"{ctx.kind} stream: {exc}") from None
 
 
-def split_words(w: np.ndarray, m: int, h: int) -> tuple[np.ndarray, bytes]:
-    """Float words (uint16/uint32, m mantissa bits) as (head, tail): the head is the exponent
+def split_words(w: np.ndarray, m: int, h: int) -> tuple[np.ndarray, bytes | np.ndarray]:
+    """Float words (uint16/uint32, m mantissa bits) as (head, tail bytes): the head is the exponent
     above the h top mantissa bits; the tail the low m - h bits as q byte planes, then r bit
     planes (np.packbits), then the sign's plane. The compiled kernel where built; this numpy
     spelling is its reference (tests check both write the same bytes)."""
@@ -433,7 +430,7 @@ def split_words(w: np.ndarray, m: int, h: int) -> tuple[np.ndarray, bytes]:
     if rans.has_kernel():
         head, tail = np.empty(n, np.uint16), np.empty(q * n + (r + 1) * -(-n // 8), np.uint8)
         rans._ransc.fields_split(w, w.itemsize, m, h, head, tail)
-        return head, tail.tobytes()
+        return head, tail
     u, top = w.dtype.type, 8 * w.itemsize - 1
     head = ((w >> u(m - h)) & u((1 << top - m + h) - 1)).astype(np.uint16)
     planes = [w.view(np.uint8).reshape(-1, w.itemsize)[:, j] for j in range(q)]

@@ -28,6 +28,7 @@ PORTABLE = (RAW, DEFLATE, LZMA)  # the standard library decodes these
 
 DEFLATE_LEVEL = 9
 DEFLATE_WBITS = -15  # raw deflate: no zlib header or checksum (the artifact hashes everything)
+CHUNK = (1 << 16) - 1  # deflate()'s chunks where it takes a level each: a stored block's most bytes
 # Raw LZMA2 (no .xz container: its header and check cost ~60 bytes a blob). The decoder
 # must be told a dictionary size at least the encoder's: LZMA_DICT for every reader; the
 # writer fits its dictionary to the input (as small, the same bytes on inputs we have
@@ -42,10 +43,18 @@ _ZSTD_MAGICLESS = zstandard.ZstdCompressionParameters.from_level(
 _local = threading.local()
 
 
-def deflate(raw: bytes, level: int = DEFLATE_LEVEL) -> bytes:
-    """Raw deflate (RFC 1951) of raw."""
-    c = zlib.compressobj(level, zlib.DEFLATED, DEFLATE_WBITS)
-    return c.compress(raw) + c.flush()
+def deflate(raw: bytes, level: int | list[int] = DEFLATE_LEVEL) -> bytes:
+    """Raw deflate (RFC 1951) of raw; or with a level per CHUNK bytes (0: a stored block), each
+    chunk kept only where smaller and referring to no other's bytes (one stream all the same)."""
+    if not isinstance(level, list):
+        c = zlib.compressobj(level, zlib.DEFLATED, DEFLATE_WBITS)
+        return c.compress(raw) + c.flush()
+    out = []
+    for i, v in enumerate(level):
+        chunk, c = raw[i * CHUNK : (i + 1) * CHUNK], v and zlib.compressobj(v, zlib.DEFLATED, DEFLATE_WBITS)
+        n, packed = len(chunk), c and c.compress(chunk) + c.flush(zlib.Z_SYNC_FLUSH)
+        out += [packed] if c and len(packed) < n + 5 else [(n << 8 | (n ^ 0xFFFF) << 24).to_bytes(5, "little"), chunk]
+    return b"".join(out) + b"\1\0\0\xff\xff"  # the final block, empty
 
 
 def compress(kind: int, raw: bytes, magicless: bool = False) -> bytes:

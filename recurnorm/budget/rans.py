@@ -535,7 +535,7 @@ def ilv_decode(data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int,
         _ransc.decode(data, c, f, nsym, prec, lanes, out)
     except ValueError as exc:
         raise ArtifactError(str(exc)) from None
-    return out.astype(np.uint8) if nsym <= 256 else out
+    return out  # (uint16: callers narrow it to their codes' type in the same copy that adds the offset)
 
 
 def ilv_encode_numpy(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, prec: int, lanes: int) -> bytes:

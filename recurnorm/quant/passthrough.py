@@ -36,17 +36,17 @@ class _FloatBits(Quantizer):
         return super().check_streams(dtypes)
 
     def check_values(self, qt: QTensor) -> str | None:
-        # quantize() refuses NaN/Inf, so a stored all-ones exponent is forged.
         bits = np.ascontiguousarray(qt.codes).view(self.view_uint)
         mant = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[self.store]  # mantissa bits
-        exp_mask = self.view_uint((1 << (8 * bits.itemsize - 1 - mant)) - 1)
-        if bits.size and bool(((bits >> self.view_uint(mant)) & exp_mask == exp_mask).any()):
-            return f"{self.name} values hold NaN or Inf"
         if not bits.size:
             return None
-        # Finite, but a narrower output dtype may not hold them (fp32 1e10 as float16). The
-        # largest magnitude is the largest bit pattern without the sign: one value to convert.
+        # The largest magnitude is the largest bit pattern without the sign (one pass): NaN or
+        # Inf where its exponent is all ones (quantize() refuses them: such a value is forged);
+        # else one value to convert, which a narrower output dtype may not hold (fp32 1e10 as
+        # float16).
         top = int((bits & self.view_uint((1 << (8 * bits.itemsize - 1)) - 1)).max())
+        if top >> mant >= (1 << (8 * bits.itemsize - 1 - mant)) - 1:
+            return f"{self.name} values hold NaN or Inf"
         if self.store == torch.bfloat16:
             peak = np.array([top << 16], np.uint32).view(np.float32)
         else:
