@@ -661,7 +661,7 @@ def block_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Cho
     counts = np.minimum(np.arange(len(sums)) * rb + rb, geo.rows) - np.arange(len(sums)) * rb
     if full == geo.rows:  # (no rows left: the last block is empty)
         sums, spreads, counts = sums[:-1], spreads[:-1], counts[:-1]
-    found, s16 = None, sym.astype(np.uint16)  # (what the kernel counts)
+    found, s16 = None, np.ascontiguousarray(sym, dtype=np.uint16)  # (what the kernel counts)
     for rb in BLOCK_ROWS:
         if geo.rows < 4 * rb:
             break
