@@ -290,11 +290,6 @@ def rank_buckets(order: np.ndarray, k) -> np.ndarray:
     )
 
 
-def scale_buckets(scales: np.ndarray, k: int) -> np.ndarray:
-    """Bucket id per group: the rank of |scale| cut into k equal-count bins."""
-    return rank_buckets(scale_order(scales), k)
-
-
 def context_vector(
     variant: str,
     k: int,
