@@ -637,7 +637,6 @@ def plan(jobs: list[tuple[np.ndarray, int, Geometry]], effort: str = "normal") -
     return [out[j] for j in range(len(streams))]
 
 
-BLOCK_SYMBOLS = 1 << 20  # block contexts are tried on matrices of this many codes or more
 BLOCK_ROWS = (256, 512)  # rows per block tried (each twice the last): all-MiniLM-L6-v2's embedding takes 512
 BLOCK_MEANS, BLOCK_SPREADS = 15, 5  # context = mean bucket x spread bucket (75 contexts)
 
@@ -646,7 +645,7 @@ def block_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Cho
     """Block contexts (docs/FORMAT.md: a token embedding's columns lean by vocabulary region;
     all-MiniLM-L6-v2's int6 codes in 0.990 of the grid's bytes), or None unless their
     estimate beats `best`'s."""
-    if not geo.matrix or geo.rows * geo.cols != geo.n or geo.n < BLOCK_SYMBOLS or geo.rows < 4 * BLOCK_ROWS[0]:
+    if not geo.matrix or geo.rows * geo.cols != geo.n or geo.rows < 4 * BLOCK_ROWS[0]:
         return None
     x = sym.reshape(geo.rows, geo.cols).astype(np.int16)  # (symbols < MAX_ALPHABET)
     some = x[:: max(1, geo.rows // 256)]
