@@ -44,13 +44,13 @@ GATES: dict[str, float | None] = {
     # 256 KiB: where deflate leads). Saves 79% on MiniLM int4 (lzma-9e: ~0.3 s a MB), 86% on
     # golf-shaped int8, where it costs 0.04% of bytes.
     "lzma_race": 1.02,
+    # Float words no fields coding takes (a quantizer's scales): lzma on their byte groups only. Saves
+    # 17% on MiniLM int4 (354K fp16 group scales), 10% on golf-shaped int4; no scales stream grows, and
+    # int5-int8 shrink 0.0004-0.07%, ship.py's 17M 0.02-0.03% (deflate had picked lzma's layout).
+    "scales_lzma": 1,
     # zstd-19 on the best zstd-3 layout only, where it is within this factor of the best. Saves
     # 78-80% on ship.py's 17M models (codecs rans, zstd, raw), costing 0.0005% of bytes.
     "zstd_slow_race": 1.02,
-    # Float words no fields coding takes (a quantizer's scales): lzma on their byte groups only. Saves
-    # 17% on MiniLM int4 (354K fp16 group scales), 10% on golf-shaped int4; no stream of pack.py's
-    # quantized cases grows, and int5-int8 shrink 0.0004-0.07% (deflate had picked lzma's layout).
-    "scales_lzma": 1,
     # Float tails (low mantissa bits, signs) over QUICK_MIN: deflate-1 where zstd-1 finds
     # repetition, else stored. Saves 36% on MiniLM bf16 (costing 0.03% of bytes), 26-58% on
     # golf-shaped bf16/fp32.
