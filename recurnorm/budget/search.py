@@ -170,6 +170,8 @@ class Stream:
         self.t = tuple_size(nsym, sym.size)
         self.units = -(-sym.size // self.t)
         self.big = self.units >= BIG_SYMBOLS
+        # exact counts: the kernel's histograms count every position, and unit_counts samples none
+        self.exact = not self.big or rans.has_kernel() and sym.size < SEARCH_SAMPLE
         self._units: dict[int, np.ndarray] = {}
         self._totals: dict[int, np.ndarray] = {}
         self._hists: dict[str, tuple[np.ndarray, float]] = {}
@@ -597,12 +599,11 @@ def _choose_group(
     # Small streams: side data decides close calls, so it is measured; round r measures every
     # stream's r-th finalist at once, unless even free side data could not beat its best so far.
     # Their counts are exact (no sampling below BIG_SYMBOLS), so the encoder reuses what the
-    # winner's measurement made.
-    best = {j: (*finalists[j][0], None) for j in jobs if streams[j].big}
-    small = [
-        (j, a + i, q) for j, a in zip(jobs, bounds, strict=False) if not streams[j].big for _, i, q in finalists[j]
-    ]
+    # winner's measurement made; so does it a big stream's one finalist where its counts are exact.
+    small = [(j, a + i, q) for j, a in zip(jobs, bounds, strict=False) if streams[j].exact for _, i, q in finalists[j]]
     sides = dict(zip(small, side_data_many([(flat[i], s.table(q, i, flat[i])) for _, i, q in small]), strict=True))
+    firsts = {j: (j, a + finalists[j][0][1], finalists[j][0][2]) for j, a in zip(jobs, bounds, strict=False)}
+    best = {j: (*finalists[j][0], sides.get(firsts[j])) for j in jobs if streams[j].big}
     for r in range(max(len(f) for f in finalists.values())):
         for j, a in zip(jobs, bounds, strict=False):
             for _, i, q in finalists[j][r : r + 1] if not streams[j].big else ():
