@@ -20,9 +20,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pack as pack_bench  # noqa: E402
 import ship as ship_bench  # noqa: E402
 
-from recurnorm.budget import pack_qtensors, race  # noqa: E402
+from recurnorm.budget import pack_qtensors, parents, race  # noqa: E402
 
 ZSTD = ("rans", "zstd", "raw")
+# The packer's other thresholds, as (module, constant, value that turns it off): every int8
+# matrix's rows predicted from the row above (not only where sampled row pairs' order-0 bound is
+# under parents.SMOOTH of the codes').
+THRESHOLDS = {"SMOOTH": (parents, "SMOOTH", float("inf"))}
 
 
 def cases(only: list[str]):
@@ -39,27 +43,29 @@ def cases(only: list[str]):
 
 
 def timed(qts, codecs, gate: str | None) -> tuple[float, int]:
-    """CPU seconds and bytes of one pack, with `gate` (a GATES row) off."""
-    value = race.GATES.get(gate)
+    """CPU seconds and bytes of one pack, with `gate` (a GATES row or a THRESHOLDS name) off."""
+    mod, key, off = THRESHOLDS.get(gate, (None, gate, None))
+    table = vars(mod) if mod else race.GATES
+    value = table.get(key)
     if gate:
-        race.GATES[gate] = None
+        table[key] = off
     try:
         t = time.process_time()
         size = len(pack_qtensors(qts, codecs=codecs))
         return time.process_time() - t, size
     finally:
         if gate:
-            race.GATES[gate] = value
+            table[key] = value
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gate", action="append", default=[], help="only this gate; repeatable")
+    ap.add_argument("--gate", action="append", default=[], help="only this gate (or THRESHOLDS name); repeatable")
     ap.add_argument("--only", action="append", default=[], help="only cases whose name contains this")
     ap.add_argument("--repeats", type=int, default=3, help="packs each way, interleaved (best counts)")
     args = ap.parse_args()
     todo = cases(args.only)
-    for gate in args.gate or list(race.GATES):
+    for gate in args.gate or [*race.GATES, *THRESHOLDS]:
         for name, qts, codecs in todo:
             # On and off alternate, so that a slow spell of this shared machine hits both.
             runs = [[timed(qts, codecs, g) for g in (None, gate)] for _ in range(args.repeats)]

@@ -28,6 +28,7 @@ CASES = {
     "lzma_race": (_golf_like("int8"), None),
     "zstd_slow_race": (_golf_like("int8"), ZSTD),
     "fields_tail": (_golf_like("bf16", 512), None),
+    "scales_lzma": (_golf_like("int4"), None),
 }
 
 

@@ -17,7 +17,7 @@ from recurnorm.budget.api import pack_qtensors, read_artifact, unpack, verify_by
 def _weights(seed: int = 0) -> dict[str, torch.Tensor]:
     """Smooth rows (a position embedding's random walk, as in all-MiniLM-L6-v2), i.i.d. rows,
     a smooth 3-D tensor (rows = dim 0), and a token embedding whose columns lean by region of
-    rows (block contexts: searched from 2**14 codes in these tests)."""
+    rows (block contexts)."""
     rng = np.random.default_rng(seed)
     walk = np.cumsum(rng.normal(size=(300, 48)), axis=0) * np.exp(rng.normal(0, 0.3, size=(1, 48)))
     lean = np.repeat(rng.normal(0, 0.8, size=(8, 96)), 300, axis=0)[:2100]
@@ -28,11 +28,6 @@ def _weights(seed: int = 0) -> dict[str, torch.Tensor]:
         "conv": torch.from_numpy(np.cumsum(rng.normal(size=(64, 4, 16)), axis=0).astype(np.float32)),
         "emb": torch.from_numpy((lean + spread * rng.standard_t(6, size=(2100, 96))).astype(np.float32)),
     }
-
-
-@pytest.fixture(autouse=True)
-def _small_blocks(monkeypatch):
-    monkeypatch.setattr(search, "BLOCK_SYMBOLS", 1 << 14)
 
 
 def _packed(fmt: str, opts=None) -> tuple[dict, bytes, dict]:

@@ -230,11 +230,9 @@ class Rans(Codec, name="rans"):
         rng = _int_range(arr)
         if rng is None or rng[1] - rng[0] + 1 > rans.MAX_ALPHABET:
             return None
-        flat = np.asarray(arr).ravel()
-        if flat.dtype == np.uint64:
-            sym = (flat - np.uint64(rng[0])).astype(np.int64)
-        else:
-            sym = flat.astype(np.int64) - rng[0]
+        # uint16 (the kernel's input): arithmetic modulo 2**16 leaves every symbol < MAX_ALPHABET exact
+        sym = np.asarray(arr).ravel().astype(np.uint16)
+        sym -= np.uint16(rng[0] & 0xFFFF)
         return sym, rng[0], rng[1] - rng[0] + 1
 
     def prepare(self, items):
@@ -271,7 +269,7 @@ class Rans(Codec, name="rans"):
         # uint8 ids and uint16 units: what the kernel reads (no int64 copies of the stream)
         cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, np.uint8, kc=c.kc)
         nt = nsym**c.t
-        tsym = rans.to_tuples(sym, nsym, c.t, np.uint16).astype(np.uint16, copy=False)
+        tsym = rans.to_tuples(sym, nsym, c.t, np.uint16)
         if c.side is not None:  # the search counted this stream exactly and made its side data
             body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, c.lanes, c.prec, c.side.blobs())
         else:

@@ -169,6 +169,8 @@ class Stream:
         self.t = tuple_size(nsym, sym.size)
         self.units = -(-sym.size // self.t)
         self.big = self.units >= BIG_SYMBOLS
+        # exact counts: the kernel's histograms count every position, and unit_counts samples none
+        self.exact = not self.big or rans.has_kernel() and sym.size < SEARCH_SAMPLE
         self._units: dict[int, np.ndarray] = {}
         self._totals: dict[int, np.ndarray] = {}
         self._hists: dict[str, tuple[np.ndarray, float]] = {}
@@ -596,12 +598,11 @@ def _choose_group(
     # Small streams: side data decides close calls, so it is measured; round r measures every
     # stream's r-th finalist at once, unless even free side data could not beat its best so far.
     # Their counts are exact (no sampling below BIG_SYMBOLS), so the encoder reuses what the
-    # winner's measurement made.
-    best = {j: (*finalists[j][0], None) for j in jobs if streams[j].big}
-    small = [
-        (j, a + i, q) for j, a in zip(jobs, bounds, strict=False) if not streams[j].big for _, i, q in finalists[j]
-    ]
+    # winner's measurement made; so does it a big stream's one finalist where its counts are exact.
+    small = [(j, a + i, q) for j, a in zip(jobs, bounds, strict=False) if streams[j].exact for _, i, q in finalists[j]]
     sides = dict(zip(small, side_data_many([(flat[i], s.table(q, i, flat[i])) for _, i, q in small]), strict=True))
+    firsts = {j: (j, a + finalists[j][0][1], finalists[j][0][2]) for j, a in zip(jobs, bounds, strict=False)}
+    best = {j: (*finalists[j][0], sides.get(firsts[j])) for j in jobs if streams[j].big}
     for r in range(max(len(f) for f in finalists.values())):
         for j, a in zip(jobs, bounds, strict=False):
             for _, i, q in finalists[j][r : r + 1] if not streams[j].big else ():
@@ -636,7 +637,6 @@ def plan(jobs: list[tuple[np.ndarray, int, Geometry]], effort: str = "normal") -
     return [out[j] for j in range(len(streams))]
 
 
-BLOCK_SYMBOLS = 1 << 20  # block contexts are tried on matrices of this many codes or more
 BLOCK_ROWS = (256, 512)  # rows per block tried (each twice the last): all-MiniLM-L6-v2's embedding takes 512
 BLOCK_MEANS, BLOCK_SPREADS = 15, 5  # context = mean bucket x spread bucket (75 contexts)
 
@@ -645,7 +645,7 @@ def block_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Cho
     """Block contexts (docs/FORMAT.md: a token embedding's columns lean by vocabulary region;
     all-MiniLM-L6-v2's int6 codes in 0.990 of the grid's bytes), or None unless their
     estimate beats `best`'s."""
-    if not geo.matrix or geo.rows * geo.cols != geo.n or geo.n < BLOCK_SYMBOLS or geo.rows < 4 * BLOCK_ROWS[0]:
+    if not geo.matrix or geo.rows * geo.cols != geo.n or geo.rows < 4 * BLOCK_ROWS[0]:
         return None
     x = sym.reshape(geo.rows, geo.cols).astype(np.int16)  # (symbols < MAX_ALPHABET)
     some = x[:: max(1, geo.rows // 256)]
@@ -660,7 +660,7 @@ def block_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Cho
     counts = np.minimum(np.arange(len(sums)) * rb + rb, geo.rows) - np.arange(len(sums)) * rb
     if full == geo.rows:  # (no rows left: the last block is empty)
         sums, spreads, counts = sums[:-1], spreads[:-1], counts[:-1]
-    found, s16 = None, sym.astype(np.uint16)  # (what the kernel counts)
+    found, s16 = None, np.ascontiguousarray(sym, dtype=np.uint16)  # (what the kernel counts)
     for rb in BLOCK_ROWS:
         if geo.rows < 4 * rb:
             break
