@@ -60,3 +60,16 @@ def test_forged_parents_are_refused(forged, why):
     forged(p)
     with pytest.raises(ArtifactError, match=why):
         parents.restore(codes, p, "tensor 'x'")
+
+
+def test_parents_that_do_not_pay_lose_the_race(monkeypatch):
+    """The sample (or the search) only proposes: the codes as they are race the residuals and
+    their parents, and keep the artifact the same as without the proposal."""
+    qts = {
+        "iid": quant.get("int8").quantize(torch.randn(300, 64, generator=torch.Generator().manual_seed(1)), name="x")
+    }
+    plain = pack_qtensors(qts)
+    every = np.r_[[[0, 0]], np.tile([[1, parents.STEP]], (299, 1))].astype(np.int32)
+    monkeypatch.setattr(parents, "previous", lambda c: every)
+    proposed = pack_qtensors(qts)
+    assert proposed == plain and "parents" not in read_artifact(proposed).manifest["tensors"][0]["streams"]

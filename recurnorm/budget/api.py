@@ -116,6 +116,8 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
     first_name: dict[int, str] = {}
     entries, aliases = [], []
     items: list[tuple[np.ndarray, StreamContext]] = []
+    # Tensors whose rows are predicted: their codes as they are race the residuals and parents.
+    unpredicted: dict[str, tuple[np.ndarray, StreamContext]] = {}
 
     def entry(name: str, qt: QTensor) -> dict:
         _check_qtensor(name, qt, check)
@@ -140,6 +142,8 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
                 (arr, StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort, mant=mant))
             )
             streams[kind] = {"dtype": dtype, "shape": list(arr.shape), "sha256": _sha(arr, dtype)}
+        if "parents" in streams:
+            unpredicted[name] = (np.ascontiguousarray(codes), items[-1][1])  # (codes: the last item)
         return {
             "name": name,
             "shape": [int(d) for d in qt.shape],
@@ -172,12 +176,20 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
         entries += [entry(n, f) for n, f in zip(names, qt.lowrank, strict=True)]
         entries.append({**entry(name, qt), "lowrank": list(names)})
     # All streams are encoded together: codecs search the whole model in one go.
-    encoded = iter(race.encode_all(items, codecs))
+    encoded = race.encode_all(items + list(unpredicted.values()), codecs)
+    alone, encoded = dict(zip(unpredicted, encoded[len(items) :], strict=True)), iter(encoded[: len(items)])
     chunks: list[bytes] = []
     offset = 0
     for entry in entries:
+        coded = {kind: next(encoded) for kind in entry["streams"]}
+        plain = alone.get(entry["name"])  # (the sample or the search can be wrong: the race decides)
+        if plain is not None and len(plain[2]) <= len(coded["codes"][2]) + len(coded["parents"][2]):
+            coded["codes"] = plain
+            del coded["parents"], entry["streams"]["parents"]
+            codes = entry["streams"]["codes"]
+            codes["sha256"] = _sha(unpredicted[entry["name"]][0], codes["dtype"])
         for kind, stream in entry["streams"].items():
-            codec, params, data = next(encoded)
+            codec, params, data = coded[kind]
             entry["streams"][kind] = {"codec": codec, "params": params, "offset": offset, "length": len(data), **stream}
             chunks.append(data)
             offset += len(data)
