@@ -11,6 +11,8 @@ Two ways to pick them:
   independent (related tokens, related vectors), and context mixing cannot see a row
   thousands of rows back. The search tries every earlier row up to WINDOW back (seconds on
   all-MiniLM-L6-v2's 30,522-row embedding).
+Both only propose: the packer (api._pack) races the codes as they are against the residuals
+and their parents, and keeps the smaller.
 """
 
 from __future__ import annotations
