@@ -29,7 +29,10 @@ ROW_BITS = 24  # what a predicted row pays for its parent and multiplier, about 
 # in 8.9 s searching all 30,522 rows (codes and parents streams, one thread).
 WINDOW = 16384
 CHUNK = 1024  # rows searched per product (memory: CHUNK x WINDOW)
-SMOOTH = 0.97  # `previous` predicts where row pairs' order-0 bits are under this share of the codes'
+# `previous` proposes where row pairs' order-0 bits are under this share of the codes'. A gate: every
+# proposal is raced (a second encoding); without it every int8 matrix would be. Saves 66% of pack
+# time on MiniLM int8 and int4, 48% on golf-shaped int8, same bytes (benchmarks/gates.py --gate SMOOTH).
+SMOOTH = 0.97
 SAMPLE = 1 << 16  # codes of row pairs `previous` samples
 
 
