@@ -87,8 +87,9 @@ def pack_qtensors(
     """Entropy-pack QTensors into artifact bytes; one QTensor under two names is stored once.
 
     effort: "normal" (fast), or "max": a wider codec search for the last bytes, and rows of
-    int8 codes predicted from earlier similar rows (parents.py; several times slower). The search ranks codings by estimates,
-    so "max" also packs at "normal" and keeps the smaller artifact: it is never larger.
+    int8 codes predicted from earlier similar rows (parents.py; tens of times slower). The
+    search ranks codings by estimates, so "max" also packs at "normal" and keeps the smaller
+    artifact: it is never larger.
     check: refuse (QuantError) names, shapes and values that readers refuse; False only to
     forge such artifacts (tests/hostile_corpus.py).
     """
@@ -186,8 +187,8 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
         if plain is not None and len(plain[2]) <= len(coded["codes"][2]) + len(coded["parents"][2]):
             coded["codes"] = plain
             del coded["parents"], entry["streams"]["parents"]
-            codes = entry["streams"]["codes"]
-            codes["sha256"] = _sha(unpredicted[entry["name"]][0], codes["dtype"])
+            kept = entry["streams"]["codes"]
+            kept["sha256"] = _sha(unpredicted[entry["name"]][0], kept["dtype"])
         for kind, stream in entry["streams"].items():
             codec, params, data = coded[kind]
             entry["streams"][kind] = {"codec": codec, "params": params, "offset": offset, "length": len(data), **stream}

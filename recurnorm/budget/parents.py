@@ -65,7 +65,7 @@ def find(codes: np.ndarray) -> np.ndarray | None:
         # bits saved, as by Gaussians of the row's and the residual's energy
         left = np.einsum("ij,ij->i", res, res, dtype=np.float64)
         gain = 0.5 * cols * np.log2((norm[q] + cols) / (left + cols))
-        use = (gain > ROW_BITS) & (par < q)
+        use = gain > ROW_BITS  # (the mask above keeps every parent before its row)
         out[q[use]] = np.stack([q[use] - par[use], k[use]], 1)
     return out if out[:, 0].any() else None
 
