@@ -25,8 +25,9 @@ from recurnorm.budget import pack_qtensors, parents, race  # noqa: E402
 ZSTD = ("rans", "zstd", "raw")
 # The packer's other thresholds, as (module, constant, value that turns it off): every int8
 # matrix's rows predicted from the row above (not only where sampled row pairs' order-0 bound is
-# under parents.SMOOTH of the codes').
-THRESHOLDS = {"SMOOTH": (parents, "SMOOTH", float("inf"))}
+# under parents.SMOOTH of the codes'); every int8 matrix's parents searched (not only those of
+# parents.SEARCH_ROWS rows or more).
+THRESHOLDS = {"SMOOTH": (parents, "SMOOTH", float("inf")), "SEARCH_ROWS": (parents, "SEARCH_ROWS", 0)}
 
 
 def cases(only: list[str]):

@@ -1,4 +1,4 @@
-"""Rows predicted from earlier rows (budget/parents.py, `--effort max`): the search finds the
+"""Rows predicted from earlier rows (budget/parents.py): the search finds the
 related rows of a token-embedding-like matrix, every reader restores the codes bit for bit, and
 forged parents are refused."""
 
@@ -15,12 +15,14 @@ from recurnorm.budget.api import pack_qtensors, read_artifact, unpack
 from recurnorm.errors import ArtifactError
 
 
-def _related_rows(seed: int = 0) -> torch.Tensor:
-    """600 rows: 150 roots, then rows that are a root's multiple plus noise (words of one stem)."""
+def _related_rows(seed: int = 0, roots: int = 150, kids: int = 450) -> torch.Tensor:
+    """Roots, then rows that are a root's multiple plus noise (words of one stem)."""
     rng = np.random.default_rng(seed)
-    roots = rng.standard_normal((150, 64))
-    kids = roots[rng.integers(0, 150, 450)] * rng.uniform(0.5, 1.5, (450, 1)) + 0.2 * rng.standard_normal((450, 64))
-    return torch.from_numpy(np.concatenate([roots, kids]).astype(np.float32))
+    stems = rng.standard_normal((roots, 64))
+    words = stems[rng.integers(0, roots, kids)] * rng.uniform(0.5, 1.5, (kids, 1)) + 0.2 * rng.standard_normal(
+        (kids, 64)
+    )
+    return torch.from_numpy(np.concatenate([stems, words]).astype(np.float32))
 
 
 def test_the_search_finds_related_rows_and_residuals_invert():
@@ -44,6 +46,18 @@ def test_effort_max_packs_smaller_and_every_reader_restores_the_codes(compact):
     assert np.array_equal(art.qtensors["emb"].codes, qts["emb"].codes)
     got, _ = standalone_loader(compact)["decode"](best)
     assert got["emb"].tobytes() == unpack(best)["emb"].numpy().tobytes()
+
+
+def test_every_pack_searches_a_tall_tensor(monkeypatch):
+    """A token embedding's rows are searched at effort normal too (tensors of SEARCH_ROWS rows
+    or more): its kids' parents lie far back, where `previous` does not look."""
+    emb = _related_rows(roots=1024, kids=parents.SEARCH_ROWS)
+    qts = {"emb": quant.get("int8").quantize(emb, name="emb")}
+    searched = pack_qtensors(qts)
+    assert "parents" in read_artifact(searched).manifest["tensors"][0]["streams"]
+    monkeypatch.setattr(parents, "SEARCH_ROWS", len(emb) + 1)
+    assert len(searched) < 0.9 * len(pack_qtensors(qts))
+    assert np.array_equal(read_artifact(searched).qtensors["emb"].codes, qts["emb"].codes)
 
 
 @pytest.mark.parametrize(

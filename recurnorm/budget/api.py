@@ -126,7 +126,7 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
         codes = arrays["codes"]  # the tensor's rows predicted from earlier rows: searched at effort max
         if codes.dtype == np.int8 and len(qt.shape) > 1 and codes.size == qt.numel > 0:
             m = codes.reshape(qt.shape[0], -1)
-            arrays["parents"] = (parents.find if effort == "max" else parents.previous)(m)
+            arrays["parents"] = (parents.find if effort == "max" or len(m) >= parents.SEARCH_ROWS else parents.previous)(m)
             if arrays["parents"] is not None:
                 arrays["codes"] = parents.residuals(m, arrays["parents"]).reshape(codes.shape)
         for kind in fmt.STREAM_KINDS:

@@ -20,7 +20,7 @@ from .codecs import StreamContext, get
 DEFAULT_CODECS = ("rans", "fields", "deflate", "lzma", "raw")
 
 QUICK_MIN = 1 << 15  # below this many bytes a full deflate-9 costs under a millisecond: no probe
-REPEATS = 0.97  # a zstd-1 pass under this share of the order-0 bound has found repetition
+REPEATS = 0.97  # a zstd-1 pass under this share of a bound has found repetition
 PROBE = 1 << 16  # bytes per zstd-1 probe slice (three on streams over 4 slices)
 # Every shortcut of the race, with what it saves of packing benchmarks/pack.py's >= 1M-code cases
 # (one thread's CPU time, `python benchmarks/gates.py`: on and off interleaved, best of 3-5), and
@@ -72,21 +72,22 @@ class LaidOut:
     @cached_property
     def order0(self) -> float:
         """The order-0 bound of the bytes, in bytes."""
-        return rans.entropy_bits(rans.context_counts(np.frombuffer(self.raw, dtype=np.uint8), None, 1, 256)[0]) / 8
+        return _order0(self.raw)
 
     @cached_property
     def zstd1(self) -> float:
-        """The bytes' size under zstd-1: of all of a small stream, extrapolated from three
-        evenly spread slices of a big one."""
+        """The bytes' size under zstd-1: of all of a small stream; of a big one, three evenly
+        spread slices' size times the order-0 bound of the whole over theirs (a stream's
+        entropy drifts: a vocabulary's first rows may be unused tokens, alike)."""
         n, z = len(self.raw), _zstd1()
         if n <= 4 * PROBE:
             return len(z.compress(self.raw))
-        return sum(len(z.compress(self.raw[i : i + PROBE])) for i in (0, (n - PROBE) // 2, n - PROBE)) * n / (3 * PROBE)
+        some = [self.raw[i : i + PROBE] for i in (0, (n - PROBE) // 2, n - PROBE)]
+        return sum(len(z.compress(b)) for b in some) * self.order0 / _order0(b"".join(some))
 
-    @cached_property
-    def repeats(self) -> bool:
-        """Whether a zstd-1 pass finds repetition."""
-        return self.zstd1 < REPEATS * self.order0
+
+def _order0(raw: bytes) -> float:
+    return rans.entropy_bits(rans.context_counts(np.frombuffer(raw, dtype=np.uint8), None, 1, 256)[0]) / 8
 
 
 class Stream:
@@ -110,9 +111,11 @@ class Stream:
         """Float words without a fields coding, where lzma races."""
         return self.on("scales_lzma") and "lzma" in self.names and not self.ctx.mant and self.arr.dtype.kind == "f"
 
-    def norep_codes(self, laid: LaidOut) -> bool:
-        """Quantized codes (they have scales) in which zstd-1 finds no repetition."""
-        return self.ctx.scales is not None and len(laid.raw) >= GATES["codes_norep"] and not laid.repeats
+    def norep_codes(self, laid: LaidOut, best: int) -> bool:
+        """Quantized codes (they have scales) in which zstd-1 finds no repetition that takes it
+        under their order-0 bound and the best so far (rows predicted exactly leave zero rows)."""
+        big = self.ctx.scales is not None and len(laid.raw) >= GATES["codes_norep"]
+        return big and laid.zstd1 >= REPEATS * min(laid.order0, best)
 
 
 def encode_all(items: list[tuple[np.ndarray, StreamContext]], names=None) -> list[tuple[str, dict, bytes]]:
@@ -179,7 +182,7 @@ def _deflate(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
     out = []
     for layout in codecs.layouts_for(s.ctx.dtype):
         laid = s.laid_out(layout)
-        if not (s.on("codes_norep") and s.norep_codes(laid)):
+        if not (s.on("codes_norep") and s.norep_codes(laid, best)):
             out.append((compress.deflate(laid.raw), {"layout": layout}))
             s.deflate.append((len(out[-1][0]), out[-1][1]))
     return out
