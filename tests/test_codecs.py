@@ -183,7 +183,7 @@ def test_lzma_still_races_on_float_words(monkeypatch):
 def test_deflate_skips_codes_without_repetition(shape, qmax):
     """Quantized codes of 64 KB or more where zstd-1 finds no repetition: no deflate (rans codes
     them under the order-0 bound its Huffman lands above); float words (no scales) keep level 9
-    where lzma does not race (where it does, it takes them alone: GATES["scales_lzma"])."""
+    where lzma does not race (where it does, it takes them alone: GATES["side_lzma"])."""
     from recurnorm.budget import compress
 
     arr, scales = _gauss(*shape, qmax, np.random.default_rng(8))

@@ -21,6 +21,15 @@ def _golf_like(fmt: str, rows: int = 256, cols: int = 512, seed: int = 0) -> dic
     return {"w": quant.get(fmt).quantize(torch.from_numpy(w.astype(np.float32)), name="w")}
 
 
+def _related_rows(rows: int = 4096, cols: int = 64, seed: int = 0) -> dict:
+    """A token-embedding-like int8 matrix: a quarter stems, the rest a stem's multiple plus noise."""
+    rng = np.random.default_rng(seed)
+    stems = rng.standard_normal((rows // 4, cols))
+    words = stems[rng.integers(0, len(stems), rows - len(stems))] * rng.uniform(0.5, 1.5, (rows - len(stems), 1))
+    w = np.concatenate([stems, words + 0.2 * rng.standard_normal(words.shape)]).astype(np.float32)
+    return {"emb": quant.get("int8").quantize(torch.from_numpy(w), name="emb")}
+
+
 # gate -> (stand-in, codecs): the cases each gate was measured on, small.
 CASES = {
     "float_probe": (_golf_like("bf16", 512), None),
@@ -28,7 +37,8 @@ CASES = {
     "lzma_race": (_golf_like("int8"), None),
     "zstd_slow_race": (_golf_like("int8"), ZSTD),
     "fields_tail": (_golf_like("bf16", 512), None),
-    "scales_lzma": (_golf_like("int4"), None),
+    "side_lzma": (_golf_like("int4"), None),
+    "parents_sample": (_related_rows(), None),
 }
 
 

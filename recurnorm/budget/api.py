@@ -123,12 +123,18 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
     def entry(name: str, qt: QTensor) -> dict:
         _check_qtensor(name, qt, check)
         streams, arrays = {}, {"scales": qt.scales, "zeros": qt.zeros, "codes": np.asarray(qt.codes)}
-        codes = arrays["codes"]  # the tensor's rows predicted from earlier rows: searched at effort max
+        codes, pays = arrays["codes"], None  # the tensor's rows predicted from earlier rows, where they pay
         if codes.dtype == np.int8 and len(qt.shape) > 1 and codes.size == qt.numel > 0:
             m = codes.reshape(qt.shape[0], -1)
-            arrays["parents"] = (parents.find if effort == "max" or len(m) >= parents.SEARCH_ROWS else parents.previous)(m)
+            arrays["parents"] = (
+                parents.find if effort == "max" or len(m) >= parents.SEARCH_ROWS else parents.previous
+            )(m)
             if arrays["parents"] is not None:
-                arrays["codes"] = parents.residuals(m, arrays["parents"]).reshape(codes.shape)
+                res = parents.residuals(m, arrays["parents"])
+                pays = race.parents_pay(m, res, arrays["parents"], qt.scales, effort)
+                arrays["parents"], arrays["codes"] = (
+                    (None, codes) if pays is False else (arrays["parents"], res.reshape(codes.shape))
+                )
         for kind in fmt.STREAM_KINDS:
             arr = arrays.get(kind)
             if arr is None:
@@ -143,7 +149,7 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
                 (arr, StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort, mant=mant))
             )
             streams[kind] = {"dtype": dtype, "shape": list(arr.shape), "sha256": _sha(arr, dtype)}
-        if "parents" in streams:
+        if "parents" in streams and pays is None:
             unpredicted[name] = (np.ascontiguousarray(codes), items[-1][1])  # (codes: the last item)
         return {
             "name": name,

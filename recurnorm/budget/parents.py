@@ -30,7 +30,7 @@ ROW_BITS = 24  # what a predicted row pays for its parent and multiplier, about 
 # it; the best sketched candidate in each is compared exactly.
 # all-MiniLM-L6-v2's int8 embedding (30,522 rows): ~0.6 s, 95% of the gain of trying all rows
 # up to 16,384 back (10 s); a sketch of 32 finds 87%, 48 finds 97% of what 64 finds.
-SKETCH, CLUSTER, PROBES = 64, 128, 16
+SKETCH, CLUSTER, PROBES = 64, 128, 12
 
 # `previous` proposes where row pairs' order-0 bits are under this share of the codes'. A gate: every
 # proposal is raced (a second encoding); without it every int8 matrix would be. Saves 66% of pack
@@ -84,18 +84,30 @@ def find(codes: np.ndarray) -> np.ndarray | None:
     bounds = np.searchsorted(home[members], np.arange(n + 1))
     sketch_per_norm = sketch / np.sqrt(norm)[:, None]  # (a parent's score: dot^2 / its energy)
     score, parent, dot = np.zeros(rows, np.float32), np.zeros(rows, np.int64), np.zeros(rows, np.int32)
+
+    def offer(q: np.ndarray, cand: np.ndarray) -> None:
+        """Rows q take these candidate parents where they score better, exactly."""
+        d = (codes[q].astype(np.int16) * codes[cand]).sum(1, dtype=np.int32)  # (gathering int8: 10x quicker)
+        s = d.astype(np.float32) ** 2 / norm[cand]
+        better = (s > score[q]) & (cand < q)
+        score[q[better]], parent[q[better]], dot[q[better]] = s[better], cand[better], d[better]
+
     for c in range(n):
         member, q = members[bounds[c] : bounds[c + 1]], np.flatnonzero(probed[c])
         q = q[q > member[0]] if len(member) else q[:0]
-        if len(q):  # each row's best sketched candidate in the cluster, then scored exactly
+        if len(q):  # each row's best sketched candidate in the cluster
             member = member[: np.searchsorted(member, q[-1])]
             sketched = np.abs(sketch[q] @ sketch_per_norm[member].T)
             sketched[member >= q[:, None]] = -1  # (a parent comes before its row: member[0] does)
-            cand = member[np.argmax(sketched, 1)]
-            d = (codes[q].astype(np.int16) * codes[cand]).sum(1, dtype=np.int32)  # (gathering int8: 10x quicker)
-            s = d.astype(np.float32) ** 2 / norm[cand]
-            better = s > score[q]
-            score[q[better]], parent[q[better]], dot[q[better]] = s[better], cand[better], d[better]
+            offer(q, member[np.argmax(sketched, 1)])
+    # Related rows come in families: each row also tries its parent's parent and its last earlier
+    # sibling (+1.2% of the gain for 0.02 s on MiniLM, as much as a third more probes)
+    everyone, by_parent = np.arange(rows), np.lexsort((np.arange(rows), parent))
+    sibling = np.zeros(rows, np.int64)
+    same = parent[by_parent[1:]] == parent[by_parent[:-1]]
+    sibling[by_parent[1:][same]] = by_parent[:-1][same]
+    offer(everyone, parent[parent])
+    offer(everyone, sibling)
     # bits saved, as by Gaussians of the row's energy and what its parent leaves of it
     use = 0.5 * cols * np.log2((norm + cols) / (norm - score + cols)) > ROW_BITS
     k = np.clip(np.rint(STEP * dot / norm[parent]), -2 * STEP, 2 * STEP).astype(np.int32)

@@ -22,6 +22,7 @@ DEFAULT_CODECS = ("rans", "fields", "deflate", "lzma", "raw")
 QUICK_MIN = 1 << 15  # below this many bytes a full deflate-9 costs under a millisecond: no probe
 REPEATS = 0.97  # a zstd-1 pass under this share of a bound has found repetition
 PROBE = 1 << 16  # bytes per zstd-1 probe slice (three on streams over 4 slices)
+SAMPLE_ROWS = 64  # rows per block of parents_pay's sample (every 8th)
 # Every shortcut of the race, with what it saves of packing benchmarks/pack.py's >= 1M-code cases
 # (one thread's CPU time, `python benchmarks/gates.py`: on and off interleaved, best of 3-5), and
 # what it costs in bytes where it costs any. One that saves under 10% goes. None turns a row off:
@@ -41,10 +42,15 @@ GATES: dict[str, float | None] = {
     # 256 KiB: where deflate leads). Saves 79% on MiniLM int4 (lzma-9e: ~0.3 s a MB), 86% on
     # golf-shaped int8, where it costs 0.04% of bytes.
     "lzma_race": 1.02,
-    # Float words no fields coding takes (a quantizer's scales): lzma on their byte groups only. Saves
-    # 17% on MiniLM int4 (354K fp16 group scales), 10% on golf-shaped int4; no scales stream grows, and
-    # int5-int8 shrink 0.0004-0.07%, ship.py's 17M 0.02-0.03% (deflate had picked lzma's layout).
-    "scales_lzma": 1,
+    # Side streams: float words no fields coding takes (a quantizer's scales) and parents: lzma on
+    # their byte groups only. Saves 17% on MiniLM int4 (354K fp16 group scales), 10% on golf-shaped
+    # int4; no scales stream grows, and int5-int8 shrink 0.0004-0.07%, ship.py's 17M 0.02-0.03%
+    # (deflate had picked lzma's layout). Parents over QUICK_MIN: MiniLM int8's (244 KB) 0.12 s less, same bytes.
+    "side_lzma": 1,
+    # Rows predicted from parents (tensors of 8 x SAMPLE_ROWS rows or more) race the codes as they
+    # are on every 8th block of SAMPLE_ROWS rows first: a side ahead by this share of the bytes
+    # there wins without the full race. Saves 0.0% on MiniLM int8, same bytes.
+    "parents_sample": 0.01,
     # zstd-19 on the best zstd-3 layout only, where it is within this factor of the best. Saves
     # 78-80% on ship.py's 17M models (codecs rans, zstd, raw), costing 0.0005% of bytes.
     "zstd_slow_race": 1.02,
@@ -107,15 +113,32 @@ class Stream:
             self.laid[layout] = LaidOut(codecs.layout_bytes(self.arr, self.ctx.dtype, layout))
         return self.laid[layout]
 
-    def lzma_floats(self) -> bool:
-        """Float words without a fields coding, where lzma races."""
-        return self.on("scales_lzma") and "lzma" in self.names and not self.ctx.mant and self.arr.dtype.kind == "f"
+    def lzma_side(self) -> bool:
+        """Float words without a fields coding, or parents over QUICK_MIN bytes, where lzma races."""
+        parents = self.ctx.kind == "parents" and self.ctx.nbytes > QUICK_MIN
+        side = parents or (not self.ctx.mant and self.arr.dtype.kind == "f")
+        return self.on("side_lzma") and "lzma" in self.names and side
 
     def norep_codes(self, laid: LaidOut, best: int) -> bool:
         """Quantized codes (they have scales) in which zstd-1 finds no repetition that takes it
         under their order-0 bound and the best so far (rows predicted exactly leave zero rows)."""
         big = self.ctx.scales is not None and len(laid.raw) >= GATES["codes_norep"]
         return big and laid.zstd1 >= REPEATS * min(laid.order0, best)
+
+
+def parents_pay(plain: np.ndarray, res: np.ndarray, parents: np.ndarray, scales, effort: str) -> bool | None:
+    """Whether a tensor's residuals [rows, cols] and their parents code smaller than its codes as
+    they are, by rans on a sample of rows; None where the full race must tell."""
+    rows, margin, scales = len(plain), GATES["parents_sample"], None if scales is None else np.asarray(scales)
+    if effort == "max" or margin is None or rows < 8 * SAMPLE_ROWS or (scales is not None and scales.size % rows):
+        return None
+    some = np.arange(rows) // SAMPLE_ROWS % 8 == 0
+    shape = (int(some.sum()), plain.shape[1])
+    sampled = None if scales is None else np.ascontiguousarray(scales.reshape(rows, -1)[some]).reshape(-1)
+    ctx = StreamContext("codes", "int8", shape, shape, sampled)
+    size = [len(encode_best(np.ascontiguousarray(m[some]), ctx, ("rans",))[2]) for m in (plain, res)]
+    size[1] += np.count_nonzero(parents[some, 0]) * 19 / 8  # (what a parent costs, about)
+    return None if abs(size[0] - size[1]) < margin * size[0] else size[1] < size[0]
 
 
 def encode_all(items: list[tuple[np.ndarray, StreamContext]], names=None) -> list[tuple[str, dict, bytes]]:
@@ -175,7 +198,7 @@ def _float_probe(s: Stream) -> float:
 def _deflate(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
     """Level 9 on each layout, where worth racing; the sizes are kept for lzma, which runs next."""
     s.deflate = []
-    if s.lzma_floats():
+    if s.lzma_side():
         return []
     if s.on("float_probe") and s.ctx.mant and s.ctx.nbytes > QUICK_MIN and _float_probe(s) > best:
         return []
@@ -189,7 +212,7 @@ def _deflate(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
 
 
 def _lzma(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
-    if s.lzma_floats():
+    if s.lzma_side():
         return [(compress.compress(compress.LZMA, s.laid_out("shuffle").raw), {"layout": "shuffle"})]
     if not s.on("lzma_race"):  # every layout
         layouts = codecs.layouts_for(s.ctx.dtype)
