@@ -86,8 +86,8 @@ def pack_qtensors(
 ) -> bytes:
     """Entropy-pack QTensors into artifact bytes; one QTensor under two names is stored once.
 
-    effort: "normal" (fast), or "max": a wider codec search for the last bytes, and rows of
-    int8 codes predicted from earlier similar rows (parents.py; tens of times slower). The
+    effort: "normal" (fast), or "max": a wider codec search for the last bytes, and every
+    tensor's rows predicted from earlier similar rows (parents.py; not only tall ones). The
     search ranks codings by estimates, so "max" also packs at "normal" and keeps the smaller
     artifact: it is never larger.
     check: refuse (QuantError) names, shapes and values that readers refuse; False only to

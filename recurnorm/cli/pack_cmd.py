@@ -167,8 +167,8 @@ def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_
     default="normal",
     show_default=True,
     help="codec search: max tries every context size and zstd layout at its slow level, and "
-    "predicts each int8 row from its most similar earlier row (a token embedding's related "
-    "tokens), for the last bytes (several times slower)",
+    "predicts the int8 rows of every tensor from similar earlier rows (normal: tensors of "
+    "4096 rows or more, such as a token embedding), for the last bytes (several times slower)",
 )
 @click.option(
     "--fit",
