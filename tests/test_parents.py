@@ -35,6 +35,7 @@ def test_the_search_finds_related_rows_and_residuals_invert():
     assert np.array_equal(parents.restore(res, p, "emb"), qt.codes)
     iid = quant.get("int8").quantize(torch.randn(300, 64, generator=torch.Generator().manual_seed(0)), name="x")
     assert parents.find(iid.codes) is None  # nothing to gain: no stream
+    assert parents.find(np.arange(-64, 64, dtype=np.int8).repeat(64)[:, None]) is None  # one column
 
 
 @pytest.mark.parametrize("compact", [False, True])

@@ -61,6 +61,8 @@ def find(codes: np.ndarray) -> np.ndarray | None:
     where no row gains more than its parent costs."""
     x = codes.astype(np.float32)
     rows, cols = x.shape
+    if cols < 2:  # (every row a multiple of every other: all would be compared, for a code's worth of gain)
+        return None
     norm = np.maximum(np.einsum("ij,ij->i", x, x), 1)
     sketch, rng = x, np.random.default_rng(0)
     if cols > SKETCH:  # (a subspace iteration on some rows: near the leading directions, no cols x cols eigh)
