@@ -126,9 +126,8 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
         codes, pays = arrays["codes"], None  # the tensor's rows predicted from earlier rows, where they pay
         if codes.dtype == np.int8 and len(qt.shape) > 1 and codes.size == qt.numel > 0:
             m = codes.reshape(qt.shape[0], -1)
-            arrays["parents"] = (
-                parents.find if effort == "max" or len(m) >= parents.SEARCH_ROWS else parents.previous
-            )(m)
+            wide = effort == "max"
+            arrays["parents"] = parents.find(m, wide) if wide or len(m) >= parents.SEARCH_ROWS else parents.previous(m)
             if arrays["parents"] is not None:
                 res = parents.residuals(m, arrays["parents"])
                 pays = race.parents_pay(m, res, arrays["parents"], qt.scales, effort)

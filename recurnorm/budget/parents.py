@@ -27,9 +27,9 @@ ROW_BITS = 24  # what a predicted row pays for its parent and multiplier, about 
 # The search compares rows first in a sketch: their coordinates on the SKETCH leading directions
 # of the rows (a prediction is a multiple of a row: uncentred). Rows fall into clusters of
 # about CLUSTER rows by direction, and each looks for its parent in the PROBES clusters nearest
-# it; the best sketched candidate in each is compared exactly.
-# all-MiniLM-L6-v2's int8 embedding (30,522 rows): ~0.6 s, 95% of the gain of trying all rows
-# up to 16,384 back (10 s); a sketch of 32 finds 87%, 48 finds 97% of what 64 finds.
+# it; the best sketched candidate in each is compared exactly. all-MiniLM-L6-v2's int8
+# embedding (30,522 rows): 94% of the gain of trying all rows up to 16,384 back in 0.5 s (10 s);
+# 4 x PROBES: 98% in 1.2 s. A sketch of 32 finds 87%, 48 finds 97% of what 64 finds.
 SKETCH, CLUSTER, PROBES = 64, 128, 12
 
 # `previous` proposes where row pairs' order-0 bits are under this share of the codes'. A gate: every
@@ -56,9 +56,9 @@ def previous(codes: np.ndarray) -> np.ndarray | None:
     return out
 
 
-def find(codes: np.ndarray) -> np.ndarray | None:
+def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
     """int32 [rows, 2]: each row's distance back to its parent (0: none) and multiplier k; None
-    where no row gains more than its parent costs."""
+    where no row gains more than its parent costs. wide (`--effort max`): 4 x PROBES clusters."""
     x = codes.astype(np.float32)
     rows, cols = x.shape
     if cols < 2:  # (every row a multiple of every other: all would be compared, for a code's worth of gain)
@@ -81,7 +81,7 @@ def find(codes: np.ndarray) -> np.ndarray | None:
         np.add.at(centres, near, sample * np.sign(cos[np.arange(len(near)), near])[:, None])
         centres /= np.maximum(np.linalg.norm(centres, axis=1), 1e-6)[:, None]
     cos = np.abs(unit @ centres.T)
-    home, p = np.argmax(cos, 1), min(PROBES, n)
+    home, p = np.argmax(cos, 1), min(PROBES * (4 if wide else 1), n)
     # (np.argpartition: 10x slower; zero rows probe nothing)
     probed = ((cos >= np.partition(cos, n - p, 1)[:, n - p : n - p + 1]) & (cos > 0)).T.copy()
     members = np.argsort(home, kind="stable")
