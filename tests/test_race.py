@@ -37,7 +37,7 @@ CASES = {
     "lzma_race": (_golf_like("int8"), None),
     "zstd_slow_race": (_golf_like("int8"), ZSTD),
     "fields_tail": (_golf_like("bf16", 512), None),
-    "side_lzma": (_golf_like("int4"), None),
+    "parents_lzma": (_related_rows(8192), None),
     "parents_sample": (_related_rows(), None),
 }
 

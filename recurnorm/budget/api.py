@@ -141,9 +141,9 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
             arr = np.ascontiguousarray(arr)
             dtype = _stream_dtype(arr, f"tensor {name} {kind}")
             scales = np.asarray(qt.scales) if kind == "codes" and qt.scales is not None else None
-            # Float codes only: the standalone loader decodes rans-coded streams after the rest, and
-            # a codes stream's scale context needs its scales first.
-            mant = codecs_mod.MANT.get(qt.format, 0) if kind == "codes" else 0
+            # Float words (codes, scales, zeros) go to the fields coding; readers decode a tensor's
+            # other streams before its codes, whose scale context needs its scales.
+            mant = codecs_mod.MANT.get(qt.format if kind == "codes" else dtype, 0)
             items.append(
                 (arr, StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort, mant=mant))
             )

@@ -335,7 +335,8 @@ class Rans(Codec, name="rans"):
 
 # ----------------------------------------------------------------- fields
 
-MANT = {"fp32": 23, "fp16": 10, "bf16": 7}  # mantissa bits of each float format's words
+# mantissa bits of each float format's words, and of a float stream's dtype (a quantizer's scales)
+MANT = {"fp32": 23, "fp16": 10, "bf16": 7, "float32": 23, "float16": 10, "bfloat16": 7}
 HI_MAX = 4  # top mantissa bits a head symbol may carry (exponent 8 + 4 bits: 4096 symbols)
 
 

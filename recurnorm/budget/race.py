@@ -42,11 +42,9 @@ GATES: dict[str, float | None] = {
     # 256 KiB: where deflate leads). Saves 79% on MiniLM int4 (lzma-9e: ~0.3 s a MB), 86% on
     # golf-shaped int8, where it costs 0.04% of bytes.
     "lzma_race": 1.02,
-    # Side streams: float words no fields coding takes (a quantizer's scales) and parents: lzma on
-    # their byte groups only. Saves 17% on MiniLM int4 (354K fp16 group scales), 10% on golf-shaped
-    # int4; no scales stream grows, and int5-int8 shrink 0.0004-0.07%, ship.py's 17M 0.02-0.03%
-    # (deflate had picked lzma's layout). With parents over QUICK_MIN: saves 10% on MiniLM int8, 14% on int4.
-    "side_lzma": 1,
+    # Parents streams over QUICK_MIN: lzma on their byte groups only (it beat deflate's layouts by
+    # 13% on MiniLM's). Saves 10% on MiniLM int8, same bytes.
+    "parents_lzma": 1,
     # Rows predicted from parents (tensors of 8 x SAMPLE_ROWS rows or more) race the codes as they
     # are on every 8th block of SAMPLE_ROWS rows first: a side ahead by this share of the bytes
     # there wins without the full race. Saves 25% on MiniLM int8, 10% on int4; same bytes.
@@ -113,11 +111,14 @@ class Stream:
             self.laid[layout] = LaidOut(codecs.layout_bytes(self.arr, self.ctx.dtype, layout))
         return self.laid[layout]
 
-    def lzma_side(self) -> bool:
-        """Float words without a fields coding, or parents over QUICK_MIN bytes, where lzma races."""
-        parents = self.ctx.kind == "parents" and self.ctx.nbytes > QUICK_MIN
-        side = parents or (not self.ctx.mant and self.arr.dtype.kind == "f")
-        return self.on("side_lzma") and "lzma" in self.names and side
+    def lzma_parents(self) -> bool:
+        """A parents stream over QUICK_MIN bytes, where lzma races."""
+        return (
+            self.on("parents_lzma")
+            and "lzma" in self.names
+            and self.ctx.kind == "parents"
+            and self.ctx.nbytes > QUICK_MIN
+        )
 
     def norep_codes(self, laid: LaidOut, best: int) -> bool:
         """Quantized codes (they have scales) in which zstd-1 finds no repetition that takes it
@@ -198,7 +199,7 @@ def _float_probe(s: Stream) -> float:
 def _deflate(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
     """Level 9 on each layout, where worth racing; the sizes are kept for lzma, which runs next."""
     s.deflate = []
-    if s.lzma_side():
+    if s.lzma_parents():
         return []
     if s.on("float_probe") and s.ctx.mant and s.ctx.nbytes > QUICK_MIN and _float_probe(s) > best:
         return []
@@ -212,7 +213,7 @@ def _deflate(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
 
 
 def _lzma(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
-    if s.lzma_side():
+    if s.lzma_parents():
         return [(compress.compress(compress.LZMA, s.laid_out("shuffle").raw), {"layout": "shuffle"})]
     if not s.on("lzma_race"):  # every layout
         layouts = codecs.layouts_for(s.ctx.dtype)

@@ -174,7 +174,7 @@ def fields(body, p, n, dt, done):
             y = np.frombuffer(tail, np.uint8, n if j < q else c, min(j, q) * n + max(j - q, 0) * c)
             k = 8 * j if j < q else w - 1 if j == q + r else j + 7 * q
             x.view(np.uint8).reshape(n, -1)[:, k // 8] |= (y if j < q else np.unpackbits(y)[:n]) << k % 8
-        done(x)
+        done(x.view(dt) if dt.kind == "f" else x)  # (float words: a quantizer's scales)
 
     return body[o:], fill
 
@@ -284,7 +284,7 @@ def decode(src, max_bytes=1 << 30):
             for t in todo
         )
         need(size <= max_bytes, "decodes larger than max_bytes allows")
-        arrays, rans = {}, []
+        arrays = {}
 
         def stream(t, kind):
             s = t["streams"][kind]
@@ -309,11 +309,13 @@ def decode(src, max_bytes=1 << 30):
             kind = {"raw": 0, "deflate": 2, "lzma": 3}.get(s["codec"], 1)  # zstd is not portable
             done(unpack_layout(inflate(kind, body, n * dt.itemsize), p.get("layout", "plain"), dt))
 
-        for t in todo:
-            for kind in ("scales", "zeros", "parents", "codes"):
-                if kind in t["streams"]:
-                    stream(t, kind)
-        decode_rans(rans)
+        for kinds in (("scales", "zeros", "parents"), ("codes",)):  # (a codes stream's contexts need its scales)
+            rans = []
+            for t in todo:
+                for kind in kinds:
+                    if kind in t["streams"]:
+                        stream(t, kind)
+            decode_rans(rans)
         out = {}
         for t in man["tensors"]:
             name = t["name"]
