@@ -252,12 +252,10 @@ class Rans(Codec, name="rans"):
             picked = [i for i, c in enumerate(ctxs) if c.effort == effort]
             for i, choice in zip(picked, search.plan([jobs[i] for i in picked], effort), strict=True):
                 (j, g), geo = syms[i], jobs[i][2]
-                # Stored block or map statistics may code smaller: the plans race, less those whose
-                # estimate is more than BLOCK_MARGIN over the least.
+                # Stored block or map statistics may code smaller: plans within BLOCK_MARGIN of the least race
                 more = (search.block_choice(g[0], g[2], geo, choice), search.map_choice(g[0], g[2], geo, choice))
                 plans = [choice, *(c for c in more if c is not None)]
-                least = min(c.cost for c in plans)
-                out[j] = [(g, geo, c) for c in plans if least >= self.BLOCK_MARGIN * c.cost]
+                out[j] = [(g, geo, c) for c in plans if min(p.cost for p in plans) >= self.BLOCK_MARGIN * c.cost]
         return out
 
     # Block and map plans' estimates count their streams exactly (tables and ids measured): on
@@ -292,8 +290,7 @@ class Rans(Codec, name="rans"):
     def decode(self, data, params, ctx):
         offset, nsym = params.get("offset"), params.get("nsym")
         variant, k = params.get("context", "none"), params.get("k", 1)
-        extra = self.EXTRA.get(variant) if isinstance(variant, str) else None
-        kc = params.get(extra, 1)
+        kc = params.get(extra := self.EXTRA.get(variant) if isinstance(variant, str) else None, 1)
         t, lanes, prec = params.get("tuple", 1), params.get("lanes"), params.get("prec")
         for key, v, lo, hi in (
             ("offset", offset, -(1 << 64), 1 << 64),

@@ -639,8 +639,9 @@ def plan(jobs: list[tuple[np.ndarray, int, Geometry]], effort: str = "normal") -
 
 BLOCK_ROWS = (256, 512)  # rows per block tried (each twice the last): all-MiniLM-L6-v2's embedding takes 512
 BLOCK_MEANS, BLOCK_SPREADS = 15, 5  # context = mean bucket x spread bucket (75 contexts)
-MAP_ROWS = (4, 8)  # row classes tried; each takes 128 // rows column classes (all-MiniLM-L6-v2: 8)
-MAP_ITERS = 32  # k-means iterations over every item (its ternary embedding: 0.4% fewer bytes than 4)
+# Map contexts: row classes (of 8 column classes each), EM passes (all-MiniLM-L6-v2's ternary
+# embedding: 4 passes 0.2% more bytes, 8 0.1% fewer), alphabets up to (2 products a symbol a pass)
+MAP_ROWS, MAP_PASSES, MAP_SYMBOLS = 32, 6, 3
 
 
 def block_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Choice | None:
@@ -678,8 +679,7 @@ def block_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Cho
 
 
 def _measured(s16: np.ndarray, nsym: int, geo: Geometry, c: Choice, best: Choice, precs=(12, 14)) -> Choice:
-    """c at the precision that codes it in the fewest bytes (its side data made and measured),
-    where that beats `best`; else best."""
+    """c at the precision that codes it in the fewest bytes (side data measured) if that beats best, else best."""
     hist = rans.context_counts(s16, geo.context_vector(c.variant, c.k, c.ids, 1, np.uint8, c.kc), c.k, nsym)
     for prec in precs:
         tables = rans.normalize_table(hist, prec)
@@ -692,21 +692,31 @@ def _measured(s16: np.ndarray, nsym: int, geo: Geometry, c: Choice, best: Choice
 
 
 def map_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Choice | None:
-    """Map contexts (docs/FORMAT.md: rows in classes, each with its own column classes;
-    all-MiniLM-L6-v2's ternary token embedding in 0.988 of the grid's bytes: its unused
-    tokens' rows share one column pattern), or None unless their estimate beats `best`'s."""
-    if not geo.matrix or geo.rows * geo.cols != geo.n or geo.rows < 4 * BLOCK_ROWS[0]:
+    """Map contexts (docs/FORMAT.md), or None unless their estimate beats `best`'s: rows put, pass
+    after pass, in the class whose per-column tables code them in the fewest bits (hard EM from
+    k-means classes; float32 products of 0/1 masks, every sum an integer under 2**24: exact).
+    all-MiniLM-L6-v2's ternary token embedding: 0.970 of the grid's bytes."""
+    rows, cols, kr = geo.rows, geo.cols, MAP_ROWS  # (1/16 bits: at most 400 a column, 2**15 columns)
+    fits = geo.matrix and rows * cols == geo.n and 1024 <= rows < 1 << 24 and cols <= 1 << 15
+    if not (fits and 1 < nsym <= MAP_SYMBOLS):
         return None
-    x, found = np.ascontiguousarray(sym, dtype=np.uint16).reshape(geo.rows, geo.cols), best
-    rhist = rans.kernel_histograms(x, *x.shape, nsym, 0, 1) if rans.has_kernel() else axis_histograms(x, 0, nsym)
-    for kr in MAP_ROWS:
-        rid = cluster_many([rhist], [[kr]], MAP_ITERS, geo.rows)[0][0]
-        chists = [axis_histograms(x[rid == r], 1, nsym) for r in range(kr)]
-        per = rans.MAX_CONTEXTS // 2 // kr  # (128 contexts in all)
-        cmap = np.stack(cluster_many(chists, [[per]] * kr, MAP_ITERS, geo.cols)) + per * np.arange(kr)[:, None, None]
-        ids = np.concatenate([rid, cmap.ravel()]).astype(np.uint8)
-        c = Choice("map", per * kr, 1, ids, 0, best.lanes, 0, None, kr)
-        found = _measured(x.ravel(), nsym, geo, c, found, (8, 12))
+    x = np.ascontiguousarray(sym, dtype=np.uint16).reshape(rows, cols)
+    masks = [(x == v).astype(np.float32) for v in range(1, nsym)]
+    sums = [m.sum(1) for m in masks]  # [rows] of each symbol but the first
+    rid = cluster_many([np.stack([cols - sum(sums), *sums], 1)], [[kr]], 32, rows)[0][0]
+    for p in range(MAP_PASSES + 1):
+        member = np.zeros((rows, kr), np.float32)
+        member[np.arange(rows), rid] = 1
+        tot = member.sum(0)
+        counts = [m.T @ member for m in masks]  # [cols, kr] of each symbol but the first
+        if p == MAP_PASSES:
+            break
+        b0, *bits = [np.rint(-16 * np.log2((c + 0.5) / (tot + nsym / 2))) for c in (tot - sum(counts), *counts)]
+        rid = (b0.sum(0) + sum(m @ (b - b0).astype(np.float32) for m, b in zip(masks, bits, strict=True))).argmin(1)
+    per = rans.MAX_CONTEXTS // kr
+    cmap = cluster_many(list(np.stack([tot - sum(counts), *counts], 2).transpose(1, 0, 2)), [[per]] * kr, 32, cols)
+    ids = np.concatenate([rid, (np.stack(cmap) + per * np.arange(kr)[:, None, None]).ravel()]).astype(np.uint8)
+    found = _measured(x.ravel(), nsym, geo, Choice("map", per * kr, 1, ids, 0, best.lanes, 0, None, kr), best, (8, 12))
     return found if found is not best else None
 
 
