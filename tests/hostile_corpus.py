@@ -366,6 +366,18 @@ CASES: dict[str, Callable[[], bytes]] = {
     "rans/block-rb-float": _edit(_int4_params(context="block", rb=1.0)),
     "rans/block-rb-with-grid": _edit(_int4_params(context="grid", k=4, kc=2, rb=8)),
     "rans/block-without-ids": _edit(_int4_params(context="block", rb=8)),
+    # map contexts: kr (1-256) only with map, ids of rows + kr x cols
+    "rans/map-without-kr": _edit(_int4_params(context="map", k=4)),
+    "rans/map-kr-0": _edit(_int4_params(context="map", k=4, kr=0)),
+    "rans/map-kr-257": _edit(_int4_params(context="map", k=4, kr=257)),
+    "rans/map-kr-with-rb": _edit(_int4_params(context="map", k=4, kr=2, rb=8)),
+    "rans/map-without-ids": _edit(_int4_params(context="map", k=4, kr=2)),
+    "rans/map-zero-dim": _edit(
+        lambda m: (
+            _class_context("map", [0, 4000], [1, 4000])(m),
+            _entry(m, "ternary")["streams"]["codes"]["params"].update(kr=2),
+        )
+    ),
 }
 
 

@@ -1,6 +1,6 @@
 """Smooth rows predicted by the row above (a parents stream, parents.previous) and rans block
-contexts (context "block"): the packer uses each where it wins, and the library, the
-standalone loader (readable and compact) and the numpy reference coder agree bit for bit."""
+and map contexts (context "block", "map"): the packer uses each where it wins, and the library,
+the standalone loader (readable and compact) and the numpy reference coder agree bit for bit."""
 
 from __future__ import annotations
 
@@ -116,3 +116,42 @@ def test_inspect_says_parents_and_blocks():
     labels = {r["name"]: r["codec"] for r in tensor_stats(read_artifact(data).manifest)}
     assert "parents:" in labels["pos"] and "parents" not in labels["iid"]
     assert f"block{params['emb']['k']},{params['emb']['rb']} rows" in labels["emb"]
+
+
+def _unused_rows(seed: int = 0) -> torch.Tensor:
+    """A token embedding whose rows come in kinds (scattered: no block holds one kind), six of
+    them each near one column pattern of its own, the rest differing in spread: map contexts
+    (row classes, each with its own column classes; a grid's shared column classes would need
+    3^6 of them)."""
+    rng = np.random.default_rng(seed)
+    spread = np.exp(rng.normal(0, 0.4, size=(2048, 1)))
+    w = spread * rng.normal(size=(2048, 96))
+    for kind in range(6):
+        w[kind::8] = rng.normal(size=96) + 0.2 * rng.normal(size=(256, 96))
+    return torch.from_numpy(w.astype(np.float32))
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_map_contexts_code_such_rows_and_every_reader_gets_them_back(compact, monkeypatch):
+    qts = {"emb": quant.get("ternary").quantize(_unused_rows(), name="emb")}
+    data = pack_qtensors(qts)
+    p = read_artifact(data).manifest["tensors"][0]["streams"]["codes"]["params"]
+    assert p["context"] == "map" and p["kr"] == search.MAP_ROWS
+    assert verify_bytes(data).ok
+    assert np.array_equal(read_artifact(data).qtensors["emb"].codes, qts["emb"].codes)
+    got, _ = standalone_loader(compact)["decode"](data)
+    assert got["emb"].tobytes() == unpack(data)["emb"].numpy().tobytes()
+    monkeypatch.setattr(search, "map_choice", lambda *a: None)
+    assert len(pack_qtensors(qts)) > len(data)
+    if not compact:
+        monkeypatch.undo()
+        monkeypatch.setattr(rans, "_ransc", None)
+        assert pack_qtensors(qts) == data  # the numpy reference writes the same bytes
+
+
+def test_map_contexts_of_padded_codes_and_their_ids():
+    """The context vector the encoder uses is the one every reader builds: map[row class, c]."""
+    rows, cmap = np.array([1, 0, 2, 1, 1, 0, 2], np.uint8), np.arange(3 * 5, dtype=np.uint8).reshape(3, 5)
+    for step in (1, 2, 3):
+        got = rans.context_vector("map", 15, 7 * 5 + 4, 7, 5, 5, None, np.r_[rows, cmap.ravel()], step, np.uint8, 3)
+        assert np.array_equal(got, np.r_[cmap[rows].ravel(), np.zeros(4, np.uint8)][::step])

@@ -118,7 +118,7 @@ def _ranked_start(hist: np.ndarray, slots: np.ndarray) -> np.ndarray:
     return rans.rank_buckets(spread_order(hist), slots)
 
 
-def _kmeans(hists: list[np.ndarray], slots: list[int], iters: int) -> list[np.ndarray]:
+def _kmeans(hists: list[np.ndarray], slots, iters: int, items: int = KMEANS_ITEMS) -> list[np.ndarray]:
     """[S, items] classes of every problem for every k in slots: one padded batch.
 
     Exact integer costs (see _code_lengths) make each matmul's result independent of
@@ -127,12 +127,12 @@ def _kmeans(hists: list[np.ndarray], slots: list[int], iters: int) -> list[np.nd
     """
     P, B = len(hists), KMEANS_BINS
     ks = np.asarray(slots)
-    first = np.cumsum([0] + slots)
+    first = np.cumsum([0, *slots])
     block = np.repeat(np.arange(len(slots)), slots)  # the k slot of each centroid
     local = (np.arange(first[-1]) - first[block])[:, None].astype(np.float64)
     fold = float(1 << int(slots[-1]).bit_length())
     coarse = [coarse_bins(h) for h in hists]
-    samples = [np.arange(0, len(h), max(1, len(h) // KMEANS_ITEMS)) for h in hists]
+    samples = [np.arange(0, len(h), max(1, len(h) // items)) for h in hists]
     imax = max(len(smp) for smp in samples)
     X = np.zeros((P, imax, B))  # sampled coarse histograms, zero-padded (items and bins)
     bins = np.zeros((P, 1, B))
@@ -176,11 +176,12 @@ def _kmeans(hists: list[np.ndarray], slots: list[int], iters: int) -> list[np.nd
     return out
 
 
-def cluster_many(hists: list[np.ndarray], kss: list, iters: int = 4) -> list[list[np.ndarray]]:
+def cluster_many(hists: list[np.ndarray], kss: list, iters: int = 4, items: int = KMEANS_ITEMS) -> list[list]:
     """Group each problem's items into k classes by their symbol histograms, for every k.
 
     hists[p]: [items, nsym] histograms of problem p (a stream's rows or columns); kss[p]:
-    the class counts it wants. Problems that want the same ks run as one padded batch.
+    the class counts it wants. Problems that want the same ks run as one padded batch. k-means
+    fits its classes on about `items` items of each problem, then assigns every item.
     """
     out: list[list[np.ndarray]] = [[] for _ in hists]
     batches: dict[tuple[int, ...], list[int]] = {}
@@ -188,21 +189,21 @@ def cluster_many(hists: list[np.ndarray], kss: list, iters: int = 4) -> list[lis
         if len(ks):
             batches.setdefault(tuple(sorted(set(ks))), []).append(p)
     for slots, members in batches.items():
-        done = {p: got for p in members if (got := _kmeans_compiled(hists[p], slots, iters)) is not None}
+        done = {p: got for p in members if (got := _kmeans_compiled(hists[p], slots, iters, items)) is not None}
         rest = [p for p in members if p not in done]
-        done.update(zip(rest, _kmeans([hists[p] for p in rest], list(slots), iters) if rest else [], strict=True))
+        done.update(zip(rest, _kmeans([hists[p] for p in rest], slots, iters, items) if rest else [], strict=True))
         for p in members:
             out[p] = [done[p][slots.index(k)] for k in kss[p]]
     return out
 
 
-def _kmeans_compiled(hist: np.ndarray, slots, iters: int) -> np.ndarray | None:
+def _kmeans_compiled(hist: np.ndarray, slots, iters: int, items: int) -> np.ndarray | None:
     """_kmeans of one problem in the compiled kernel (the same classes; problems are
     independent of their batch), or None where the numpy reference must run: no kernel, or
     counts past float32's exact integers."""
     if not _use_kernel(hist):
         return None
-    return rans.kernel_kmeans(hist, slots, iters, KMEANS_ITEMS, KMEANS_BINS, float(1 << LENGTH_BITS), _LOG_PRIOR)
+    return rans.kernel_kmeans(hist, slots, iters, items, KMEANS_BINS, float(1 << LENGTH_BITS), _LOG_PRIOR)
 
 
 def cluster_items(hist: np.ndarray, ks, iters: int = 4) -> list[np.ndarray]:

@@ -224,6 +224,8 @@ class Rans(Codec, name="rans"):
     symbols as one. `search.plan` picks all of it by estimated size; a block plan races
     beside its choice."""
 
+    EXTRA = {"grid": "kc", "block": "rb", "map": "kr"}  # the one more param of these contexts (Choice.kc)
+
     def symbols(self, arr: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         """(symbols = codes - lowest, lowest, alphabet size), or None where rans cannot code arr
         (floats, or an alphabet over MAX_ALPHABET)."""
@@ -238,7 +240,7 @@ class Rans(Codec, name="rans"):
     def prepare(self, items):
         """One search for all integer streams (search.plan): small tensors share its calls.
         Each item's plans: a list of ((symbols, offset, alphabet), geometry, choice), the
-        search's first, then a block plan where it may win (or None)."""
+        search's first, then block and map plans that may win (or None)."""
         jobs, ctxs, syms, out = [], [], [], [None] * len(items)
         for j, (arr, ctx) in enumerate(items):
             got = self.symbols(arr)
@@ -250,14 +252,13 @@ class Rans(Codec, name="rans"):
             picked = [i for i, c in enumerate(ctxs) if c.effort == effort]
             for i, choice in zip(picked, search.plan([jobs[i] for i in picked], effort), strict=True):
                 (j, g), geo = syms[i], jobs[i][2]
-                out[j] = [(g, geo, choice)]
-                block = search.block_choice(g[0], g[2], geo, choice)
-                if block is not None:  # stored block statistics may code smaller: both race
-                    # (a block plan whose estimate is BLOCK_MARGIN under the search's replaces it)
-                    out[j] = (out[j] if block.cost >= self.BLOCK_MARGIN * choice.cost else []) + [(g, geo, block)]
+                # Stored block or map statistics may code smaller: plans within BLOCK_MARGIN of the least race
+                more = (search.block_choice(g[0], g[2], geo, choice), search.map_choice(g[0], g[2], geo, choice))
+                plans = [choice, *(c for c in more if c is not None)]
+                out[j] = [(g, geo, c) for c in plans if min(p.cost for p in plans) >= self.BLOCK_MARGIN * c.cost]
         return out
 
-    # Block plans' estimates count their streams exactly (tables and ids measured): on
+    # Block and map plans' estimates count their streams exactly (tables and ids measured): on
     # all-MiniLM-L6-v2's embedding 0.1% off the coded size, where they win by 0.6-1%.
     BLOCK_MARGIN = 0.995
 
@@ -280,21 +281,22 @@ class Rans(Codec, name="rans"):
         params = {"offset": offset, "nsym": nsym, "prec": c.prec, "lanes": c.lanes}
         if c.variant != "none":
             params.update(context=c.variant, k=c.k)
-        if c.variant in ("grid", "block"):
-            params["kc" if c.variant == "grid" else "rb"] = c.kc
+        if c.variant in self.EXTRA:
+            params[self.EXTRA[c.variant]] = c.kc
         if c.t > 1:
             params["tuple"] = c.t
         return body, params
 
     def decode(self, data, params, ctx):
         offset, nsym = params.get("offset"), params.get("nsym")
-        variant, k, kc = params.get("context", "none"), params.get("k", 1), params.get("kc", params.get("rb", 1))
+        variant, k = params.get("context", "none"), params.get("k", 1)
+        kc = params.get(extra := self.EXTRA.get(variant) if isinstance(variant, str) else None, 1)
         t, lanes, prec = params.get("tuple", 1), params.get("lanes"), params.get("prec")
         for key, v, lo, hi in (
             ("offset", offset, -(1 << 64), 1 << 64),
             ("nsym", nsym, 1, rans.MAX_ALPHABET),
             ("k", k, 1, rans.MAX_CONTEXTS),
-            ("rb" if "rb" in params else "kc", kc, 1, rans.MAX_CONTEXTS if variant == "grid" else 1 << 40),
+            (extra, kc, 1, 1 << 40 if variant == "block" else rans.MAX_CONTEXTS),
             ("tuple", t, 1, 8),
             ("lanes", lanes, 1, rans.MAX_LANES),
             ("prec", prec, 1, rans.MAX_PREC),
@@ -306,18 +308,19 @@ class Rans(Codec, name="rans"):
         nt = nsym**t
         if nt > rans.MAX_ALPHABET:
             raise ArtifactError("rans tuple alphabet too large")
-        if not isinstance(variant, str) or variant not in ("none", "scale", "row", "col", "grid", "block"):
+        if not isinstance(variant, str) or variant not in ("none", "scale", "row", "col", "grid", "block", "map"):
             raise ArtifactError(f"unknown rans context {variant!r}")
-        if (variant == "block") != ("rb" in params) or "rb" in params and "kc" in params:
-            raise ArtifactError("rans block context: rb (rows per block) comes with block only")
+        if set(params) & set(self.EXTRA.values()) != ({extra} if extra else set()):
+            raise ArtifactError(f"rans {variant} context: {extra or 'no kc, rb or kr'} comes with it, and no other")
         if (variant == "grid") != ("kc" in params) or (variant == "grid" and (k % kc or k // kc < 2 or kc < 2)):
             raise ArtifactError(f"rans grid context: k={k} must be (row classes >= 2) x (kc={kc} >= 2)")
         rows, cols = rows_layout(ctx.tensor_shape)
         n = ctx.numel
-        n_ids = {"row": rows, "col": cols, "grid": rows + cols, "block": -(-rows // kc) * cols}.get(variant, 0)
+        n_ids = {"row": rows, "col": cols, "grid": rows + cols, "block": -(-rows // kc) * cols, "map": rows + kc * cols}
+        n_ids = n_ids.get(variant, 0)
         # Class ids are stored per row/column: an empty tensor has none to give, and their
         # count is bounded by the codes' (a zero dimension must not declare 2**39 rows).
-        if variant in ("row", "col", "grid", "block") and (
+        if variant in ("row", "col", *self.EXTRA) and (
             rows * cols > n or len(ctx.tensor_shape) < 2 or rows * cols == 0 or n_ids > 2 * n
         ):
             raise ArtifactError("rans class context does not fit the tensor shape")
@@ -326,8 +329,9 @@ class Rans(Codec, name="rans"):
         if variant == "none" and k != 1:
             raise ArtifactError("rans context none has one table")
         tables, ids, words = rans.split_body(data, k, nt, n_ids, ctx.version)
-        if variant == "grid" and (ids[:rows].max() >= k // kc or ids[rows:].max() >= kc):
-            raise ArtifactError("rans grid class ids do not match the declared classes")
+        top = {"grid": k // kc, "map": kc}.get(variant)  # row classes
+        if top and (ids[:rows].max() >= top or variant == "grid" and ids[rows:].max() >= kc):
+            raise ArtifactError(f"rans {variant} class ids do not match the declared classes")
         cvec = geometry(ctx).context_vector(variant, k, ids, t, np.uint8, kc)
         sym = rans.from_tuples(rans.ilv_decode(words, cvec, tables, prec, lanes, len(cvec)), nsym, t, n)
         return _symbols_to_array(sym, offset, ctx)

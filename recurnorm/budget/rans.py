@@ -286,6 +286,7 @@ def context_vector(
     row / col: the class id of the position's row / column (ids: one per row / column).
     grid: row class * kc + column class (ids: the rows' classes, then the columns').
     block: the id of the position's block of kc rows and its column (ids: [ceil(rows / kc), cols]).
+    map: map[row class, column] (ids: the rows' classes, then map [row classes, cols]).
     Decoders ask for uint8 (k <= MAX_CONTEXTS = 256): one byte per declared position, not eight.
     order: scale_order(scales), when the caller has it already (the search asks for many k).
     """
@@ -299,13 +300,15 @@ def context_vector(
         if L % step == 0:
             return np.repeat(buckets, L // step)
         return buckets[np.arange(0, n, step, dtype=np.int64) // L]
-    if variant not in ("row", "col", "grid", "block"):
+    if variant not in ("row", "col", "grid", "block", "map"):
         raise ArtifactError(f"unknown rans context {variant!r}")
     numel = rows * cols
     ctx = np.zeros(m, dtype=dtype)
     inside = -(-numel // step)  # positions below numel; padding positions stay in context 0
-    if variant == "block":  # ids [ceil(rows / kc), cols]: one per block of kc rows and column
-        ctx[:inside] = np.repeat(np.asarray(ids).reshape(-1, cols), kc, axis=0)[:rows].ravel()[::step]
+    if variant in ("block", "map"):  # a row's (or block's) row of ids [., cols]
+        ids = np.asarray(ids)
+        at = ids[:rows] if variant == "map" else np.arange(rows) // kc
+        ctx[:inside] = ids[rows * (variant == "map") :].reshape(-1, cols)[at].ravel()[::step]
         return ctx
     ids = np.asarray(ids).astype(dtype)
     if variant == "grid":

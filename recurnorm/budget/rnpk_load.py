@@ -122,6 +122,8 @@ def contexts(p, k, ids, n, t, tshape, L, scales):
             if var == "col"
             else ids.reshape(-1, cols)[np.arange(rows) // p["rb"]]
             if var == "block"
+            else ids[rows:].reshape(-1, cols)[ids[:rows]]
+            if var == "map"
             else ids[:rows, None] * p["kc"] + ids[rows:][None]
         )
         c = np.r_[np.broadcast_to(c, (rows, cols)).ravel(), np.zeros(n - rows * cols, np.uint8)]

@@ -639,6 +639,9 @@ def plan(jobs: list[tuple[np.ndarray, int, Geometry]], effort: str = "normal") -
 
 BLOCK_ROWS = (256, 512)  # rows per block tried (each twice the last): all-MiniLM-L6-v2's embedding takes 512
 BLOCK_MEANS, BLOCK_SPREADS = 15, 5  # context = mean bucket x spread bucket (75 contexts)
+# Map contexts: row classes (of 8 column classes each), EM passes (all-MiniLM-L6-v2's ternary
+# embedding: 4 passes 0.2% more bytes, 8 0.1% fewer), alphabets up to (2 products a symbol a pass)
+MAP_ROWS, MAP_PASSES, MAP_SYMBOLS = 32, 6, 3
 
 
 def block_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Choice | None:
@@ -671,16 +674,50 @@ def block_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Cho
         v = np.log2(np.maximum(spreads / (mag * counts[:, None]), 1e-9))
         ids = (m * BLOCK_SPREADS + np.clip(np.rint(3 * v), -half_s, half_s) + half_s).astype(np.uint8)
         k = BLOCK_MEANS * BLOCK_SPREADS
-        ctx = rans.context_vector("block", k, geo.n, geo.rows, geo.cols, geo.row_len, None, ids, 1, np.uint8, rb)
-        hist = rans.context_counts(s16, ctx, k, nsym)
-        for prec in (12, 14):
-            tables = rans.normalize_table(hist, prec)
-            bits = -(hist * np.log2(np.maximum(tables, 1) / (1 << prec))).sum()
-            side = SideData(tables, rans.varint_encode(tables.ravel()), ids.tobytes())
-            cost = bits / 8 + side.nbytes + HEADER_BYTES + 4 * best.lanes
-            if cost < (found.cost if found else best.cost):
-                found = Choice("block", k, 1, ids.ravel(), prec, best.lanes, cost, side, rb)
-    return found
+        found = _measured(s16, nsym, geo, Choice("block", k, 1, ids.ravel(), 0, best.lanes, 0, None, rb), found or best)
+    return found if found is not best else None
+
+
+def _measured(s16: np.ndarray, nsym: int, geo: Geometry, c: Choice, best: Choice, precs=(12, 14)) -> Choice:
+    """c at the precision that codes it in the fewest bytes (side data measured) if that beats best, else best."""
+    hist = rans.context_counts(s16, geo.context_vector(c.variant, c.k, c.ids, 1, np.uint8, c.kc), c.k, nsym)
+    for prec in precs:
+        tables = rans.normalize_table(hist, prec)
+        bits = -(hist * np.log2(np.maximum(tables, 1) / (1 << prec))).sum()
+        side = SideData(tables, rans.varint_encode(tables.ravel()), c.ids.astype(np.uint8).tobytes())
+        cost = bits / 8 + side.nbytes + HEADER_BYTES + 4 * c.lanes
+        if cost < best.cost:
+            best = Choice(c.variant, c.k, 1, c.ids, prec, c.lanes, cost, side, c.kc)
+    return best
+
+
+def map_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Choice | None:
+    """Map contexts (docs/FORMAT.md), or None unless their estimate beats `best`'s: rows put, pass
+    after pass, in the class whose per-column tables code them in the fewest bits (hard EM from
+    k-means classes; float32 products of 0/1 masks, every sum an integer under 2**24: exact).
+    all-MiniLM-L6-v2's ternary token embedding: 0.970 of the grid's bytes."""
+    rows, cols, kr = geo.rows, geo.cols, MAP_ROWS  # (1/16 bits: at most 400 a column, 2**15 columns)
+    fits = geo.matrix and rows * cols == geo.n and 1024 <= rows < 1 << 24 and cols <= 1 << 15
+    if not (fits and 1 < nsym <= MAP_SYMBOLS):
+        return None
+    x = np.ascontiguousarray(sym, dtype=np.uint16).reshape(rows, cols)
+    masks = [(x == v).astype(np.float32) for v in range(1, nsym)]
+    sums = [m.sum(1) for m in masks]  # [rows] of each symbol but the first
+    rid = cluster_many([np.stack([cols - sum(sums), *sums], 1)], [[kr]], 32, rows)[0][0]
+    for p in range(MAP_PASSES + 1):
+        member = np.zeros((rows, kr), np.float32)
+        member[np.arange(rows), rid] = 1
+        tot = member.sum(0)
+        counts = [m.T @ member for m in masks]  # [cols, kr] of each symbol but the first
+        if p == MAP_PASSES:
+            break
+        b0, *bits = [np.rint(-16 * np.log2((c + 0.5) / (tot + nsym / 2))) for c in (tot - sum(counts), *counts)]
+        rid = (b0.sum(0) + sum(m @ (b - b0).astype(np.float32) for m, b in zip(masks, bits, strict=True))).argmin(1)
+    per = rans.MAX_CONTEXTS // kr
+    cmap = cluster_many(list(np.stack([tot - sum(counts), *counts], 2).transpose(1, 0, 2)), [[per]] * kr, 32, cols)
+    ids = np.concatenate([rid, (np.stack(cmap) + per * np.arange(kr)[:, None, None]).ravel()]).astype(np.uint8)
+    found = _measured(x.ravel(), nsym, geo, Choice("map", per * kr, 1, ids, 0, best.lanes, 0, None, kr), best, (8, 12))
+    return found if found is not best else None
 
 
 def choose(sym: np.ndarray, nsym: int, geo: Geometry, effort: str = "normal") -> Choice:
