@@ -269,16 +269,18 @@ class Rans(Codec, name="rans"):
         (sym, offset, nsym), geo, c = plan
         # uint8 ids and uint16 units: what the kernel reads (no int64 copies of the stream)
         cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, np.uint8, kc=c.kc)
-        nt = nsym**c.t
+        nt, lanes = nsym**c.t, c.lanes
         tsym = rans.to_tuples(sym, nsym, c.t, np.uint16)
+        while ctx.kind != "codes" and -(-len(tsym) // lanes) > rans.WRITE_STEPS // 8:
+            lanes *= 2  # (the loader decodes scales in a lock-step round of their own, before the codes)
         if c.side is not None:  # the search counted this stream exactly and made its side data
-            body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, c.lanes, c.prec, c.side.blobs())
+            body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, lanes, c.prec, c.side.blobs())
         else:
             counts = rans.context_counts(tsym, cvec, c.k, nt)
             tables = rans.normalize_table(counts, c.prec)
-            body = rans.encode(tsym, cvec, c.k, nt, c.ids, tables, c.lanes, c.prec)
+            body = rans.encode(tsym, cvec, c.k, nt, c.ids, tables, lanes, c.prec)
         # Defaults stay out of the manifest: every byte of it counts against the cap.
-        params = {"offset": offset, "nsym": nsym, "prec": c.prec, "lanes": c.lanes}
+        params = {"offset": offset, "nsym": nsym, "prec": c.prec, "lanes": lanes}
         if c.variant != "none":
             params.update(context=c.variant, k=c.k)
         if c.variant in self.EXTRA:
