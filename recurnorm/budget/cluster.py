@@ -204,8 +204,3 @@ def _kmeans_compiled(hist: np.ndarray, slots, iters: int, items: int) -> np.ndar
     if not _use_kernel(hist):
         return None
     return rans.kernel_kmeans(hist, slots, iters, items, KMEANS_BINS, float(1 << LENGTH_BITS), _LOG_PRIOR)
-
-
-def cluster_items(hist: np.ndarray, ks, iters: int = 4) -> list[np.ndarray]:
-    """cluster_many for one problem."""
-    return cluster_many([hist], [list(ks)], iters)[0]

@@ -718,8 +718,3 @@ def map_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Choic
     ids = np.concatenate([rid, (np.stack(cmap) + per * np.arange(kr)[:, None, None]).ravel()]).astype(np.uint8)
     found = _measured(x.ravel(), nsym, geo, Choice("map", per * kr, 1, ids, 0, best.lanes, 0, None, kr), best, (8, 12))
     return found if found is not best else None
-
-
-def choose(sym: np.ndarray, nsym: int, geo: Geometry, effort: str = "normal") -> Choice:
-    """The cheapest coding found for one stream."""
-    return plan([(sym, nsym, geo)], effort)[0]
