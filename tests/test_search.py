@@ -287,7 +287,7 @@ def test_hostile_grid_params_and_ids_are_refused():
     tables, ids, words = rans.split_body(data, k, params["nsym"], 256 + 128)
     forged = ids.copy()
     forged[0] = k // kc
-    side = (rans.pack_side(rans.varint_encode(tables.ravel())), rans.pack_side(forged.astype(np.uint8).tobytes()))
+    side = (compress.smallest(rans.varint_encode(tables.ravel())), compress.smallest(forged.astype(np.uint8).tobytes()))
     head = rans.varint_encode(np.array([4 * len(side[0][0]) + side[0][1], 4 * len(side[1][0]) + side[1][1]]))
     with pytest.raises(ArtifactError, match="grid class ids"):
         codecs.Rans().decode(head + side[0][0] + side[1][0] + words, params, ctx)
@@ -348,7 +348,10 @@ def test_hostile_wide_grid_ids_and_counts_are_refused():
     for where, value in ((0, k // kc), (2048, kc), (2048 + 255, 255)):  # a row / column id past its classes
         forged = ids.copy()
         forged[where] = value
-        side = (rans.pack_side(rans.varint_encode(tables.ravel())), rans.pack_side(forged.astype(np.uint8).tobytes()))
+        side = (
+            compress.smallest(rans.varint_encode(tables.ravel())),
+            compress.smallest(forged.astype(np.uint8).tobytes()),
+        )
         head = rans.varint_encode(np.array([4 * len(side[0][0]) + side[0][1], 4 * len(side[1][0]) + side[1][1]]))
         with pytest.raises(ArtifactError, match="grid class ids"):
             codecs.Rans().decode(head + side[0][0] + side[1][0] + words, params, ctx)
