@@ -17,10 +17,15 @@ def _ctx(codes, tensor_shape=None, scales=None):
     return StreamContext("codes", codes.dtype.name, codes.shape, tensor_shape or codes.shape, scales)
 
 
+def _choose(sym, nsym, geo, effort="normal"):
+    """The cheapest coding found for one stream."""
+    return search.plan([(sym, nsym, geo)], effort)[0]
+
+
 def _choice(codes, tensor_shape=None, scales=None):
     ctx = _ctx(codes, tensor_shape, scales)
     sym, _, nsym = codecs.Rans().symbols(codes)
-    return search.choose(sym, nsym, codecs.geometry(ctx)), ctx
+    return _choose(sym, nsym, codecs.geometry(ctx)), ctx
 
 
 def test_normalize_table_per_row_precision_and_crowded_rows():
@@ -56,16 +61,16 @@ def test_coarse_bins_keep_every_count():
     assert cluster.coarse_bins(hist[:, :10], 16) is not None and cluster.coarse_bins(hist[:, :10], 16).shape[1] == 10
 
 
-def test_cluster_items_separates_groups_by_any_difference():
+def test_cluster_many_separates_groups_by_any_difference():
     """Columns that differ in mean, not spread: k-means finds them, and labels are canonical."""
     rng = np.random.default_rng(3)
     shift = np.where(np.arange(64) % 3 == 0, 2, -2)
     codes = np.clip(np.round(rng.normal(size=(256, 64)) + shift), -7, 7).astype(np.int64) + 7
     hist = cluster.axis_histograms(codes, 1, 15)
-    ids2, ids4 = cluster.cluster_items(hist, [2, 4])
+    ids2, ids4 = cluster.cluster_many([hist], [[2, 4]])[0]
     assert np.array_equal(ids2, (shift != shift[0]).astype(np.int64))  # first item gets class 0
     assert ids4.max() < 4
-    again = cluster.cluster_items(hist, [2, 4])
+    again = cluster.cluster_many([hist], [[2, 4]])[0]
     assert all(np.array_equal(a, b) for a, b in zip(again, (ids2, ids4), strict=True))
 
 
@@ -88,7 +93,7 @@ def test_more_classes_are_tried_only_where_the_second_k_paid():
     streams, pools, more = _first_round(codes)
     assert sorted({c.k for c in pools[0] if c.variant == "col"}) == [2, 4]
     assert more.get((0, "col")) == [8, 16]
-    choice = search.choose(streams[0].sym, streams[0].nsym, streams[0].geo)
+    choice = _choose(streams[0].sym, streams[0].nsym, streams[0].geo)
     assert (choice.variant, choice.k) == ("col", 8)
 
     flat = np.clip(np.round(rng.normal(size=(128, 512)) * 2), -7, 7).astype(np.int8)
@@ -168,7 +173,7 @@ def test_plan_of_many_streams_is_plan_of_each():
     jobs = _jobs()
     together = search.plan([j for *_, j in jobs])
     for (_, _, job), got in zip(jobs, together, strict=True):
-        alone = search.choose(*job)
+        alone = _choose(*job)
         assert (got.variant, got.k, got.t, got.prec, got.lanes) == (
             alone.variant,
             alone.k,
@@ -186,7 +191,7 @@ def test_search_side_data_is_what_the_encoder_would_make():
     """Below BIG_SYMBOLS the search counts exactly, so the encoder reuses its tables and blobs:
     they must equal what it computes from the codes themselves."""
     for codes, ctx, (sym, nsym, geo) in _jobs(8):
-        c = search.choose(sym, nsym, geo)
+        c = _choose(sym, nsym, geo)
         assert c.side is not None
         cvec = geo.context_vector(c.variant, c.k, c.ids, c.t)
         counts = np.bincount(cvec * nsym + sym, minlength=c.k * nsym).reshape(c.k, nsym)
@@ -234,7 +239,7 @@ def test_kmeans_batches_agree_with_single_problems():
     kss = [[2, 4], [2, 4, 8, 16], [2, 16], [2, 4, 8]]
     together = cluster.cluster_many(hists, kss)
     for h, ks, got in zip(hists, kss, together, strict=True):
-        alone = cluster.cluster_items(h, ks)
+        alone = cluster.cluster_many([h], [ks])[0]
         assert all(np.array_equal(a, b) for a, b in zip(got, alone, strict=True))
         assert all(g.max() < k for g, k in zip(got, ks, strict=True))
 
@@ -244,7 +249,7 @@ def test_grid_context_finds_row_and_column_structure_together():
     choice, ctx = _choice(codes.reshape(1, -1), tensor_shape=codes.shape)
     assert choice.variant == "grid" and choice.kc >= 2 and choice.k // choice.kc >= 2
     sym, _, nsym = codecs.Rans().symbols(codes)
-    assert search.choose(sym, nsym, codecs.geometry(ctx), "max").variant == "grid"  # max looks wider
+    assert _choose(sym, nsym, codecs.geometry(ctx), "max").variant == "grid"  # max looks wider
     data, params = codecs.Rans().encode(codes.reshape(1, -1), ctx)
     assert params["context"] == "grid" and params["kc"] == choice.kc
     assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes.reshape(1, -1))
@@ -282,7 +287,7 @@ def test_hostile_grid_params_and_ids_are_refused():
     tables, ids, words = rans.split_body(data, k, params["nsym"], 256 + 128)
     forged = ids.copy()
     forged[0] = k // kc
-    side = (rans.pack_side(rans.varint_encode(tables.ravel())), rans.pack_side(forged.astype(np.uint8).tobytes()))
+    side = (compress.smallest(rans.varint_encode(tables.ravel())), compress.smallest(forged.astype(np.uint8).tobytes()))
     head = rans.varint_encode(np.array([4 * len(side[0][0]) + side[0][1], 4 * len(side[1][0]) + side[1][1]]))
     with pytest.raises(ArtifactError, match="grid class ids"):
         codecs.Rans().decode(head + side[0][0] + side[1][0] + words, params, ctx)
@@ -343,7 +348,10 @@ def test_hostile_wide_grid_ids_and_counts_are_refused():
     for where, value in ((0, k // kc), (2048, kc), (2048 + 255, 255)):  # a row / column id past its classes
         forged = ids.copy()
         forged[where] = value
-        side = (rans.pack_side(rans.varint_encode(tables.ravel())), rans.pack_side(forged.astype(np.uint8).tobytes()))
+        side = (
+            compress.smallest(rans.varint_encode(tables.ravel())),
+            compress.smallest(forged.astype(np.uint8).tobytes()),
+        )
         head = rans.varint_encode(np.array([4 * len(side[0][0]) + side[0][1], 4 * len(side[1][0]) + side[1][1]]))
         with pytest.raises(ArtifactError, match="grid class ids"):
             codecs.Rans().decode(head + side[0][0] + side[1][0] + words, params, ctx)

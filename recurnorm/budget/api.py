@@ -101,16 +101,8 @@ def pack_qtensors(
         fmt.dumps(metadata)
     except (TypeError, ValueError) as exc:
         raise QuantError(f"metadata is not JSON-serializable: {exc}") from None
-    if effort == "max":
-        return min(
-            _pack(qtensors, metadata, codecs, "normal", check), _pack(qtensors, metadata, codecs, "max", check), key=len
-        )
-    return _pack(qtensors, metadata, codecs, effort, check)
-
-
-def lowrank_names(name: str) -> tuple[str, str]:
-    """The manifest names of a tensor's LQER factors (listed right before the tensor)."""
-    return f"{name}.lqer_l", f"{name}.lqer_r"
+    efforts = ("normal", "max") if effort == "max" else (effort,)
+    return min((_pack(qtensors, metadata, codecs, e, check) for e in efforts), key=len)
 
 
 def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, check: bool) -> bytes:
@@ -144,9 +136,8 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
             # Float words (codes, scales, zeros) go to the fields coding; readers decode a tensor's
             # other streams before its codes, whose scale context needs its scales.
             mant = codecs_mod.MANT.get(qt.format if kind == "codes" else dtype, 0)
-            items.append(
-                (arr, StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort, mant=mant))
-            )
+            ctx = StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort, mant=mant)
+            items.append((arr, ctx))
             streams[kind] = {"dtype": dtype, "shape": list(arr.shape), "sha256": _sha(arr, dtype)}
         if "parents" in streams and pays is None:
             unpredicted[name] = (np.ascontiguousarray(codes), items[-1][1])  # (codes: the last item)
@@ -175,7 +166,7 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
             entries.append(entry(name, qt))
             continue
         # The factors first, so that a reader has them when it reaches the tensor.
-        names = lowrank_names(name)
+        names = (f"{name}.lqer_l", f"{name}.lqer_r")
         clash = [n for n in names if n in qtensors]
         if clash:
             raise QuantError(f"tensor {name}: its lqer factor name {clash[0]!r} is taken by another tensor")
@@ -261,10 +252,8 @@ def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> 
     if qtensors is not None and owner:  # the factors live on their tensor's QTensor
         qtensors = dict(qtensors)
         for t in manifest["tensors"]:
-            for n, f in zip(
-                t.get("lowrank", ()), getattr(qtensors.get(t["name"]), "lowrank", None) or (), strict=False
-            ):
-                qtensors[n] = f
+            factors = getattr(qtensors.get(t["name"]), "lowrank", None) or ()
+            qtensors.update(zip(t.get("lowrank", ()), factors, strict=False))
     for t in manifest["tensors"]:
         if "alias_of" in t:
             rows.append({"name": t["name"], "alias_of": t["alias_of"], "bytes": 0})
@@ -372,11 +361,8 @@ def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -
     than its decoded bytes allow (no stream is longer than its raw form plus the manifest)."""
     import stat
 
-    limit = (
-        (validate.DEFAULT_MAX_DECODED_BYTES if max_decoded_bytes is None else max_decoded_bytes)
-        + fmt.MAX_MANIFEST_BYTES
-        + fmt.HEADER_SIZE
-    )
+    decoded = validate.DEFAULT_MAX_DECODED_BYTES if max_decoded_bytes is None else max_decoded_bytes
+    limit = decoded + fmt.MAX_MANIFEST_BYTES + fmt.HEADER_SIZE
     path = Path(path)
     try:
         st = path.stat()
@@ -384,8 +370,7 @@ def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -
             raise ArtifactError(f"{path} is not a regular file")
         if st.st_size > limit:
             raise ArtifactError(
-                f"{path}: {st.st_size:,} bytes, more than an artifact decoding to at "
-                f"most {limit - fmt.MAX_MANIFEST_BYTES - fmt.HEADER_SIZE:,} bytes can hold"
+                f"{path}: {st.st_size:,} bytes, more than an artifact decoding to at most {decoded:,} bytes can hold"
             )
         with open(path, "rb") as f:
             return f.read(st.st_size + 1)  # read(n) allocates n bytes up front: the size, not the limit

@@ -113,11 +113,6 @@ def _relabel(ids: np.ndarray, kmax: int) -> np.ndarray:
     return np.take_along_axis(rank, ids, axis=1)
 
 
-def _ranked_start(hist: np.ndarray, slots: np.ndarray) -> np.ndarray:
-    """[S, items] spread-ranked classes: rans.rank_buckets(spread_order(hist), k) for each k."""
-    return rans.rank_buckets(spread_order(hist), slots)
-
-
 def _kmeans(hists: list[np.ndarray], slots, iters: int, items: int = KMEANS_ITEMS) -> list[np.ndarray]:
     """[S, items] classes of every problem for every k in slots: one padded batch.
 
@@ -141,7 +136,7 @@ def _kmeans(hists: list[np.ndarray], slots, iters: int, items: int = KMEANS_ITEM
     for p, (h, c, smp) in enumerate(zip(hists, coarse, samples, strict=True)):
         X[p, : len(smp), : c.shape[1]] = c[smp]
         bins[p, 0, : c.shape[1]] = 1
-        starts.append(_ranked_start(h, ks))
+        starts.append(rans.rank_buckets(spread_order(h), ks))  # [S, items] spread-ranked classes
         ids[p, :, : len(smp)] = starts[-1][:, smp]
 
     def lengths(cur: np.ndarray) -> np.ndarray:  # [P, C, B]: code lengths of each class
@@ -204,8 +199,3 @@ def _kmeans_compiled(hist: np.ndarray, slots, iters: int, items: int) -> np.ndar
     if not _use_kernel(hist):
         return None
     return rans.kernel_kmeans(hist, slots, iters, items, KMEANS_BINS, float(1 << LENGTH_BITS), _LOG_PRIOR)
-
-
-def cluster_items(hist: np.ndarray, ks, iters: int = 4) -> list[np.ndarray]:
-    """cluster_many for one problem."""
-    return cluster_many([hist], [list(ks)], iters)[0]

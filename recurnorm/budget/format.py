@@ -11,7 +11,7 @@ import json
 import struct
 from typing import Any
 
-from ..errors import ArtifactError
+from ..errors import ArtifactError, QuantError
 from . import compress
 
 MAGIC = b"RNPK"
@@ -65,8 +65,6 @@ def write_container(manifest: dict, payload: bytes) -> bytes:
 def _check_writable(manifest: dict, raw: bytes) -> None:
     """QuantError when readers would refuse this manifest for its size or nesting (a huge or
     deep config.json in the metadata): the packer never writes an artifact its reader refuses."""
-    from ..errors import QuantError
-
     if len(raw) > MAX_MANIFEST_BYTES:
         raise QuantError(
             f"the manifest would be {len(raw):,} bytes (metadata {len(dumps(manifest.get('metadata', {}))):,}, "
@@ -143,15 +141,17 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
         raise ArtifactError("manifest nests too deeply")
     if not isinstance(manifest, dict):
         raise ArtifactError("manifest is not a JSON object")
-    if not _is_int(manifest.get("version")) or manifest.get("version") != version:
+    if not is_int(manifest.get("version")) or manifest.get("version") != version:
         raise ArtifactError(f"manifest version {manifest.get('version')!r} differs from the header's {version}")
     payload = data[HEADER_SIZE + mlen :]
     plen = manifest.get("payload_length")
-    if not _is_int(plen) or plen != len(payload):
+    if not is_int(plen) or plen != len(payload):
         raise ArtifactError(f"truncated or padded artifact: payload is {len(payload)} bytes, manifest says {plen}")
     if hashlib.sha256(payload).hexdigest() != manifest.get("payload_sha256"):
         raise ArtifactError("payload checksum mismatch (corrupt artifact)")
-    validate_manifest(manifest, max_decoded_bytes)
+    from . import validate  # it reads this module's limits
+
+    validate.check_manifest(manifest, max_decoded_bytes)  # every field, before anything is decoded
     if bool(flags & LOWRANK_FLAG) != has_lowrank(manifest):
         raise ArtifactError("header flag for lqer corrections disagrees with the manifest")
     return manifest, payload
@@ -162,13 +162,6 @@ def has_lowrank(manifest: dict) -> bool:
     return any(isinstance(t, dict) and "lowrank" in t for t in manifest.get("tensors", ()))
 
 
-def _is_int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
+    """An int that is not a bool (JSON's true is not a number)."""
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def validate_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
-    """Check every field before anything is decoded or allocated (budget/validate.py);
-    the bytes the decoded tensors need."""
-    from . import validate  # it reads this module's limits
-
-    return validate.check_manifest(manifest, max_decoded_bytes)

@@ -113,12 +113,8 @@ class Stream:
 
     def lzma_parents(self) -> bool:
         """A parents stream over QUICK_MIN bytes, where lzma races."""
-        return (
-            self.on("parents_lzma")
-            and "lzma" in self.names
-            and self.ctx.kind == "parents"
-            and self.ctx.nbytes > QUICK_MIN
-        )
+        ctx = self.ctx
+        return self.on("parents_lzma") and "lzma" in self.names and ctx.kind == "parents" and ctx.nbytes > QUICK_MIN
 
     def norep_codes(self, laid: LaidOut, best: int) -> bool:
         """Quantized codes (they have scales) in which zstd-1 finds no repetition that takes it

@@ -260,11 +260,7 @@ def rank_buckets(order: np.ndarray, k) -> np.ndarray:
     for a sequence of ks, one row of ids per k."""
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
-    return (
-        rank * np.asarray(k, dtype=np.int64)[..., None] // max(len(order), 1)
-        if np.ndim(k)
-        else rank * k // max(len(order), 1)
-    )
+    return rank * np.asarray(k, dtype=np.int64)[..., None] // max(len(order), 1)  # (a scalar k broadcasts to [n])
 
 
 def context_vector(
@@ -365,17 +361,6 @@ def from_tuples(tsym: np.ndarray, nsym: int, t: int, n: int) -> np.ndarray:
 # ----------------------------------------------------------------- coding
 
 
-def pack_side(raw: bytes) -> tuple[bytes, int]:
-    """(blob, compressor id) of side data (a table's varints or class ids): its shortest
-    portable form (raw, deflate or lzma)."""
-    return compress.smallest(raw)
-
-
-def side_size(raw: bytes) -> int:
-    """About len(pack_side(raw)[0]), sooner: for ranking candidates."""
-    return compress.estimate(raw)
-
-
 def _read_varint(body: bytes, pos: int) -> tuple[int, int]:
     """One LEB128 varint (at most 5 bytes) at pos: (value, next pos)."""
     val = 0
@@ -403,12 +388,12 @@ def encode(
     """Encode symbols in [0, nsym) with the stored table [k, nsym] (rows summing to 2**prec)
     of each context id: the stream header, side data, then ilv_encode's bytes.
 
-    side: the ((table blob, id), (ids blob, id)) pack_side made already (search.SideData).
+    side: the ((table blob, id), (ids blob, id)) compress.smallest made already (search.SideData).
     """
     if side is None:
         side = (
-            pack_side(varint_encode(tables.ravel())),
-            pack_side(ids.astype(np.uint8).tobytes()) if ids is not None else (b"", 0),
+            compress.smallest(varint_encode(tables.ravel())),
+            compress.smallest(ids.astype(np.uint8).tobytes()) if ids is not None else (b"", 0),
         )
     (tblob, tz), (iblob, iz) = side
     head = varint_encode(np.array([4 * len(tblob) + tz, 4 * len(iblob) + iz])) + tblob + iblob
@@ -503,15 +488,9 @@ def ilv_encode(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, prec: 
         return ilv_encode_numpy(sym, ctx, freq, prec, lanes)
     k, nsym = freq.shape
     c = np.ascontiguousarray(ctx, dtype=np.uint8) if k > 1 and ctx is not None else None
+    sym16, f = np.ascontiguousarray(sym, dtype=np.uint16), np.ascontiguousarray(freq, dtype=np.uint32).ravel()
     try:
-        return _ransc.encode(
-            np.ascontiguousarray(sym, dtype=np.uint16),
-            c,
-            np.ascontiguousarray(freq, dtype=np.uint32).ravel(),
-            nsym,
-            prec,
-            lanes,
-        )
+        return _ransc.encode(sym16, c, f, nsym, prec, lanes)
     except ValueError as exc:  # our own tables: a bug, not bad input
         raise ValueError(f"rans encode: {exc}") from None
 

@@ -27,7 +27,7 @@ from functools import cached_property
 
 import numpy as np
 
-from . import rans
+from . import compress, rans
 from .cluster import axis_histograms, class_sums_all, cluster_many, ranked_class_sums
 
 PRECS = (8, 10, 12, 14, 16)
@@ -156,11 +156,6 @@ class Choice:
 # ----------------------------------------------------------------- candidates
 
 
-def _stride_for(numel: int) -> int:
-    """Sampling stride that keeps the context search near SEARCH_SAMPLE positions."""
-    return max(1, numel // SEARCH_SAMPLE)
-
-
 class Stream:
     """One stream's symbols, and what its candidates share: unit views, totals, histograms."""
 
@@ -174,7 +169,6 @@ class Stream:
         self._units: dict[int, np.ndarray] = {}
         self._totals: dict[int, np.ndarray] = {}
         self._hists: dict[str, tuple[np.ndarray, float]] = {}
-        self._sym16: np.ndarray | None = None
 
     def tuples(self, t: int) -> np.ndarray:
         """The units of t symbols, as uint16 (unit alphabets are at most 4096)."""
@@ -205,7 +199,7 @@ class Stream:
             numel = view[0] * view[1]
             # The kernel counts every position (one linear pass): sampled rows of a wide
             # embedding keep too few positions each to tell their classes apart.
-            stride = 1 if rans.has_kernel() else _stride_for(numel)
+            stride = 1 if rans.has_kernel() else max(1, numel // SEARCH_SAMPLE)
             mat = self.sym[:numel].reshape(view)
             part = mat[:, ::stride] if axis == 0 else mat[::stride]
             if rans.has_kernel():  # the same integer counts, one pass in C
@@ -215,12 +209,10 @@ class Stream:
             self._hists[family] = (hist, numel / part.size)
         return self._hists[family]
 
-    @property
+    @cached_property
     def sym16(self) -> np.ndarray:
         """The symbols as uint16, the compiled kernel's input (alphabets are at most 4096)."""
-        if self._sym16 is None:
-            self._sym16 = np.ascontiguousarray(self.sym, dtype=np.uint16)
-        return self._sym16
+        return np.ascontiguousarray(self.sym, dtype=np.uint16)
 
     def unit_counts(self, t: int, variant: str, k: int, ids, kc: int = 1) -> np.ndarray:
         """[k, nsym**t] counts of coded units per context, from every us-th unit (scaled;
@@ -455,12 +447,12 @@ class SideData:
     def nbytes(self) -> int:
         """Measured with a quicker compressor than the encoder's (it only ranks finalists),
         the first time a finalist's turn comes."""
-        return rans.side_size(self.varints) + (rans.side_size(self.ids) if self.ids is not None else 0)
+        return compress.estimate(self.varints) + (compress.estimate(self.ids) if self.ids is not None else 0)
 
     def blobs(self) -> tuple[tuple[bytes, int], tuple[bytes, int]]:
         """rans.encode's side=: the compacted table and ids."""
-        ids = rans.pack_side(self.ids) if self.ids is not None else (b"", 0)
-        return rans.pack_side(self.varints), ids
+        ids = compress.smallest(self.ids) if self.ids is not None else (b"", 0)
+        return compress.smallest(self.varints), ids
 
 
 def side_data_many(pairs: list[tuple[Candidate, np.ndarray]]) -> list[SideData]:
@@ -718,8 +710,3 @@ def map_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Choic
     ids = np.concatenate([rid, (np.stack(cmap) + per * np.arange(kr)[:, None, None]).ravel()]).astype(np.uint8)
     found = _measured(x.ravel(), nsym, geo, Choice("map", per * kr, 1, ids, 0, best.lanes, 0, None, kr), best, (8, 12))
     return found if found is not best else None
-
-
-def choose(sym: np.ndarray, nsym: int, geo: Geometry, effort: str = "normal") -> Choice:
-    """The cheapest coding found for one stream."""
-    return plan([(sym, nsym, geo)], effort)[0]

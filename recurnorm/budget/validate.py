@@ -29,10 +29,6 @@ FLOAT_STAGE_BYTES = 4  # quantized formats dequantize through float32, whatever 
 TABLE_ENTRY_BYTES = 32
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _str(v: Any, where: str, limit: int = 64) -> str:
     if not isinstance(v, str) or len(v) > limit:
         raise ArtifactError(f"{where} must be a string of at most {limit} characters, got {_short(v)}")
@@ -52,7 +48,7 @@ def shape_problem(shape) -> str | None:
     if (
         not isinstance(shape, (list, tuple))
         or len(shape) > fmt.MAX_NDIM
-        or not all(_is_int(d) and 0 <= d < 1 << 40 for d in shape)
+        or not all(fmt.is_int(d) and 0 <= d < 1 << 40 for d in shape)
         or math.prod(d for d in shape if d) >= 1 << 40
     ):
         return f"bad shape {_short(list(shape) if isinstance(shape, tuple) else shape)}"
@@ -102,7 +98,7 @@ def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
     """
     limit = DEFAULT_MAX_DECODED_BYTES if max_decoded_bytes is None else max_decoded_bytes
     version = manifest.get("version")
-    if manifest.get("format") != "rnpk" or not _is_int(version) or version not in fmt.READ_VERSIONS:
+    if manifest.get("format") != "rnpk" or not fmt.is_int(version) or version not in fmt.READ_VERSIONS:
         raise ArtifactError("manifest format/version fields are wrong")
     if not isinstance(manifest.get("metadata", {}), dict):
         raise ArtifactError("manifest metadata is not an object")
@@ -210,7 +206,7 @@ def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
         if not isinstance(s.get("params"), dict) or not isinstance(s.get("sha256"), str):
             raise ArtifactError(f"{swhere}: params/sha256 missing")
         off, length = s.get("offset"), s.get("length")
-        if not (_is_int(off) and _is_int(length) and 0 <= off and 0 <= length and off + length <= plen):
+        if not (fmt.is_int(off) and fmt.is_int(length) and 0 <= off and 0 <= length and off + length <= plen):
             raise ArtifactError(f"{swhere}: bytes [{off}, {off}+{length}) outside the payload")
         sshape = shapes[kind] = _shape(s.get("shape"), swhere)
         n = math.prod(sshape)
@@ -254,7 +250,7 @@ def _table_entries(codec: str, params: dict) -> int:
     if codec not in ("rans", "fields"):  # (a fields stream's heads are a rans stream)
         return 0
     k, nsym, t = params.get("k", 1), params.get("nsym"), params.get("tuple", 1)
-    if not all(_is_int(v) and v >= 1 for v in (k, nsym, t)) or k > MAX_CONTEXTS or nsym > MAX_ALPHABET or t > 8:
+    if not all(fmt.is_int(v) and v >= 1 for v in (k, nsym, t)) or k > MAX_CONTEXTS or nsym > MAX_ALPHABET or t > 8:
         return 0
     return k * nsym**t
 
