@@ -10,7 +10,8 @@ decoded bytes + 64 MB, compact loader <= 4,000 bytes.
 
     python benchmarks/loader.py [--real FILE] [--repeats 3] [--effort max]
 
-(--effort max: rows predicted from earlier rows, which the loader restores row by row.)
+(The embedding's rows are predicted from earlier rows, which the loader restores row by row;
+--effort max: every matrix's.)
 """
 
 from __future__ import annotations
