@@ -701,7 +701,8 @@ static PyObject *fields_split(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     /* Little-endian words, read as such: a simple loop a field over a block that stays in cache
-     * (they vectorize; 1.2-1.4x quicker than the loop below, which ends the last block). */
+     * (they vectorize; 2-3x quicker than the loop below, which ends the last block). */
+    uint8_t lowb[FIELD_BLOCK], signb[FIELD_BLOCK];
     const Py_ssize_t full = (uintptr_t)w % isz ? 0 : n / 8 * 8; /* (aligned words only) */
     for (Py_ssize_t i0 = 0; i0 < full; i0 += FIELD_BLOCK) {
         const Py_ssize_t len = full - i0 < FIELD_BLOCK ? full - i0 : FIELD_BLOCK;
@@ -710,14 +711,19 @@ static PyObject *fields_split(PyObject *Py_UNUSED(self), PyObject *args) {
         for (Py_ssize_t i = 0; i < len; i++) head[i0 + i] = (uint16_t)(x[i] >> lb & hmask);         \
         for (Py_ssize_t j = 0; j < q; j++)                                                          \
             for (Py_ssize_t i = 0; i < len; i++) tail[j * n + i0 + i] = (uint8_t)(x[i] >> 8 * j);   \
-        for (Py_ssize_t b = i0 / 8; b < (i0 + len) / 8; b++) {                                      \
-            uint64_t low = 0, sign = 0;                                                             \
-            for (int e = 0; e < 8; e++) {                                                           \
-                low |= (uint64_t)(x[8 * b - i0 + e] >> 8 * q & 0xFF) << 8 * e;                      \
-                sign |= (uint64_t)(x[8 * b - i0 + e] >> top) << 8 * e;                              \
-            }                                                                                       \
-            for (Py_ssize_t j = 0; j < r; j++) bits[j * c + b] = (uint8_t)(((low >> j & LOW_BITS) * GATHER) >> 56); \
-            bits[r * c + b] = (uint8_t)((sign * GATHER) >> 56);                                     \
+        /* bits 8q.. and the sign a byte a word (narrowing loops that vectorize), read back eight \
+         * words at a time as uint64 */                                                             \
+        for (Py_ssize_t i = 0; i < len; i++) {                                                      \
+            lowb[i] = (uint8_t)(x[i] >> 8 * q);                                                     \
+            signb[i] = (uint8_t)(x[i] >> top);                                                      \
+        }                                                                                           \
+        for (Py_ssize_t b = 0; b < len / 8; b++) {                                                  \
+            uint64_t low, sign;                                                                     \
+            memcpy(&low, lowb + 8 * b, 8);                                                          \
+            memcpy(&sign, signb + 8 * b, 8);                                                        \
+            for (Py_ssize_t j = 0; j < r; j++)                                                      \
+                bits[j * c + i0 / 8 + b] = (uint8_t)(((low >> j & LOW_BITS) * GATHER) >> 56);       \
+            bits[r * c + i0 / 8 + b] = (uint8_t)((sign * GATHER) >> 56);                            \
         }
         if (isz == 2) {
             SPLIT_FIELDS(uint16_t)
@@ -790,22 +796,28 @@ static PyObject *fields_join(PyObject *Py_UNUSED(self), PyObject *args) {
     uint32_t over = 0;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     /* Little-endian words, stored as such: a simple loop a field over a block that stays in
-     * cache (they vectorize; 1.5-1.8x quicker than join_block), the last partial block below. */
+     * cache (they vectorize; 2-3x quicker than join_block), the last partial block below. */
+    uint8_t lowb[FIELD_BLOCK], signb[FIELD_BLOCK];
     const Py_ssize_t full = (uintptr_t)w % isz ? 0 : n / 8 * 8; /* (aligned words only) */
     for (Py_ssize_t i0 = 0; i0 < full; i0 += FIELD_BLOCK) {
         const Py_ssize_t len = full - i0 < FIELD_BLOCK ? full - i0 : FIELD_BLOCK;
 #define JOIN_FIELDS(T)                                                                              \
         T *restrict v = (T *)w + i0;                                                                \
-        for (Py_ssize_t i = 0; i < len; i++) { v[i] = (T)((T)head[i0 + i] << lb); over |= head[i0 + i]; } \
-        for (Py_ssize_t j = 0; j < q; j++)                                                          \
-            for (Py_ssize_t i = 0; i < len; i++) v[i] |= (T)((T)tail[j * n + i0 + i] << 8 * j);     \
-        for (Py_ssize_t b = i0 / 8; b < (i0 + len) / 8; b++) {                                      \
+        /* each bit plane's byte spread to eight words' bytes, written as uint64 (byte e: word e), \
+         * then one loop over the words that vectorizes */                                          \
+        for (Py_ssize_t b = 0; b < len / 8; b++) {                                                  \
             uint64_t low = 0;                                                                       \
-            for (Py_ssize_t j = 0; j < r; j++) low |= SPREAD[bits[j * c + b]] << j;                 \
-            const uint64_t sign = SPREAD[bits[r * c + b]];                                          \
-            for (int e = 0; e < 8; e++)                                                             \
-                v[8 * b - i0 + e] |= (T)((T)(low >> 8 * e & 0xFF) << 8 * q | (T)(sign >> 8 * e & 1) << top); \
-        }
+            for (Py_ssize_t j = 0; j < r; j++) low |= SPREAD[bits[j * c + i0 / 8 + b]] << j;        \
+            const uint64_t sign = SPREAD[bits[r * c + i0 / 8 + b]];                                 \
+            memcpy(lowb + 8 * b, &low, 8);                                                          \
+            memcpy(signb + 8 * b, &sign, 8);                                                        \
+        }                                                                                           \
+        for (Py_ssize_t i = 0; i < len; i++) {                                                      \
+            v[i] = (T)((T)head[i0 + i] << lb | (T)lowb[i] << 8 * q | (T)signb[i] << top);           \
+            over |= head[i0 + i];                                                                   \
+        }                                                                                           \
+        for (Py_ssize_t j = 0; j < q; j++)                                                          \
+            for (Py_ssize_t i = 0; i < len; i++) v[i] |= (T)((T)tail[j * n + i0 + i] << 8 * j);
         if (isz == 2) {
             JOIN_FIELDS(uint16_t)
         } else {
