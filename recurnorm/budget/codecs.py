@@ -346,7 +346,7 @@ class Fields(Codec, name="fields"):
     in the chunks where a probe finds repetition: rows cast from a narrower type)."""
 
     def split(self, arr: np.ndarray, ctx: StreamContext):
-        """(heads less the least, their alphabet, the least, tail, params) of float words."""
+        """(heads less the least, their alphabet, the least, tail, params, heads' counts) of float words."""
         w, m = np.ascontiguousarray(arr).view(f"<u{arr.dtype.itemsize}").ravel(), ctx.mant
         g, ebits, s = geometry(ctx), 8 * w.itemsize - 1 - m, w.itemsize // 2
         top = (w.view("<u2")[s - 1 :: s] >> np.uint16(m - HI_MAX + 16 - 16 * s)) & np.uint16((1 << ebits + HI_MAX) - 1)
@@ -357,15 +357,15 @@ class Fields(Codec, name="fields"):
         # heads (the standalone loader then holds them a byte each). Exponent 0 (zeros and
         # denormals) widens the heads' span: all-MiniLM-L6-v2's bf16 embedding then takes h = 1.
         cost, items = [], max(g.rows, g.cols)
-        for h in range(HI_MAX + 1):
-            c = counts.reshape(-1, 1 << HI_MAX - h).sum(1)
+        sums = [counts.reshape(-1, 1 << HI_MAX - h).sum(1) for h in range(HI_MAX + 1)]  # (the search takes one)
+        for h, c in enumerate(sums):
             span = int((nz[-1] >> HI_MAX) - (nz[0] >> HI_MAX) + 1) << h
             wide = h and (items * span > search.CLUSTER_MAX_CELLS or span > 256)
             cost.append(rans.entropy_bits(c) / 8 + w.size * (m - h + 1) / 8 + 2 * np.count_nonzero(c) + wide * 1e30)
         h = int(np.argmin(cost))
-        (head, tail), lo = split_words(w, m, h), int(nz[0]) >> HI_MAX - h  # (the least head)
+        (head, tail), lo, last = split_words(w, m, h), int(nz[0]) >> HI_MAX - h, int(nz[-1]) >> HI_MAX - h
         head -= np.uint16(lo)  # (its own array: no copy)
-        return head, (int(nz[-1]) >> HI_MAX - h) - lo + 1, lo, tail, {"mant": m, "hi": h}
+        return head, last - lo + 1, lo, tail, {"mant": m, "hi": h}, sums[h][lo : last + 1]
 
     def prepare(self, items):
         """Every float stream's head, and one rans search for all of them (as Rans.prepare).
@@ -373,9 +373,9 @@ class Fields(Codec, name="fields"):
         jobs, heads, out = [], [], [None] * len(items)
         for j, (arr, ctx) in enumerate(items):
             if ctx.mant and arr.size and arr.dtype.itemsize == (4 if ctx.mant > 16 else 2):  # (their words)
-                head, nsym, lo, tail, params = self.split(arr, ctx)
+                head, nsym, lo, tail, params, counts = self.split(arr, ctx)
                 hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, ctx.effort)
-                jobs.append((head, nsym, geometry(hctx)))
+                jobs.append((head, nsym, geometry(hctx), counts))
                 heads.append((j, ctx, hctx, lo, tail, params))
         for effort in sorted({h[1].effort for h in heads}):
             picked = [i for i, h in enumerate(heads) if h[1].effort == effort]
