@@ -392,12 +392,24 @@ static PyObject *counts(PyObject *Py_UNUSED(self), PyObject *args) {
  * on a strided sample by integer code lengths, every item assigned, classes renumbered by
  * first appearance). The reference's float32 sums are exact when every count total stays
  * under 2^24; otherwise this returns False, writes nothing, and the caller runs numpy. */
-typedef struct { float key; Py_ssize_t idx; } keyed;
-
-static int by_key(const void *a, const void *b) {
-    const keyed *x = a, *y = b;
-    if (x->key != y->key) return x->key < y->key ? -1 : 1;
-    return (x->idx > y->idx) - (x->idx < y->idx);
+/* rank[i]: item i's place in the order of (key, i), by a stable radix sort of the keys' bits, 11
+ * a pass (keys are floats >= 0, whose bits order as they do): what a sort comparing (key, index)
+ * pairs gives, without a comparison call each. */
+static int rank_by_key(const float *key, Py_ssize_t n, Py_ssize_t *rank) {
+    uint32_t *a = malloc(sizeof(uint32_t) * n), *b = malloc(sizeof(uint32_t) * n), k; /* (items < 2^32) */
+    Py_ssize_t *count = malloc(sizeof(Py_ssize_t) * 2048);
+    if (!a || !b || !count) { free(a); free(b); free(count); return -1; }
+    for (Py_ssize_t i = 0; i < n; i++) a[i] = (uint32_t)i;
+    for (int shift = 0; shift < 32; shift += 11) {
+        memset(count, 0, sizeof(Py_ssize_t) * 2048);
+        for (Py_ssize_t i = 0; i < n; i++) { memcpy(&k, key + a[i], 4); count[k >> shift & 2047]++; }
+        for (Py_ssize_t d = 0, run = 0; d < 2048; d++) { const Py_ssize_t c = count[d]; count[d] = run; run += c; }
+        for (Py_ssize_t i = 0; i < n; i++) { memcpy(&k, key + a[i], 4); b[count[k >> shift & 2047]++] = a[i]; }
+        uint32_t *t = a; a = b; b = t;
+    }
+    for (Py_ssize_t r = 0; r < n; r++) rank[a[r]] = r;
+    free(a); free(b); free(count);
+    return 0;
 }
 
 #define EXACT_F32 16777216.0 /* 2^24 */
@@ -460,12 +472,12 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     double *X = calloc(n * bins, sizeof(double)), *XS = calloc(ns * bins, sizeof(double));
     double *LT = calloc(Cp * bins, sizeof(double)), *sums = calloc(C * bins, sizeof(double));
     double *cost = malloc(sizeof(double) * Cp);
-    keyed *order = malloc(sizeof(keyed) * n);
+    float *key = malloc(sizeof(float) * n);
     Py_ssize_t *edge = malloc(sizeof(Py_ssize_t) * (bins + 1));
     Py_ssize_t *rank = malloc(sizeof(Py_ssize_t) * n);
     int64_t *start = malloc(sizeof(int64_t) * S * n), *ids = malloc(sizeof(int64_t) * S * ns);
     int64_t *next = malloc(sizeof(int64_t) * S * ns), *label = malloc(sizeof(int64_t) * C);
-    if (!colf || !distf || !X || !XS || !LT || !sums || !cost || !order || !edge || !rank || !start ||
+    if (!colf || !distf || !X || !XS || !LT || !sums || !cost || !key || !edge || !rank || !start ||
         !ids || !next || !label) {
         ok = -1;
         goto done;
@@ -519,11 +531,9 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
             X[i * B + b] = (double)run[0] + run[1] + run[2] + run[3] + run[4] + run[5] + run[6] + run[7];
             tot += X[i * B + b];
         }
-        order[i].key = (float)num / (tot > 1 ? (float)tot : 1.0f);
-        order[i].idx = i;
+        key[i] = (float)num / (tot > 1 ? (float)tot : 1.0f);
     }
-    qsort(order, n, sizeof(keyed), by_key);
-    for (Py_ssize_t r = 0; r < n; r++) rank[order[r].idx] = r;
+    if (rank_by_key(key, n, rank) < 0) { ok = -1; goto done; }
     for (Py_ssize_t s = 0; s < S; s++)
         for (Py_ssize_t i = 0; i < n; i++) start[s * n + i] = (int64_t)rank[i] * ks[s] / n;
     for (Py_ssize_t j = 0; j < ns; j++) {
@@ -552,7 +562,7 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     }
     ok = 1;
 done:
-    free(colf); free(distf); free(X); free(XS); free(LT); free(sums); free(cost); free(order);
+    free(colf); free(distf); free(X); free(XS); free(LT); free(sums); free(cost); free(key);
     free(edge); free(rank); free(start); free(ids); free(next); free(label);
     return ok;
 }
@@ -633,14 +643,12 @@ static PyObject *class_sums(PyObject *Py_UNUSED(self), PyObject *args) {
         /* Float sums of integer counts (they vectorize): exact while the total is under 2^24,
          * which the first clustering's sums then tell exactly (else out is left undefined). */
         memset(out, 0, sizeof(float) * C * nsym);
-        Py_ssize_t base = 0;
-        for (Py_ssize_t s = 0; s < S; s++) {
-            for (Py_ssize_t i = 0; i < n; i++) {
+        for (Py_ssize_t i = 0; i < n; i++) { /* every clustering while the item's counts are in cache */
+            const float *h = hist + i * nsym;
+            for (Py_ssize_t s = 0, base = 0; s < S; base += ks[s++]) {
                 float *row = out + (base + ids[s * n + i]) * nsym;
-                const float *h = hist + i * nsym;
                 for (Py_ssize_t v = 0; v < nsym; v++) row[v] += h[v];
             }
-            base += ks[s];
         }
         double total = 0;
         for (Py_ssize_t j = 0; j < ks[0] * nsym; j++) total += out[j];
