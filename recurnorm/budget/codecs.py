@@ -188,21 +188,20 @@ class Zstd(Compressed, name="zstd"):
     compressor = compress.ZSTD
 
 
-def _symbols_to_array(sym: np.ndarray, offset: int, ctx: StreamContext) -> np.ndarray:
-    """Codes = symbols + offset, checked to fit the stream dtype (added in the unsigned type
-    of its width: the sum wraps as the checked result needs, with no int64 copy)."""
+def _symbols_to_array(sym: np.ndarray, off: int, ctx: StreamContext, nsym: int) -> np.ndarray:
+    """Codes = symbols (< nsym) + off, checked to fit the stream dtype (added in the unsigned
+    type of its width: the sum wraps as the checked result needs, with no int64 copy)."""
     dt = np.dtype(ctx.dtype)
     if dt.kind not in "iub":
         raise ArtifactError(f"{ctx.kind} stream: symbols cannot decode to {ctx.dtype}")
-    if sym.size:
-        lo, hi = int(sym.min()) + offset, int(sym.max()) + offset
-        info = np.iinfo(dt) if dt != np.bool_ else None
-        if (info and (lo < info.min or hi > info.max)) or (info is None and (lo < 0 or hi > 1)):
+    if sym.size:  # the declared range where it fits (no pass over the symbols), else the one decoded
+        a, b = (0, 1) if dt == np.bool_ else (int(np.iinfo(dt).min), int(np.iinfo(dt).max))
+        if not a <= off <= off + nsym - 1 <= b and not a <= int(sym.min()) + off <= int(sym.max()) + off <= b:
             raise ArtifactError(f"{ctx.kind} stream: decoded codes do not fit {ctx.dtype}")
     udt = np.dtype(f"u{dt.itemsize}")
     # The decoder's own array is reused when it already has the width: one copy fewer.
     out = sym.view(udt) if sym.dtype.itemsize == dt.itemsize and sym.flags.writeable else sym.astype(udt)
-    out += udt.type(offset % (1 << (8 * dt.itemsize)))
+    out += udt.type(off % (1 << (8 * dt.itemsize)))
     return out.view(dt).reshape(ctx.shape)
 
 
@@ -330,7 +329,7 @@ class Rans(Codec, name="rans"):
             raise ArtifactError("rans grid class ids do not match the declared classes")
         cvec = geometry(ctx).context_vector(variant, k, ids, t, np.uint8, kc)
         sym = rans.from_tuples(rans.ilv_decode(words, cvec, tables, prec, lanes, len(cvec)), nsym, t, n)
-        return _symbols_to_array(sym, offset, ctx)
+        return _symbols_to_array(sym, offset, ctx, nsym)
 
 
 # ----------------------------------------------------------------- fields
