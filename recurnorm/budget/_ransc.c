@@ -175,7 +175,9 @@ static PyObject *ilv_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     uint8_t present[MAX_K] = {0};
     Py_ssize_t n_present = 0;
     if (ctx) {
-        for (Py_ssize_t i = 0; i < n; i++) present[ctx[i]] = 1; /* (ids past k: refused while decoding) */
+        /* (ids past k: refused while decoding); the scan ends once every context is seen */
+        for (Py_ssize_t i = 0, seen = 0; i < n && seen < k; i++)
+            if (!present[ctx[i]]) { present[ctx[i]] = 1; seen += ctx[i] < k; }
     } else {
         present[0] = n > 0;
     }
