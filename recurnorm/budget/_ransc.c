@@ -81,9 +81,16 @@ static PyObject *ilv_encode(PyObject *Py_UNUSED(self), PyObject *args) {
     cum = malloc(sizeof(uint32_t) * k * nsym);
     x = malloc(sizeof(uint32_t) * lanes);
     /* At most one word per unit, and a spare slot in front: the branchless renormalization
-     * below stores a word before it knows whether to keep it. */
+     * below stores a word before it knows whether to keep it. Little-endian: the words are
+     * written at the end of the result itself (moved down to the states and the result cut to
+     * size after), so no second buffer's pages are touched and copied. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    result = PyBytes_FromStringAndSize(NULL, 4 * lanes + 2 * (n + 1));
+    if (result) words = (uint16_t *)(PyBytes_AS_STRING(result) + 4 * lanes);
+#else
     words = malloc(sizeof(uint16_t) * (n + 1));
-    if (!cum || !x || !words) { PyErr_NoMemory(); goto done; }
+#endif
+    if (!cum || !x || !words) { if (!PyErr_Occurred()) PyErr_NoMemory(); goto done; }
     cumulate(freq, k, nsym, m, cum, filled);
     Py_ssize_t steps = (n + lanes - 1) / lanes;
     uint16_t *const end = words + n + 1, *p = end; /* written backwards: the decoder reads forward */
@@ -113,18 +120,27 @@ static PyObject *ilv_encode(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_END_ALLOW_THREADS
     if (err) goto done;
     Py_ssize_t nw = end - p;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memmove(words, p, 2 * nw);
+    words = NULL; /* (the result's: not freed) */
+    if (_PyBytes_Resize(&result, 4 * lanes + 2 * nw) < 0) goto done;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+#else
     result = PyBytes_FromStringAndSize(NULL, 4 * lanes + 2 * nw);
     if (!result) goto done;
     uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < nw; i++) { out[4 * lanes + 2 * i] = p[i] & 0xFF; out[4 * lanes + 2 * i + 1] = p[i] >> 8; }
+#endif
     for (Py_ssize_t j = 0; j < lanes; j++) { /* little-endian u32 states, then u16 words */
         out[4 * j] = x[j] & 0xFF; out[4 * j + 1] = (x[j] >> 8) & 0xFF;
         out[4 * j + 2] = (x[j] >> 16) & 0xFF; out[4 * j + 3] = x[j] >> 24;
     }
-    uint8_t *w = out + 4 * lanes;
-    for (Py_ssize_t i = 0; i < nw; i++) { w[2 * i] = p[i] & 0xFF; w[2 * i + 1] = p[i] >> 8; }
 done:
     if (err && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, err);
     if (PyErr_Occurred()) Py_CLEAR(result);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    words = NULL; /* (the result's, or never allocated) */
+#endif
     free(cum); free(x); free(words);
     PyBuffer_Release(&sb); PyBuffer_Release(&fb);
     if (has_ctx) PyBuffer_Release(&cb);
