@@ -237,17 +237,18 @@ static PyObject *ilv_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     memset(words + nwords, 0, sizeof(uint16_t) * lanes);
     Py_ssize_t pos = 0;
     const Py_ssize_t steps = (n + lanes - 1) / lanes;
-    /* One loop a slot-to-symbol lookup, so that none of them tests which it is per symbol. */
-#define DECODE_LOOP(LOOKUP)                                                                        \
+#define DECODE_LOOP(CTX, LOOKUP)                                                                   \
     for (Py_ssize_t t = 0; t < steps && !err; t++) {                                               \
-        Py_ssize_t lo = t * lanes, a = n - lo < lanes ? n - lo : lanes;                            \
+        const Py_ssize_t lo = t * lanes, a = n - lo < lanes ? n - lo : lanes;                      \
+        const uint8_t *const cx = ctx ? ctx + lo : NULL;                                           \
+        (void)cx; /* (unread where there are no contexts) */                                       \
+        uint16_t *const o = out + lo;                                                              \
         for (Py_ssize_t j = 0; j < a; j++) {                                                       \
-            Py_ssize_t i = lo + j;                                                                 \
-            uint32_t c = ctx ? ctx[i] : 0;                                                         \
+            const uint32_t c = CTX;                                                                \
             if (c >= (uint32_t)k) { err = "rans context id out of range"; break; }                 \
             uint32_t xs = x[j], slot = xs & mask, sym;                                             \
             LOOKUP;                                                                                \
-            out[i] = (uint16_t)sym;                                                                \
+            o[j] = (uint16_t)sym;                                                                  \
             /* its frequency, and its cumulative count above; wraps on hostile states, as the      \
              * reference does: the end checks catch it */                                          \
             const uint64_t e = fc[c * nsym + sym];                                                 \
@@ -259,12 +260,15 @@ static PyObject *ilv_decode(PyObject *Py_UNUSED(self), PyObject *args) {
         }                                                                                          \
         if (pos > nwords) err = "interleaved rans stream ends early";                              \
     }
-    if (use_lut && lut_bytes == 1) {
-        DECODE_LOOP(sym = lut8[c * m + slot])
+    /* One loop a slot-to-symbol lookup and a context source, so that none tests which per symbol. */
+    if (use_lut && lut_bytes == 1 && ctx) {
+        DECODE_LOOP(cx[j], sym = lut8[c * m + slot])
+    } else if (use_lut && lut_bytes == 1) {
+        DECODE_LOOP(0, sym = lut8[slot])
     } else if (use_lut) {
-        DECODE_LOOP(sym = lut16[c * m + slot])
+        DECODE_LOOP(ctx ? cx[j] : 0, sym = lut16[c * m + slot])
     } else { /* the last symbol whose cumulative count is <= slot */
-        DECODE_LOOP(uint32_t lo_s = 0; uint32_t hi_s = (uint32_t)nsym;                            \
+        DECODE_LOOP(ctx ? cx[j] : 0, uint32_t lo_s = 0; uint32_t hi_s = (uint32_t)nsym;          \
                     while (hi_s - lo_s > 1) {                                                      \
                         uint32_t mid = (lo_s + hi_s) >> 1;                                         \
                         if ((uint32_t)(fc[c * nsym + mid] >> 32) <= slot) lo_s = mid; else hi_s = mid; \
