@@ -907,6 +907,51 @@ static PyObject *fields_join(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* top_counts(words, itemsize, shift, out: i64[2^bits]) -> None
+ * Adds to out the count of each value of (word >> shift) & (2^bits - 1) over little-endian words
+ * of itemsize bytes: the fields coding's counts of exponents and top mantissa bits in one pass,
+ * with no shifted copy of the words (four banks of counts, as counts() for one context). */
+static PyObject *top_counts(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *w_o, *out_o;
+    int isz, shift;
+    if (!PyArg_ParseTuple(args, "OiiO", &w_o, &isz, &shift, &out_o)) return NULL;
+    if ((isz != 2 && isz != 4) || shift < 0 || shift >= 8 * isz) {
+        PyErr_SetString(PyExc_ValueError, "top_counts: word size or shift out of range");
+        return NULL;
+    }
+    Py_buffer wb, ob;
+    if (get_buffer(w_o, &wb, "words", 0) < 0) return NULL;
+    if (get_buffer(out_o, &ob, "out", 1) < 0) { PyBuffer_Release(&wb); return NULL; }
+    const Py_ssize_t n = wb.len / isz, nb = ob.len / 8;
+    const char *err = NULL;
+    if (wb.len % isz || nb < 1 || nb > 65536 || (nb & (nb - 1)) || ob.len % 8) err = "top_counts: buffer sizes disagree";
+    uint32_t *bank = err ? NULL : calloc(4 * (size_t)nb, sizeof(uint32_t));
+    if (!err && (!bank || n >= (Py_ssize_t)UINT32_MAX)) err = "top_counts: out of memory or too many words";
+    if (!err) {
+        const uint8_t *w = wb.buf;
+        const uint32_t mask = (uint32_t)nb - 1;
+        int64_t *out = ob.buf;
+        Py_BEGIN_ALLOW_THREADS
+#define WORD(i) (isz == 2 ? (uint32_t)w[2 * (i)] | (uint32_t)w[2 * (i) + 1] << 8                   \
+                          : (uint32_t)w[4 * (i)] | (uint32_t)w[4 * (i) + 1] << 8 |                    \
+                                (uint32_t)w[4 * (i) + 2] << 16 | (uint32_t)w[4 * (i) + 3] << 24)
+        Py_ssize_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            bank[WORD(i) >> shift & mask]++; bank[nb + (WORD(i + 1) >> shift & mask)]++;
+            bank[2 * nb + (WORD(i + 2) >> shift & mask)]++; bank[3 * nb + (WORD(i + 3) >> shift & mask)]++;
+        }
+        for (; i < n; i++) bank[WORD(i) >> shift & mask]++;
+#undef WORD
+        for (Py_ssize_t v = 0; v < nb; v++) out[v] += (int64_t)bank[v] + bank[nb + v] + bank[2 * nb + v] + bank[3 * nb + v];
+        Py_END_ALLOW_THREADS
+    }
+    free(bank);
+    if (err) PyErr_SetString(PyExc_ValueError, err);
+    PyBuffer_Release(&wb); PyBuffer_Release(&ob);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"counts", counts, METH_VARARGS, "Counts of (context, symbol) pairs added to out (i64): (sym u16, ctx u8|None, nsym, k, out)."},
     {"encode", ilv_encode, METH_VARARGS, "Interleaved rANS encode: (sym u16, ctx u8|None, freq u32, nsym, prec, lanes) -> bytes."},
@@ -915,6 +960,7 @@ static PyMethodDef methods[] = {
     {"kmeans", kmeans, METH_VARARGS, "cluster._kmeans for one problem into out (i64): (hist f32, items, nsym, ks i64, iters, sample_items, bins, length_scale, prior, out) -> False where float32 sums would not be exact."},
     {"histograms", histograms, METH_VARARGS, "Per-row or per-column symbol counts added to out (f32): (sym u16, rows, cols, nsym, axis, stride, out)."},
     {"fields_split", fields_split, METH_VARARGS, "Float words into a fields head (u16) and tail: (words, itemsize, m, h, head out, tail out)."},
+    {"top_counts", top_counts, METH_VARARGS, "Counts of (word >> shift) & (len(out) - 1) added to out (i64): (words, itemsize, shift, out)."},
     {"fields_join", fields_join, METH_VARARGS, "Float words from a fields head and tail: (words out, itemsize, m, h, head u16, tail)."},
     {NULL, NULL, 0, NULL},
 };

@@ -348,8 +348,12 @@ class Fields(Codec, name="fields"):
         """(heads less the least, their alphabet, the least, tail, params, heads' counts) of float words."""
         w, m = np.ascontiguousarray(arr).view(f"<u{arr.dtype.itemsize}").ravel(), ctx.mant
         g, ebits, s = geometry(ctx), 8 * w.itemsize - 1 - m, w.itemsize // 2
-        top = (w.view("<u2")[s - 1 :: s] >> np.uint16(m - HI_MAX + 16 - 16 * s)) & np.uint16((1 << ebits + HI_MAX) - 1)
-        counts = rans.context_counts(top, None, 1, 1 << ebits + HI_MAX)[0]  # (of the words' high halves)
+        counts = np.zeros(1 << ebits + HI_MAX, np.int64)  # of the exponents and HI_MAX top mantissa bits
+        if rans.has_kernel():  # (one pass, no shifted copy of the words)
+            rans._ransc.top_counts(w, w.itemsize, m - HI_MAX, counts)
+        else:
+            top = (w.view("<u2")[s - 1 :: s] >> np.uint16(m - HI_MAX + 16 - 16 * s)) & np.uint16(len(counts) - 1)
+            counts += rans.context_counts(top, None, 1, len(counts))[0]
         nz = np.flatnonzero(counts)  # the exponents (and top mantissa bits) that occur
         # The head's width: order-0 bits of the head plus raw tail bits, with a table's cost, and
         # no wider than lets the search cluster rows and columns (they pay more), nor past 256
