@@ -81,9 +81,16 @@ static PyObject *ilv_encode(PyObject *Py_UNUSED(self), PyObject *args) {
     cum = malloc(sizeof(uint32_t) * k * nsym);
     x = malloc(sizeof(uint32_t) * lanes);
     /* At most one word per unit, and a spare slot in front: the branchless renormalization
-     * below stores a word before it knows whether to keep it. */
+     * below stores a word before it knows whether to keep it. Little-endian: the words are
+     * written at the end of the result itself (moved down to the states and the result cut to
+     * size after), so no second buffer's pages are touched and copied. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    result = PyBytes_FromStringAndSize(NULL, 4 * lanes + 2 * (n + 1));
+    if (result) words = (uint16_t *)(PyBytes_AS_STRING(result) + 4 * lanes);
+#else
     words = malloc(sizeof(uint16_t) * (n + 1));
-    if (!cum || !x || !words) { PyErr_NoMemory(); goto done; }
+#endif
+    if (!cum || !x || !words) { if (!PyErr_Occurred()) PyErr_NoMemory(); goto done; }
     cumulate(freq, k, nsym, m, cum, filled);
     Py_ssize_t steps = (n + lanes - 1) / lanes;
     uint16_t *const end = words + n + 1, *p = end; /* written backwards: the decoder reads forward */
@@ -113,18 +120,27 @@ static PyObject *ilv_encode(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_END_ALLOW_THREADS
     if (err) goto done;
     Py_ssize_t nw = end - p;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memmove(words, p, 2 * nw);
+    words = NULL; /* (the result's: not freed) */
+    if (_PyBytes_Resize(&result, 4 * lanes + 2 * nw) < 0) goto done;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+#else
     result = PyBytes_FromStringAndSize(NULL, 4 * lanes + 2 * nw);
     if (!result) goto done;
     uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < nw; i++) { out[4 * lanes + 2 * i] = p[i] & 0xFF; out[4 * lanes + 2 * i + 1] = p[i] >> 8; }
+#endif
     for (Py_ssize_t j = 0; j < lanes; j++) { /* little-endian u32 states, then u16 words */
         out[4 * j] = x[j] & 0xFF; out[4 * j + 1] = (x[j] >> 8) & 0xFF;
         out[4 * j + 2] = (x[j] >> 16) & 0xFF; out[4 * j + 3] = x[j] >> 24;
     }
-    uint8_t *w = out + 4 * lanes;
-    for (Py_ssize_t i = 0; i < nw; i++) { w[2 * i] = p[i] & 0xFF; w[2 * i + 1] = p[i] >> 8; }
 done:
     if (err && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, err);
     if (PyErr_Occurred()) Py_CLEAR(result);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    words = NULL; /* (the result's, or never allocated) */
+#endif
     free(cum); free(x); free(words);
     PyBuffer_Release(&sb); PyBuffer_Release(&fb);
     if (has_ctx) PyBuffer_Release(&cb);
@@ -175,7 +191,9 @@ static PyObject *ilv_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     uint8_t present[MAX_K] = {0};
     Py_ssize_t n_present = 0;
     if (ctx) {
-        for (Py_ssize_t i = 0; i < n; i++) present[ctx[i]] = 1; /* (ids past k: refused while decoding) */
+        /* (ids past k: refused while decoding); the scan ends once every context is seen */
+        for (Py_ssize_t i = 0, seen = 0; i < n && seen < k; i++)
+            if (!present[ctx[i]]) { present[ctx[i]] = 1; seen += ctx[i] < k; }
     } else {
         present[0] = n > 0;
     }
@@ -219,17 +237,18 @@ static PyObject *ilv_decode(PyObject *Py_UNUSED(self), PyObject *args) {
     memset(words + nwords, 0, sizeof(uint16_t) * lanes);
     Py_ssize_t pos = 0;
     const Py_ssize_t steps = (n + lanes - 1) / lanes;
-    /* One loop a slot-to-symbol lookup, so that none of them tests which it is per symbol. */
-#define DECODE_LOOP(LOOKUP)                                                                        \
+#define DECODE_LOOP(CTX, LOOKUP)                                                                   \
     for (Py_ssize_t t = 0; t < steps && !err; t++) {                                               \
-        Py_ssize_t lo = t * lanes, a = n - lo < lanes ? n - lo : lanes;                            \
+        const Py_ssize_t lo = t * lanes, a = n - lo < lanes ? n - lo : lanes;                      \
+        const uint8_t *const cx = ctx ? ctx + lo : NULL;                                           \
+        (void)cx; /* (unread where there are no contexts) */                                       \
+        uint16_t *const o = out + lo;                                                              \
         for (Py_ssize_t j = 0; j < a; j++) {                                                       \
-            Py_ssize_t i = lo + j;                                                                 \
-            uint32_t c = ctx ? ctx[i] : 0;                                                         \
+            const uint32_t c = CTX;                                                                \
             if (c >= (uint32_t)k) { err = "rans context id out of range"; break; }                 \
             uint32_t xs = x[j], slot = xs & mask, sym;                                             \
             LOOKUP;                                                                                \
-            out[i] = (uint16_t)sym;                                                                \
+            o[j] = (uint16_t)sym;                                                                  \
             /* its frequency, and its cumulative count above; wraps on hostile states, as the      \
              * reference does: the end checks catch it */                                          \
             const uint64_t e = fc[c * nsym + sym];                                                 \
@@ -241,12 +260,15 @@ static PyObject *ilv_decode(PyObject *Py_UNUSED(self), PyObject *args) {
         }                                                                                          \
         if (pos > nwords) err = "interleaved rans stream ends early";                              \
     }
-    if (use_lut && lut_bytes == 1) {
-        DECODE_LOOP(sym = lut8[c * m + slot])
+    /* One loop a slot-to-symbol lookup and a context source, so that none tests which per symbol. */
+    if (use_lut && lut_bytes == 1 && ctx) {
+        DECODE_LOOP(cx[j], sym = lut8[c * m + slot])
+    } else if (use_lut && lut_bytes == 1) {
+        DECODE_LOOP(0, sym = lut8[slot])
     } else if (use_lut) {
-        DECODE_LOOP(sym = lut16[c * m + slot])
+        DECODE_LOOP(ctx ? cx[j] : 0, sym = lut16[c * m + slot])
     } else { /* the last symbol whose cumulative count is <= slot */
-        DECODE_LOOP(uint32_t lo_s = 0; uint32_t hi_s = (uint32_t)nsym;                            \
+        DECODE_LOOP(ctx ? cx[j] : 0, uint32_t lo_s = 0; uint32_t hi_s = (uint32_t)nsym;          \
                     while (hi_s - lo_s > 1) {                                                      \
                         uint32_t mid = (lo_s + hi_s) >> 1;                                         \
                         if ((uint32_t)(fc[c * nsym + mid] >> 32) <= slot) lo_s = mid; else hi_s = mid; \
@@ -292,7 +314,22 @@ static PyObject *histograms(PyObject *Py_UNUSED(self), PyObject *args) {
     float *out = ob.buf;
     if (!err) {
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t r = 0; r < rows && !err; r += axis == 0 ? 1 : stride) {
+        Py_ssize_t r = 0;
+        /* Rows two at a time: a row's counts of one symbol are a chain of dependent adds, and two
+         * rows' chains run side by side (1.4x quicker on all-MiniLM-L6-v2's float heads). */
+        for (; axis == 0 && r + 2 <= rows && !err; r += 2) {
+            const uint16_t *a = sym + r * cols, *b = a + cols;
+            float *o = out + r * nsym, *p = o + nsym;
+            for (Py_ssize_t c = 0; c < cols; c += stride) {
+                if (a[c] >= (uint16_t)nsym || b[c] >= (uint16_t)nsym) {
+                    err = "histograms: symbol out of range";
+                    break;
+                }
+                o[a[c]] += 1.0f;
+                p[b[c]] += 1.0f;
+            }
+        }
+        for (; r < rows && !err; r += axis == 0 ? 1 : stride) {
             const uint16_t *row = sym + r * cols;
             float *o = axis == 0 ? out + r * nsym : out;
             const Py_ssize_t step = axis == 0 ? stride : 1, jump = axis == 0 ? 0 : nsym;
@@ -336,7 +373,25 @@ static PyObject *counts(PyObject *Py_UNUSED(self), PyObject *args) {
     const uint16_t *sym = sb.buf;
     const uint8_t *ctx = has_ctx ? cb.buf : NULL;
     int64_t *out = ob.buf;
-    if (!err) {
+    uint32_t *bank = !err && !ctx && n < (Py_ssize_t)UINT32_MAX ? calloc(4 * (size_t)nsym, sizeof(uint32_t)) : NULL;
+    if (bank) {
+        /* One context: four banks of counts, so that runs of one symbol are four chains of
+         * increments, not one (1.4x quicker on float heads) */
+        Py_BEGIN_ALLOW_THREADS
+        Py_ssize_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            if (sym[i] >= nsym || sym[i + 1] >= nsym || sym[i + 2] >= nsym || sym[i + 3] >= nsym) break;
+            bank[sym[i]]++; bank[nsym + sym[i + 1]]++; bank[2 * nsym + sym[i + 2]]++; bank[3 * nsym + sym[i + 3]]++;
+        }
+        for (; i < n && !err; i++) {
+            if (sym[i] >= (uint16_t)nsym) err = "counts: symbol or context out of range";
+            else bank[sym[i]]++;
+        }
+        for (Py_ssize_t s = 0; s < nsym && !err; s++)
+            out[s] += (int64_t)bank[s] + bank[nsym + s] + bank[2 * nsym + s] + bank[3 * nsym + s];
+        Py_END_ALLOW_THREADS
+        free(bank);
+    } else if (!err) {
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
             uint32_t c = ctx ? ctx[i] : 0;
@@ -359,12 +414,24 @@ static PyObject *counts(PyObject *Py_UNUSED(self), PyObject *args) {
  * on a strided sample by integer code lengths, every item assigned, classes renumbered by
  * first appearance). The reference's float32 sums are exact when every count total stays
  * under 2^24; otherwise this returns False, writes nothing, and the caller runs numpy. */
-typedef struct { float key; Py_ssize_t idx; } keyed;
-
-static int by_key(const void *a, const void *b) {
-    const keyed *x = a, *y = b;
-    if (x->key != y->key) return x->key < y->key ? -1 : 1;
-    return (x->idx > y->idx) - (x->idx < y->idx);
+/* rank[i]: item i's place in the order of (key, i), by a stable radix sort of the keys' bits, 11
+ * a pass (keys are floats >= 0, whose bits order as they do): what a sort comparing (key, index)
+ * pairs gives, without a comparison call each. */
+static int rank_by_key(const float *key, Py_ssize_t n, Py_ssize_t *rank) {
+    uint32_t *a = malloc(sizeof(uint32_t) * n), *b = malloc(sizeof(uint32_t) * n), k; /* (items < 2^32) */
+    Py_ssize_t *count = malloc(sizeof(Py_ssize_t) * 2048);
+    if (!a || !b || !count) { free(a); free(b); free(count); return -1; }
+    for (Py_ssize_t i = 0; i < n; i++) a[i] = (uint32_t)i;
+    for (int shift = 0; shift < 32; shift += 11) {
+        memset(count, 0, sizeof(Py_ssize_t) * 2048);
+        for (Py_ssize_t i = 0; i < n; i++) { memcpy(&k, key + a[i], 4); count[k >> shift & 2047]++; }
+        for (Py_ssize_t d = 0, run = 0; d < 2048; d++) { const Py_ssize_t c = count[d]; count[d] = run; run += c; }
+        for (Py_ssize_t i = 0; i < n; i++) { memcpy(&k, key + a[i], 4); b[count[k >> shift & 2047]++] = a[i]; }
+        uint32_t *t = a; a = b; b = t;
+    }
+    for (Py_ssize_t r = 0; r < n; r++) rank[a[r]] = r;
+    free(a); free(b); free(count);
+    return 0;
 }
 
 #define EXACT_F32 16777216.0 /* 2^24 */
@@ -427,12 +494,12 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     double *X = calloc(n * bins, sizeof(double)), *XS = calloc(ns * bins, sizeof(double));
     double *LT = calloc(Cp * bins, sizeof(double)), *sums = calloc(C * bins, sizeof(double));
     double *cost = malloc(sizeof(double) * Cp);
-    keyed *order = malloc(sizeof(keyed) * n);
+    float *key = malloc(sizeof(float) * n);
     Py_ssize_t *edge = malloc(sizeof(Py_ssize_t) * (bins + 1));
     Py_ssize_t *rank = malloc(sizeof(Py_ssize_t) * n);
     int64_t *start = malloc(sizeof(int64_t) * S * n), *ids = malloc(sizeof(int64_t) * S * ns);
     int64_t *next = malloc(sizeof(int64_t) * S * ns), *label = malloc(sizeof(int64_t) * C);
-    if (!colf || !distf || !X || !XS || !LT || !sums || !cost || !order || !edge || !rank || !start ||
+    if (!colf || !distf || !X || !XS || !LT || !sums || !cost || !key || !edge || !rank || !start ||
         !ids || !next || !label) {
         ok = -1;
         goto done;
@@ -486,11 +553,9 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
             X[i * B + b] = (double)run[0] + run[1] + run[2] + run[3] + run[4] + run[5] + run[6] + run[7];
             tot += X[i * B + b];
         }
-        order[i].key = (float)num / (tot > 1 ? (float)tot : 1.0f);
-        order[i].idx = i;
+        key[i] = (float)num / (tot > 1 ? (float)tot : 1.0f);
     }
-    qsort(order, n, sizeof(keyed), by_key);
-    for (Py_ssize_t r = 0; r < n; r++) rank[order[r].idx] = r;
+    if (rank_by_key(key, n, rank) < 0) { ok = -1; goto done; }
     for (Py_ssize_t s = 0; s < S; s++)
         for (Py_ssize_t i = 0; i < n; i++) start[s * n + i] = (int64_t)rank[i] * ks[s] / n;
     for (Py_ssize_t j = 0; j < ns; j++) {
@@ -519,7 +584,7 @@ static int kmeans_run(const float *hist, Py_ssize_t n, Py_ssize_t nsym, const in
     }
     ok = 1;
 done:
-    free(colf); free(distf); free(X); free(XS); free(LT); free(sums); free(cost); free(order);
+    free(colf); free(distf); free(X); free(XS); free(LT); free(sums); free(cost); free(key);
     free(edge); free(rank); free(start); free(ids); free(next); free(label);
     return ok;
 }
@@ -600,14 +665,12 @@ static PyObject *class_sums(PyObject *Py_UNUSED(self), PyObject *args) {
         /* Float sums of integer counts (they vectorize): exact while the total is under 2^24,
          * which the first clustering's sums then tell exactly (else out is left undefined). */
         memset(out, 0, sizeof(float) * C * nsym);
-        Py_ssize_t base = 0;
-        for (Py_ssize_t s = 0; s < S; s++) {
-            for (Py_ssize_t i = 0; i < n; i++) {
+        for (Py_ssize_t i = 0; i < n; i++) { /* every clustering while the item's counts are in cache */
+            const float *h = hist + i * nsym;
+            for (Py_ssize_t s = 0, base = 0; s < S; base += ks[s++]) {
                 float *row = out + (base + ids[s * n + i]) * nsym;
-                const float *h = hist + i * nsym;
                 for (Py_ssize_t v = 0; v < nsym; v++) row[v] += h[v];
             }
-            base += ks[s];
         }
         double total = 0;
         for (Py_ssize_t j = 0; j < ks[0] * nsym; j++) total += out[j];
@@ -701,7 +764,8 @@ static PyObject *fields_split(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     /* Little-endian words, read as such: a simple loop a field over a block that stays in cache
-     * (they vectorize; 1.2-1.4x quicker than the loop below, which ends the last block). */
+     * (they vectorize; 2-3x quicker than the loop below, which ends the last block). */
+    uint8_t lowb[FIELD_BLOCK], signb[FIELD_BLOCK];
     const Py_ssize_t full = (uintptr_t)w % isz ? 0 : n / 8 * 8; /* (aligned words only) */
     for (Py_ssize_t i0 = 0; i0 < full; i0 += FIELD_BLOCK) {
         const Py_ssize_t len = full - i0 < FIELD_BLOCK ? full - i0 : FIELD_BLOCK;
@@ -710,14 +774,19 @@ static PyObject *fields_split(PyObject *Py_UNUSED(self), PyObject *args) {
         for (Py_ssize_t i = 0; i < len; i++) head[i0 + i] = (uint16_t)(x[i] >> lb & hmask);         \
         for (Py_ssize_t j = 0; j < q; j++)                                                          \
             for (Py_ssize_t i = 0; i < len; i++) tail[j * n + i0 + i] = (uint8_t)(x[i] >> 8 * j);   \
-        for (Py_ssize_t b = i0 / 8; b < (i0 + len) / 8; b++) {                                      \
-            uint64_t low = 0, sign = 0;                                                             \
-            for (int e = 0; e < 8; e++) {                                                           \
-                low |= (uint64_t)(x[8 * b - i0 + e] >> 8 * q & 0xFF) << 8 * e;                      \
-                sign |= (uint64_t)(x[8 * b - i0 + e] >> top) << 8 * e;                              \
-            }                                                                                       \
-            for (Py_ssize_t j = 0; j < r; j++) bits[j * c + b] = (uint8_t)(((low >> j & LOW_BITS) * GATHER) >> 56); \
-            bits[r * c + b] = (uint8_t)((sign * GATHER) >> 56);                                     \
+        /* bits 8q.. and the sign a byte a word (narrowing loops that vectorize), read back eight \
+         * words at a time as uint64 */                                                             \
+        for (Py_ssize_t i = 0; i < len; i++) {                                                      \
+            lowb[i] = (uint8_t)(x[i] >> 8 * q);                                                     \
+            signb[i] = (uint8_t)(x[i] >> top);                                                      \
+        }                                                                                           \
+        for (Py_ssize_t b = 0; b < len / 8; b++) {                                                  \
+            uint64_t low, sign;                                                                     \
+            memcpy(&low, lowb + 8 * b, 8);                                                          \
+            memcpy(&sign, signb + 8 * b, 8);                                                        \
+            for (Py_ssize_t j = 0; j < r; j++)                                                      \
+                bits[j * c + i0 / 8 + b] = (uint8_t)(((low >> j & LOW_BITS) * GATHER) >> 56);       \
+            bits[r * c + i0 / 8 + b] = (uint8_t)((sign * GATHER) >> 56);                            \
         }
         if (isz == 2) {
             SPLIT_FIELDS(uint16_t)
@@ -790,22 +859,28 @@ static PyObject *fields_join(PyObject *Py_UNUSED(self), PyObject *args) {
     uint32_t over = 0;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     /* Little-endian words, stored as such: a simple loop a field over a block that stays in
-     * cache (they vectorize; 1.5-1.8x quicker than join_block), the last partial block below. */
+     * cache (they vectorize; 2-3x quicker than join_block), the last partial block below. */
+    uint8_t lowb[FIELD_BLOCK], signb[FIELD_BLOCK];
     const Py_ssize_t full = (uintptr_t)w % isz ? 0 : n / 8 * 8; /* (aligned words only) */
     for (Py_ssize_t i0 = 0; i0 < full; i0 += FIELD_BLOCK) {
         const Py_ssize_t len = full - i0 < FIELD_BLOCK ? full - i0 : FIELD_BLOCK;
 #define JOIN_FIELDS(T)                                                                              \
         T *restrict v = (T *)w + i0;                                                                \
-        for (Py_ssize_t i = 0; i < len; i++) { v[i] = (T)((T)head[i0 + i] << lb); over |= head[i0 + i]; } \
-        for (Py_ssize_t j = 0; j < q; j++)                                                          \
-            for (Py_ssize_t i = 0; i < len; i++) v[i] |= (T)((T)tail[j * n + i0 + i] << 8 * j);     \
-        for (Py_ssize_t b = i0 / 8; b < (i0 + len) / 8; b++) {                                      \
+        /* each bit plane's byte spread to eight words' bytes, written as uint64 (byte e: word e), \
+         * then one loop over the words that vectorizes */                                          \
+        for (Py_ssize_t b = 0; b < len / 8; b++) {                                                  \
             uint64_t low = 0;                                                                       \
-            for (Py_ssize_t j = 0; j < r; j++) low |= SPREAD[bits[j * c + b]] << j;                 \
-            const uint64_t sign = SPREAD[bits[r * c + b]];                                          \
-            for (int e = 0; e < 8; e++)                                                             \
-                v[8 * b - i0 + e] |= (T)((T)(low >> 8 * e & 0xFF) << 8 * q | (T)(sign >> 8 * e & 1) << top); \
-        }
+            for (Py_ssize_t j = 0; j < r; j++) low |= SPREAD[bits[j * c + i0 / 8 + b]] << j;        \
+            const uint64_t sign = SPREAD[bits[r * c + i0 / 8 + b]];                                 \
+            memcpy(lowb + 8 * b, &low, 8);                                                          \
+            memcpy(signb + 8 * b, &sign, 8);                                                        \
+        }                                                                                           \
+        for (Py_ssize_t i = 0; i < len; i++) {                                                      \
+            v[i] = (T)((T)head[i0 + i] << lb | (T)lowb[i] << 8 * q | (T)signb[i] << top);           \
+            over |= head[i0 + i];                                                                   \
+        }                                                                                           \
+        for (Py_ssize_t j = 0; j < q; j++)                                                          \
+            for (Py_ssize_t i = 0; i < len; i++) v[i] |= (T)((T)tail[j * n + i0 + i] << 8 * j);
         if (isz == 2) {
             JOIN_FIELDS(uint16_t)
         } else {
@@ -832,6 +907,51 @@ static PyObject *fields_join(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* top_counts(words, itemsize, shift, out: i64[2^bits]) -> None
+ * Adds to out the count of each value of (word >> shift) & (2^bits - 1) over little-endian words
+ * of itemsize bytes: the fields coding's counts of exponents and top mantissa bits in one pass,
+ * with no shifted copy of the words (four banks of counts, as counts() for one context). */
+static PyObject *top_counts(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *w_o, *out_o;
+    int isz, shift;
+    if (!PyArg_ParseTuple(args, "OiiO", &w_o, &isz, &shift, &out_o)) return NULL;
+    if ((isz != 2 && isz != 4) || shift < 0 || shift >= 8 * isz) {
+        PyErr_SetString(PyExc_ValueError, "top_counts: word size or shift out of range");
+        return NULL;
+    }
+    Py_buffer wb, ob;
+    if (get_buffer(w_o, &wb, "words", 0) < 0) return NULL;
+    if (get_buffer(out_o, &ob, "out", 1) < 0) { PyBuffer_Release(&wb); return NULL; }
+    const Py_ssize_t n = wb.len / isz, nb = ob.len / 8;
+    const char *err = NULL;
+    if (wb.len % isz || nb < 1 || nb > 65536 || (nb & (nb - 1)) || ob.len % 8) err = "top_counts: buffer sizes disagree";
+    uint32_t *bank = err ? NULL : calloc(4 * (size_t)nb, sizeof(uint32_t));
+    if (!err && (!bank || n >= (Py_ssize_t)UINT32_MAX)) err = "top_counts: out of memory or too many words";
+    if (!err) {
+        const uint8_t *w = wb.buf;
+        const uint32_t mask = (uint32_t)nb - 1;
+        int64_t *out = ob.buf;
+        Py_BEGIN_ALLOW_THREADS
+#define WORD(i) (isz == 2 ? (uint32_t)w[2 * (i)] | (uint32_t)w[2 * (i) + 1] << 8                   \
+                          : (uint32_t)w[4 * (i)] | (uint32_t)w[4 * (i) + 1] << 8 |                    \
+                                (uint32_t)w[4 * (i) + 2] << 16 | (uint32_t)w[4 * (i) + 3] << 24)
+        Py_ssize_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            bank[WORD(i) >> shift & mask]++; bank[nb + (WORD(i + 1) >> shift & mask)]++;
+            bank[2 * nb + (WORD(i + 2) >> shift & mask)]++; bank[3 * nb + (WORD(i + 3) >> shift & mask)]++;
+        }
+        for (; i < n; i++) bank[WORD(i) >> shift & mask]++;
+#undef WORD
+        for (Py_ssize_t v = 0; v < nb; v++) out[v] += (int64_t)bank[v] + bank[nb + v] + bank[2 * nb + v] + bank[3 * nb + v];
+        Py_END_ALLOW_THREADS
+    }
+    free(bank);
+    if (err) PyErr_SetString(PyExc_ValueError, err);
+    PyBuffer_Release(&wb); PyBuffer_Release(&ob);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"counts", counts, METH_VARARGS, "Counts of (context, symbol) pairs added to out (i64): (sym u16, ctx u8|None, nsym, k, out)."},
     {"encode", ilv_encode, METH_VARARGS, "Interleaved rANS encode: (sym u16, ctx u8|None, freq u32, nsym, prec, lanes) -> bytes."},
@@ -840,6 +960,7 @@ static PyMethodDef methods[] = {
     {"kmeans", kmeans, METH_VARARGS, "cluster._kmeans for one problem into out (i64): (hist f32, items, nsym, ks i64, iters, sample_items, bins, length_scale, prior, out) -> False where float32 sums would not be exact."},
     {"histograms", histograms, METH_VARARGS, "Per-row or per-column symbol counts added to out (f32): (sym u16, rows, cols, nsym, axis, stride, out)."},
     {"fields_split", fields_split, METH_VARARGS, "Float words into a fields head (u16) and tail: (words, itemsize, m, h, head out, tail out)."},
+    {"top_counts", top_counts, METH_VARARGS, "Counts of (word >> shift) & (len(out) - 1) added to out (i64): (words, itemsize, shift, out)."},
     {"fields_join", fields_join, METH_VARARGS, "Float words from a fields head and tail: (words out, itemsize, m, h, head u16, tail)."},
     {NULL, NULL, 0, NULL},
 };

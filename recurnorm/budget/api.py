@@ -191,7 +191,7 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
             chunks.append(data)
             offset += len(data)
     manifest = {"format": "rnpk", "version": fmt.VERSION, "metadata": metadata, "tensors": entries + aliases}
-    return fmt.write_container(manifest, b"".join(chunks))
+    return fmt.write_container(manifest, chunks)
 
 
 def _decode_stream(

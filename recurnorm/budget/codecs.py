@@ -188,21 +188,20 @@ class Zstd(Compressed, name="zstd"):
     compressor = compress.ZSTD
 
 
-def _symbols_to_array(sym: np.ndarray, offset: int, ctx: StreamContext) -> np.ndarray:
-    """Codes = symbols + offset, checked to fit the stream dtype (added in the unsigned type
-    of its width: the sum wraps as the checked result needs, with no int64 copy)."""
+def _symbols_to_array(sym: np.ndarray, off: int, ctx: StreamContext, nsym: int) -> np.ndarray:
+    """Codes = symbols (< nsym) + off, checked to fit the stream dtype (added in the unsigned
+    type of its width: the sum wraps as the checked result needs, with no int64 copy)."""
     dt = np.dtype(ctx.dtype)
     if dt.kind not in "iub":
         raise ArtifactError(f"{ctx.kind} stream: symbols cannot decode to {ctx.dtype}")
-    if sym.size:
-        lo, hi = int(sym.min()) + offset, int(sym.max()) + offset
-        info = np.iinfo(dt) if dt != np.bool_ else None
-        if (info and (lo < info.min or hi > info.max)) or (info is None and (lo < 0 or hi > 1)):
+    if sym.size:  # the declared range where it fits (no pass over the symbols), else the one decoded
+        a, b = (0, 1) if dt == np.bool_ else (int(np.iinfo(dt).min), int(np.iinfo(dt).max))
+        if not a <= off <= off + nsym - 1 <= b and not a <= int(sym.min()) + off <= int(sym.max()) + off <= b:
             raise ArtifactError(f"{ctx.kind} stream: decoded codes do not fit {ctx.dtype}")
     udt = np.dtype(f"u{dt.itemsize}")
     # The decoder's own array is reused when it already has the width: one copy fewer.
     out = sym.view(udt) if sym.dtype.itemsize == dt.itemsize and sym.flags.writeable else sym.astype(udt)
-    out += udt.type(offset % (1 << (8 * dt.itemsize)))
+    out += udt.type(off % (1 << (8 * dt.itemsize)))
     return out.view(dt).reshape(ctx.shape)
 
 
@@ -336,7 +335,7 @@ class Rans(Codec, name="rans"):
             raise ArtifactError(f"rans {variant} class ids do not match the declared classes")
         cvec = geometry(ctx).context_vector(variant, k, ids, t, np.uint8, kc)
         sym = rans.from_tuples(rans.ilv_decode(words, cvec, tables, prec, lanes, len(cvec)), nsym, t, n)
-        return _symbols_to_array(sym, offset, ctx)
+        return _symbols_to_array(sym, offset, ctx, nsym)
 
 
 # ----------------------------------------------------------------- fields
@@ -353,26 +352,30 @@ class Fields(Codec, name="fields"):
     in the chunks where a probe finds repetition: rows cast from a narrower type)."""
 
     def split(self, arr: np.ndarray, ctx: StreamContext):
-        """(heads less the least, their alphabet, the least, tail, params) of float words."""
+        """(heads less the least, their alphabet, the least, tail, params, heads' counts) of float words."""
         w, m = np.ascontiguousarray(arr).view(f"<u{arr.dtype.itemsize}").ravel(), ctx.mant
         g, ebits, s = geometry(ctx), 8 * w.itemsize - 1 - m, w.itemsize // 2
-        top = (w.view("<u2")[s - 1 :: s] >> np.uint16(m - HI_MAX + 16 - 16 * s)) & np.uint16((1 << ebits + HI_MAX) - 1)
-        counts = rans.context_counts(top, None, 1, 1 << ebits + HI_MAX)[0]  # (of the words' high halves)
+        counts = np.zeros(1 << ebits + HI_MAX, np.int64)  # of the exponents and HI_MAX top mantissa bits
+        if rans.has_kernel():  # (one pass, no shifted copy of the words)
+            rans._ransc.top_counts(w, w.itemsize, m - HI_MAX, counts)
+        else:
+            top = (w.view("<u2")[s - 1 :: s] >> np.uint16(m - HI_MAX + 16 - 16 * s)) & np.uint16(len(counts) - 1)
+            counts += rans.context_counts(top, None, 1, len(counts))[0]
         nz = np.flatnonzero(counts)  # the exponents (and top mantissa bits) that occur
         # The head's width: order-0 bits of the head plus raw tail bits, with a table's cost, and
         # no wider than lets the search cluster rows and columns (they pay more), nor past 256
         # heads (the standalone loader then holds them a byte each). Exponent 0 (zeros and
         # denormals) widens the heads' span: all-MiniLM-L6-v2's bf16 embedding then takes h = 1.
         cost, items = [], max(g.rows, g.cols)
-        for h in range(HI_MAX + 1):
-            c = counts.reshape(-1, 1 << HI_MAX - h).sum(1)
+        sums = [counts.reshape(-1, 1 << HI_MAX - h).sum(1) for h in range(HI_MAX + 1)]  # (the search takes one)
+        for h, c in enumerate(sums):
             span = int((nz[-1] >> HI_MAX) - (nz[0] >> HI_MAX) + 1) << h
             wide = h and (items * span > search.CLUSTER_MAX_CELLS or span > 256)
             cost.append(rans.entropy_bits(c) / 8 + w.size * (m - h + 1) / 8 + 2 * np.count_nonzero(c) + wide * 1e30)
         h = int(np.argmin(cost))
-        (head, tail), lo = split_words(w, m, h), int(nz[0]) >> HI_MAX - h  # (the least head)
+        (head, tail), lo, last = split_words(w, m, h), int(nz[0]) >> HI_MAX - h, int(nz[-1]) >> HI_MAX - h
         head -= np.uint16(lo)  # (its own array: no copy)
-        return head, (int(nz[-1]) >> HI_MAX - h) - lo + 1, lo, tail, {"mant": m, "hi": h}
+        return head, last - lo + 1, lo, tail, {"mant": m, "hi": h}, sums[h][lo : last + 1]
 
     def prepare(self, items):
         """Every float stream's head, and one rans search for all of them (as Rans.prepare).
@@ -380,9 +383,9 @@ class Fields(Codec, name="fields"):
         jobs, heads, out = [], [], [None] * len(items)
         for j, (arr, ctx) in enumerate(items):
             if ctx.mant and arr.size and arr.dtype.itemsize == (4 if ctx.mant > 16 else 2):  # (their words)
-                head, nsym, lo, tail, params = self.split(arr, ctx)
+                head, nsym, lo, tail, params, counts = self.split(arr, ctx)
                 hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, ctx.effort)
-                jobs.append((head, nsym, geometry(hctx)))
+                jobs.append((head, nsym, geometry(hctx), counts))
                 heads.append((j, ctx, hctx, lo, tail, params))
         for effort in sorted({h[1].effort for h in heads}):
             picked = [i for i, h in enumerate(heads) if h[1].effort == effort]

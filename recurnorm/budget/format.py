@@ -47,19 +47,20 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def write_container(manifest: dict, payload: bytes) -> bytes:
+def write_container(manifest: dict, payload: bytes | list[bytes]) -> bytes:
     """Header + manifest (with payload length and hash filled in, in its shortest portable
-    form: raw, deflate or lzma) + payload."""
-    manifest = dict(manifest)
-    manifest["payload_length"] = len(payload)
-    manifest["payload_sha256"] = hashlib.sha256(payload).hexdigest()
+    form: raw, deflate or lzma) + payload (or its parts: joined once, with the header)."""
+    manifest, parts, sha = dict(manifest), payload if isinstance(payload, list) else [payload], hashlib.sha256()
+    for part in parts:
+        sha.update(part)
+    manifest["payload_length"], manifest["payload_sha256"] = sum(map(len, parts)), sha.hexdigest()
     raw = dumps(manifest)
     _check_writable(manifest, raw)
     m, flags = compress.smallest(raw)
     if has_lowrank(manifest):
         flags |= LOWRANK_FLAG
     header = HEADER.pack(MAGIC, VERSION, flags, len(m), hashlib.sha256(m).digest())
-    return header + m + payload
+    return b"".join([header, m, *parts])
 
 
 def _check_writable(manifest: dict, raw: bytes) -> None:

@@ -162,14 +162,14 @@ def encode_best(arr: np.ndarray, ctx: StreamContext, names=None, plans=None) -> 
     s, plans = Stream(arr, ctx, names), plans or {}
     best = ("raw", {}, codecs.to_le_bytes(arr, ctx.dtype))
     for name in (n for n in RACE if n in names):
-        for data, params in RACE[name](s, len(best[2]), plans.get(name)):
+        for data, params in RACE[name](s, len(best[2]), plans.get(name, False)):  # (False: not planned)
             if len(data) < len(best[2]):
                 best = (name, params, data)
     return best
 
 
 def _rans(s: Stream, best: int, plan) -> list[tuple[bytes, dict]]:
-    plans = plan or get("rans").prepare([(s.arr, s.ctx)])[0]  # (not a codes stream: planned alone)
+    plans = get("rans").prepare([(s.arr, s.ctx)])[0] if plan is False else plan  # (not planned: alone)
     return [get("rans").encode(s.arr, s.ctx, p) for p in plans or []]
 
 

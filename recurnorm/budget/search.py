@@ -159,7 +159,7 @@ class Choice:
 class Stream:
     """One stream's symbols, and what its candidates share: unit views, totals, histograms."""
 
-    def __init__(self, sym: np.ndarray, nsym: int, geo: Geometry):
+    def __init__(self, sym: np.ndarray, nsym: int, geo: Geometry, total: np.ndarray | None = None):
         self.sym, self.nsym, self.geo = sym, nsym, geo
         self.t = tuple_size(nsym, sym.size)
         self.units = -(-sym.size // self.t)
@@ -167,7 +167,7 @@ class Stream:
         # exact counts: the kernel's histograms count every position, and unit_counts samples none
         self.exact = not self.big or rans.has_kernel() and sym.size < SEARCH_SAMPLE
         self._units: dict[int, np.ndarray] = {}
-        self._totals: dict[int, np.ndarray] = {}
+        self._totals: dict[int, np.ndarray] = {} if total is None else {1: total}  # (the caller's exact counts)
         self._hists: dict[str, tuple[np.ndarray, float]] = {}
 
     def tuples(self, t: int) -> np.ndarray:
@@ -611,14 +611,15 @@ def _choose_group(
     return out
 
 
-def plan(jobs: list[tuple[np.ndarray, int, Geometry]], effort: str = "normal") -> list[Choice]:
-    """The cheapest coding found for each stream (symbols in [0, nsym), laid out as geo says).
+def plan(jobs: list[tuple], effort: str = "normal") -> list[Choice]:
+    """The cheapest coding found for each stream (symbols in [0, nsym), laid out as geo says;
+    a job may add the symbols' exact counts).
 
     All streams are searched together, so a model's many small tensors share each numpy
     call instead of paying its overhead once per tensor.
     """
     how = EFFORTS[effort]
-    streams = [Stream(sym, nsym, geo) for sym, nsym, geo in jobs]
+    streams = [Stream(*job) for job in jobs]
     cands, later = candidates_many(streams, how)
     groups: dict[int, list[int]] = {}
     for j, st in enumerate(streams):  # unit alphabets of about one width share a padded array
