@@ -104,7 +104,7 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
         if len(q):  # each row's best sketched candidate in the cluster
             member = member[: np.searchsorted(member, q[-1])]
             sketched = np.abs(sketch[q] @ sketch_per_norm[member].T)
-            sketched[member >= q[:, None]] = -1  # (a parent comes before its row: member[0] does)
+            sketched *= member < q[:, None]  # (a parent comes before its row: member[0] does)
             offer(q, member[np.argmax(sketched, 1)])
     # Related rows come in families: each row also tries its parent's parent and its last earlier
     # sibling (+1.2% of the gain for 0.02 s on MiniLM, as much as a third more probes)
