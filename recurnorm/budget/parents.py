@@ -59,19 +59,23 @@ def previous(codes: np.ndarray) -> np.ndarray | None:
 def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
     """int32 [rows, 2]: each row's distance back to its parent (0: none) and multiplier k; None
     where no row gains more than its parent costs. wide (`--effort max`): 4 x PROBES clusters."""
-    x = codes.astype(np.float32)
-    rows, cols = x.shape
+    rows, cols = codes.shape
     # One column: every row a multiple of every other (all would be compared, for a code's worth of
     # gain). Three values or fewer: MiniLM's ternary embedding codes smaller as it is (0.5 s saved).
     if cols < 2 or int(codes.max()) - int(codes.min()) < 3:
         return None
-    norm = np.maximum(np.einsum("ij,ij->i", x, x), 1)
-    sketch, rng = x, np.random.default_rng(0)
+    rng, basis = np.random.default_rng(0), None
     if cols > SKETCH:  # (a subspace iteration on some rows: near the leading directions, no cols x cols eigh)
-        some, basis = x[:: max(1, rows // 4096)], rng.standard_normal((cols, SKETCH), dtype=np.float32)
+        some, basis = codes[:: max(1, rows // 4096)].astype(np.float32), rng.standard_normal((cols, SKETCH), np.float32)
         for _ in range(2):
             basis = np.linalg.qr(some.T @ (some @ basis))[0]
-        sketch = x @ basis
+    norm, sketch = np.zeros(rows, np.float32), np.zeros((rows, min(cols, SKETCH)), np.float32)
+    for i in range(
+        0, rows, 4096
+    ):  # (as floats a block at a time: a whole copy would be mapped, and faulted in, afresh)
+        x = codes[i : i + 4096].astype(np.float32)
+        norm[i : i + 4096], sketch[i : i + 4096] = np.einsum("ij,ij->i", x, x), x if basis is None else x @ basis
+    norm = np.maximum(norm, 1)
     unit = sketch / np.maximum(np.linalg.norm(sketch, axis=1), 1e-6)[:, None]
     # clusters of directions, either sign (a parent's multiplier may be negative): a few k-means steps
     n = max(1, rows // CLUSTER)
