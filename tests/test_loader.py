@@ -133,8 +133,9 @@ def test_the_matrix_covers_every_portable_codec_layout_and_context(artifacts):
     for data in artifacts["bytes"].values():
         manifest = read_artifact(data).manifest
         for t in manifest["tensors"]:
-            if "parents" in t.get("streams", {}):
-                seen.add(("parents", t["streams"]["parents"]["codec"]))
+            for side in ("parents", "scales"):  # (fields scales: the loader's first rans round)
+                if side in t.get("streams", {}):
+                    seen.add((side, t["streams"][side]["codec"]))
             for s in t.get("streams", {}).values():
                 p = s["params"]
                 seen.add((s["codec"], p.get("layout") or p.get("context", "none") if s["codec"] != "raw" else ""))
@@ -145,7 +146,7 @@ def test_the_matrix_covers_every_portable_codec_layout_and_context(artifacts):
         assert manifest["version"] == fmt.VERSION == 2
     want = {("rans", c) for c in ("none", "scale", "row", "col", "grid", "tuple", "wide")}
     want |= {(c, lay) for c in ("deflate", "lzma") for lay in ("plain", "shuffle")}
-    want |= {("parents", c) for c in ("rans", "deflate", "lzma")}
+    want |= {("parents", c) for c in ("rans", "deflate", "lzma")} | {("scales", "fields")}
     assert want <= seen, want - seen
     assert ("raw", "") in seen and not any(c == "zstd" for c, _ in seen)
 
