@@ -70,9 +70,8 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
         for _ in range(2):
             basis = np.linalg.qr(some.T @ (some @ basis))[0]
     norm, sketch = np.zeros(rows, np.float32), np.zeros((rows, min(cols, SKETCH)), np.float32)
-    for i in range(
-        0, rows, 4096
-    ):  # (as floats a block at a time: a whole copy would be mapped, and faulted in, afresh)
+    # As floats a block of rows at a time: a whole float copy would be mapped, and faulted in, afresh.
+    for i in range(0, rows, 4096):
         x = codes[i : i + 4096].astype(np.float32)
         norm[i : i + 4096], sketch[i : i + 4096] = np.einsum("ij,ij->i", x, x), x if basis is None else x @ basis
     norm = np.maximum(norm, 1)
