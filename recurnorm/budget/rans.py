@@ -384,16 +384,18 @@ def encode(
     lanes: int,
     prec: int,
     side=None,
+    kinds=compress.PORTABLE,
 ) -> bytes:
     """Encode symbols in [0, nsym) with the stored table [k, nsym] (rows summing to 2**prec)
     of each context id: the stream header, side data, then ilv_encode's bytes.
 
-    side: the ((table blob, id), (ids blob, id)) compress.smallest made already (search.SideData).
+    side: the ((table blob, id), (ids blob, id)) compress.smallest made already (search.SideData);
+    else they are made here, each the smallest of the compressors `kinds`.
     """
     if side is None:
         side = (
-            compress.smallest(varint_encode(tables.ravel())),
-            compress.smallest(ids.astype(np.uint8).tobytes()) if ids is not None else (b"", 0),
+            compress.smallest(varint_encode(tables.ravel()), kinds),
+            compress.smallest(ids.astype(np.uint8).tobytes(), kinds) if ids is not None else (b"", 0),
         )
     (tblob, tz), (iblob, iz) = side
     head = varint_encode(np.array([4 * len(tblob) + tz, 4 * len(iblob) + iz])) + tblob + iblob

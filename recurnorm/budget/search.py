@@ -449,10 +449,10 @@ class SideData:
         the first time a finalist's turn comes."""
         return compress.estimate(self.varints) + (compress.estimate(self.ids) if self.ids is not None else 0)
 
-    def blobs(self) -> tuple[tuple[bytes, int], tuple[bytes, int]]:
-        """rans.encode's side=: the compacted table and ids."""
-        ids = compress.smallest(self.ids) if self.ids is not None else (b"", 0)
-        return compress.smallest(self.varints), ids
+    def blobs(self, kinds=compress.PORTABLE) -> tuple[tuple[bytes, int], tuple[bytes, int]]:
+        """rans.encode's side=: the compacted table and ids (each the smallest of `kinds`)."""
+        ids = compress.smallest(self.ids, kinds) if self.ids is not None else (b"", 0)
+        return compress.smallest(self.varints, kinds), ids
 
 
 def side_data_many(pairs: list[tuple[Candidate, np.ndarray]]) -> list[SideData]:
