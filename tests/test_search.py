@@ -262,6 +262,29 @@ def test_grid_context_finds_row_and_column_structure_together():
     assert len(data) < 0.9 * best_axis
 
 
+def test_plan_counts_the_grid_pairs_asked_for_and_a_float_head_asks_for_one(monkeypatch):
+    """Grids are counted for the `grids` best-ranked (row k, column k) pairs; a float head's
+    search counts one (codecs.Fields.prepare: its next-ranked pairs won nothing measured)."""
+    kinds, asked = [], []
+    count, plan = search.Stream.unit_counts, search.plan
+    monkeypatch.setattr(search.Stream, "unit_counts", lambda st, t, v, *a: kinds.append(v) or count(st, t, v, *a))
+    codes = joint_like()
+    sym, _, nsym = codecs.Rans().symbols(codes)
+    geo = codecs.geometry(_ctx(codes.reshape(1, -1), codes.shape))
+    counted = {}
+    for grids in (1, None):
+        kinds.clear()
+        assert search.plan([(sym, nsym, geo)], "normal", grids=grids)[0].variant == "grid"
+        counted[grids] = kinds.count("grid")
+    assert counted[1] == 1 < counted[None] <= search.EFFORTS["normal"].grids
+    monkeypatch.setattr(
+        search, "plan", lambda jobs, effort, grids=None: asked.append(grids) or plan(jobs, effort, grids)
+    )
+    w = (np.random.default_rng(0).standard_normal((64, 128)) * np.logspace(-3, 0, 128)).astype(np.float32)
+    codecs.Fields().encode(w.view(np.uint32), StreamContext("codes", "uint32", w.shape, w.shape, mant=23))
+    assert asked == [1]
+
+
 def test_hostile_grid_params_and_ids_are_refused():
     from recurnorm.errors import ArtifactError
 

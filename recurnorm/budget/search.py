@@ -22,7 +22,7 @@ the candidates; the encoder counts the chosen one exactly."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -611,14 +611,14 @@ def _choose_group(
     return out
 
 
-def plan(jobs: list[tuple], effort: str = "normal") -> list[Choice]:
+def plan(jobs: list[tuple], effort: str = "normal", grids: int | None = None) -> list[Choice]:
     """The cheapest coding found for each stream (symbols in [0, nsym), laid out as geo says;
-    a job may add the symbols' exact counts).
+    a job may add the symbols' exact counts). grids: the effort's grid pairs counted, if not its own.
 
     All streams are searched together, so a model's many small tensors share each numpy
     call instead of paying its overhead once per tensor.
     """
-    how = EFFORTS[effort]
+    how = replace(EFFORTS[effort], grids=grids or EFFORTS[effort].grids)
     streams = [Stream(*job) for job in jobs]
     cands, later = candidates_many(streams, how)
     groups: dict[int, list[int]] = {}
