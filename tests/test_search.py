@@ -264,7 +264,7 @@ def test_grid_context_finds_row_and_column_structure_together():
 
 def test_plan_counts_the_grid_pairs_asked_for_and_a_float_head_asks_for_one(monkeypatch):
     """Grids are counted for the `grids` best-ranked (row k, column k) pairs; a float head's
-    search counts one (codecs.Fields.prepare: its next-ranked pairs won nothing measured)."""
+    search counts one, of 4 or 8 classes an axis (codecs.Fields.SEARCH), at normal effort."""
     kinds, asked = [], []
     count, plan = search.Stream.unit_counts, search.plan
     monkeypatch.setattr(search.Stream, "unit_counts", lambda st, t, v, *a: kinds.append(v) or count(st, t, v, *a))
@@ -272,17 +272,17 @@ def test_plan_counts_the_grid_pairs_asked_for_and_a_float_head_asks_for_one(monk
     sym, _, nsym = codecs.Rans().symbols(codes)
     geo = codecs.geometry(_ctx(codes.reshape(1, -1), codes.shape))
     counted = {}
-    for grids in (1, None):
+    for grids in (1, 3):
         kinds.clear()
         assert search.plan([(sym, nsym, geo)], "normal", grids=grids)[0].variant == "grid"
         counted[grids] = kinds.count("grid")
-    assert counted[1] == 1 < counted[None] <= search.EFFORTS["normal"].grids
-    monkeypatch.setattr(
-        search, "plan", lambda jobs, effort, grids=None: asked.append(grids) or plan(jobs, effort, grids)
-    )
+    assert counted[1] == 1 < counted[3] <= 3
+    monkeypatch.setattr(search, "plan", lambda jobs, effort, **kw: asked.append(kw) or plan(jobs, effort, **kw))
     w = (np.random.default_rng(0).standard_normal((64, 128)) * np.logspace(-3, 0, 128)).astype(np.float32)
-    codecs.Fields().encode(w.view(np.uint32), StreamContext("codes", "uint32", w.shape, w.shape, mant=23))
-    assert asked == [1]
+    for effort in ("normal", "max"):  # (max searches as wide as ever)
+        ctx = StreamContext("codes", "uint32", w.shape, w.shape, effort=effort, mant=23)
+        codecs.Fields().encode(w.view(np.uint32), ctx)
+    assert asked == [{"grids": 1, "big_ks": (4, 8)}, {}]
 
 
 def test_hostile_grid_params_and_ids_are_refused():

@@ -352,6 +352,11 @@ class Fields(Codec, name="fields"):
     classes; the low mantissa bits and the sign, near uniform, stored as they are (deflated
     in the chunks where a probe finds repetition: rows cast from a narrower type)."""
 
+    # A head's search at normal effort: one grid (its axes' best class counts), 4 or 8 classes an axis
+    # on big streams: heads took no more, and the next grids' estimates misled (MiniLM bf16 6 KB, fp32
+    # 12 KB smaller without; golf-shaped bf16 +7 B). Saves 18% of golf bf16's pack time, 6-7% of MiniLM's.
+    SEARCH = {"grids": 1, "big_ks": (4, 8)}
+
     def split(self, arr: np.ndarray, ctx: StreamContext):
         """(heads less the least, their alphabet, the least, tail, params, heads' counts) of float words."""
         w, m = np.ascontiguousarray(arr).view(f"<u{arr.dtype.itemsize}").ravel(), ctx.mant
@@ -364,11 +369,10 @@ class Fields(Codec, name="fields"):
             counts += rans.context_counts(top, None, 1, len(counts))[0]
         nz = np.flatnonzero(counts)  # the exponents (and top mantissa bits) that occur
         e0, e1 = int(nz[0]) >> HI_MAX, int(nz[-1]) >> HI_MAX
-        # The head's width: order-0 bits of the head plus raw tail bits, with a table's cost, and
-        # no wider than lets the search cluster rows and columns (they pay more), nor past 256
-        # heads (the standalone loader then holds them a byte each). Exponent 0 (zeros and
-        # denormals) widens the heads' span: all-MiniLM-L6-v2's bf16 embedding then takes h = 1.
-        # Every width at once (a model's many small tensors: numpy calls are what this costs).
+        # The head's width (all at once: numpy calls are what a model's small tensors cost): order-0
+        # bits of the head plus raw tail bits, with a table's cost, and no wider than lets the search
+        # cluster rows and columns (they pay more), nor past 256 heads (the standalone loader holds
+        # them a byte each). Exponent 0 (zeros, denormals) widens the span: MiniLM's bf16 embedding h = 1.
         top = counts[e0 << HI_MAX : e1 + 1 << HI_MAX].reshape(e1 - e0 + 1, -1)  # (exponents that occur)
         sums = [top.reshape(e1 - e0 + 1, 1 << h, -1).sum(2).ravel() for h in range(HI_MAX + 1)]
         c, starts, hs = np.concatenate(sums), np.cumsum([0] + [len(a) for a in sums[:-1]]), np.arange(HI_MAX + 1)
@@ -393,10 +397,8 @@ class Fields(Codec, name="fields"):
                 heads.append((j, ctx, hctx, lo, tail, params))
         for effort in sorted({h[1].effort for h in heads}):
             picked = [i for i, h in enumerate(heads) if h[1].effort == effort]
-            # One grid: a head's best is its axes' best class counts. The next-ranked pairs won
-            # nothing on MiniLM bf16/fp32 (their estimates misled: 6 / 12 KB smaller without them)
-            # nor golf-shaped bf16 (+7 B), for 15% of golf's pack time.
-            for i, choice in zip(picked, search.plan([jobs[i] for i in picked], effort, grids=1), strict=True):
+            narrow = self.SEARCH if effort == "normal" else {}  # ("max" searches as wide as for codes)
+            for i, choice in zip(picked, search.plan([jobs[i] for i in picked], effort, **narrow), strict=True):
                 j, ctx, hctx, lo, tail, params = heads[i]
                 out[j] = (hctx, tail, params, ((jobs[i][0], lo, jobs[i][1]), jobs[i][2], choice))
         return out

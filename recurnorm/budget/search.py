@@ -611,14 +611,14 @@ def _choose_group(
     return out
 
 
-def plan(jobs: list[tuple], effort: str = "normal", grids: int | None = None) -> list[Choice]:
+def plan(jobs: list[tuple], effort: str = "normal", **narrower) -> list[Choice]:
     """The cheapest coding found for each stream (symbols in [0, nsym), laid out as geo says;
-    a job may add the symbols' exact counts). grids: the effort's grid pairs counted, if not its own.
+    a job may add the symbols' exact counts). narrower: Effort fields that differ from the effort's.
 
     All streams are searched together, so a model's many small tensors share each numpy
     call instead of paying its overhead once per tensor.
     """
-    how = replace(EFFORTS[effort], grids=grids or EFFORTS[effort].grids)
+    how = replace(EFFORTS[effort], **narrower)
     streams = [Stream(*job) for job in jobs]
     cands, later = candidates_many(streams, how)
     groups: dict[int, list[int]] = {}
