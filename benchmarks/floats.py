@@ -3,7 +3,7 @@
 Cases: all-MiniLM-L6-v2's float tensors (~/.cache/recurnorm-bench/all-MiniLM-L6-v2.safetensors,
 22.7M weights; benchmarks/real_ckpt.py makes it) cast to bf16 and kept in fp32, each tensor
 through quant's bf16 / fp32 passthrough (what `recurnorm pack -q bf16 --keep-float-max-numel 0`
-stores), and a golf-shaped bf16 state dict (one Parameter Golf sized block, d=512, MLP 1024,
+stores), and a golf-shaped state dict in bf16 and fp32 (one Parameter Golf sized block, d=512, MLP 1024,
 and a 1024 x 512 embedding; heavy-tailed, rows and columns scaled like trained weights).
 
 recurnorm = the whole artifact of `pack_qtensors` (manifest and headers included); ZipNN
@@ -31,26 +31,27 @@ from recurnorm.budget.api import pack_qtensors, read_artifact
 MINILM = os.path.expanduser("~/.cache/recurnorm-bench/all-MiniLM-L6-v2.safetensors")
 
 
-def golf_bf16(seed: int = 0) -> dict[str, torch.Tensor]:
-    """benchmarks/pack.py's golf-shaped weights, as a bf16 state dict."""
+def golf_floats(seed: int = 0) -> dict[str, torch.Tensor]:
+    """benchmarks/pack.py's golf-shaped weights, as an fp32 state dict."""
     rng = np.random.default_rng(seed)
     shapes = {"embed": (1024, 512), "q": (512, 512), "k": (512, 512), "v": (512, 512), "o": (512, 512)}
     shapes |= {"up": (1024, 512), "down": (512, 1024), "norm": (512,)}
     out = {}
     for name, shape in shapes.items():
         if len(shape) == 1:  # a norm's gains: near 1
-            out[name] = torch.from_numpy(1 + 0.1 * rng.standard_normal(shape).astype(np.float32)).bfloat16()
+            out[name] = torch.from_numpy(1 + 0.1 * rng.standard_normal(shape).astype(np.float32))
             continue
         r, c = shape
         w = rng.standard_t(5, size=(r, c)) * np.exp(rng.normal(0, 0.3, size=(r, 1)))
         w *= np.exp(rng.normal(0, 0.5, size=(1, c))) * 0.02
-        out[name] = torch.from_numpy(w.astype(np.float32)).bfloat16()
+        out[name] = torch.from_numpy(w.astype(np.float32))
     return out
 
 
 def cases(path: str) -> dict[str, tuple[str, dict[str, torch.Tensor]]]:
     """name -> (format, float state dict)."""
-    out = {"golf-shaped bf16": ("bf16", golf_bf16())}
+    golf = golf_floats()
+    out = {"golf-shaped bf16": ("bf16", {k: v.bfloat16() for k, v in golf.items()}), "golf-shaped fp32": ("fp32", golf)}
     if os.path.exists(path):
         from safetensors.torch import load_file
 
