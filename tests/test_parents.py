@@ -61,6 +61,24 @@ def test_every_pack_searches_a_tall_tensor(monkeypatch):
     assert np.array_equal(read_artifact(searched).qtensors["emb"].codes, qts["emb"].codes)
 
 
+def test_the_search_holds_no_rows_by_clusters_matrix():
+    """A large vocabulary's rows x clusters products go a block of rows at a time (128K rows x
+    1,000 clusters took 1.2 GB whole): the peak stays far under one such matrix."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    codes = np.clip(rng.standard_normal((65536, 8)) * 40, -127, 127).astype(np.int8)
+    codes[1::2] = codes[::2] // 2  # (rows with parents: the search runs to the end)
+    whole = 4 * len(codes) * (len(codes) // parents.CLUSTER)  # float32 bytes of rows x clusters
+    tracemalloc.start()
+    try:
+        assert parents.find(codes) is not None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < whole / 2  # (whole, it took two: the products and their partition)
+
+
 @pytest.mark.parametrize(
     "forged,why",
     [

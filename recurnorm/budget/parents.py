@@ -76,19 +76,26 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
         norm[i : i + 4096], sketch[i : i + 4096] = np.einsum("ij,ij->i", x, x), x if basis is None else x @ basis
     norm = np.maximum(norm, 1)
     unit = sketch / np.maximum(np.linalg.norm(sketch, axis=1), 1e-6)[:, None]
-    # clusters of directions, either sign (a parent's multiplier may be negative): a few k-means steps
-    n = max(1, rows // CLUSTER)
+    # clusters of directions, either sign (a parent's multiplier may be negative): a few k-means steps.
+    # Rows x clusters products go a block of rows at a time: whole, a 128K-row vocabulary's took 1.2 GB.
+    n, p = max(1, rows // CLUSTER), min(PROBES * (4 if wide else 1), max(1, rows // CLUSTER))
     centres, sample = unit[rng.choice(rows, n, replace=False)], unit[rng.choice(rows, min(rows, 64 * n), replace=False)]
     for _ in range(2):
-        cos = sample @ centres.T
-        near = np.argmax(np.abs(cos), 1)
-        centres = np.zeros_like(centres)
-        np.add.at(centres, near, sample * np.sign(cos[np.arange(len(near)), near])[:, None])
-        centres /= np.maximum(np.linalg.norm(centres, axis=1), 1e-6)[:, None]
-    cos = np.abs(unit @ centres.T)
-    home, p = np.argmax(cos, 1), min(PROBES * (4 if wide else 1), n)
-    # (np.argpartition: 10x slower; zero rows probe nothing)
-    probed = ((cos >= np.partition(cos, n - p, 1)[:, n - p : n - p + 1]) & (cos > 0)).T.copy()
+        moved = np.zeros_like(centres)
+        for b in range(0, len(sample), 4096):
+            cos = sample[b : b + 4096] @ centres.T
+            near = np.argmax(np.abs(cos), 1)
+            np.add.at(moved, near, sample[b : b + 4096] * np.sign(cos[np.arange(len(near)), near])[:, None])
+        centres = moved / np.maximum(np.linalg.norm(moved, axis=1), 1e-6)[:, None]
+    home, probes = np.zeros(rows, np.int64), []  # each row's cluster, and (cluster, row) of its p nearest
+    for b in range(0, rows, 4096):
+        cos = np.abs(unit[b : b + 4096] @ centres.T)
+        home[b : b + 4096] = np.argmax(cos, 1)  # (np.argpartition: 10x slower; zero rows probe nothing)
+        r, c = np.nonzero((cos >= np.partition(cos, n - p, 1)[:, n - p : n - p + 1]) & (cos > 0))
+        probes.append(np.stack([c, r + b]))
+    probes = np.concatenate(probes, 1)
+    probes = probes[:, np.argsort(probes[0], kind="stable")]
+    probed = np.searchsorted(probes[0], np.arange(n + 1))  # rows probing cluster c: probes[1, probed[c] : ...]
     members = np.argsort(home, kind="stable")
     bounds = np.searchsorted(home[members], np.arange(n + 1))
     sketch_per_norm = sketch / np.sqrt(norm)[:, None]  # (a parent's score: dot^2 / its energy)
@@ -102,7 +109,7 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
         score[q[better]], parent[q[better]], dot[q[better]] = s[better], cand[better], d[better]
 
     for c in range(n):
-        member, q = members[bounds[c] : bounds[c + 1]], np.flatnonzero(probed[c])
+        member, q = members[bounds[c] : bounds[c + 1]], probes[1, probed[c] : probed[c + 1]]
         q = q[q > member[0]] if len(member) else q[:0]
         if len(q):  # each row's best sketched candidate in the cluster
             member = member[: np.searchsorted(member, q[-1])]
