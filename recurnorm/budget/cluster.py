@@ -51,11 +51,6 @@ def class_sums_all(hist: np.ndarray, ids_list, ks) -> list[np.ndarray]:
     return np.split(member @ hist, first[1:-1])
 
 
-def class_sums(hist: np.ndarray, ids: np.ndarray, k: int) -> np.ndarray:
-    """[k, nsym] sums of the item histograms in each class."""
-    return class_sums_all(hist, [ids], [k])[0]
-
-
 def spread_order(hist: np.ndarray) -> np.ndarray:
     """Items ordered by their spread around the global mode (a cheap 1-D summary of a histogram)."""
     nsym = hist.shape[1]
@@ -66,7 +61,7 @@ def spread_order(hist: np.ndarray) -> np.ndarray:
 
 
 def ranked_class_sums(hist: np.ndarray, order: np.ndarray, ks) -> list[np.ndarray]:
-    """class_sums of rans.rank_buckets(order, k) for every k at once: runs are contiguous in order."""
+    """class_sums_all of rans.rank_buckets(order, k) for every k at once: runs are contiguous in order."""
     if _use_kernel(hist):  # the same sums, from each k's ranked classes
         got = rans.kernel_class_sums(hist, rans.rank_buckets(order, list(ks)), ks)
         if got is not None:

@@ -99,13 +99,6 @@ def from_le_bytes(data: bytes, ctx: StreamContext) -> np.ndarray:
     return arr.astype(np.dtype(ctx.dtype), copy=True)
 
 
-def _int_range(arr: np.ndarray) -> tuple[int, int] | None:
-    """(min, max) of an integer/bool array, or None for floats or empty arrays."""
-    if arr.size == 0 or not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_):
-        return None
-    return int(arr.min()), int(arr.max())
-
-
 # ----------------------------------------------------------------- raw
 
 
@@ -228,13 +221,15 @@ class Rans(Codec, name="rans"):
     def symbols(self, arr: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         """(symbols = codes - lowest, lowest, alphabet size), or None where rans cannot code arr
         (floats, or an alphabet over MAX_ALPHABET)."""
-        rng = _int_range(arr)
-        if rng is None or rng[1] - rng[0] + 1 > rans.MAX_ALPHABET:
+        if arr.size == 0 or arr.dtype.kind not in "iub":
+            return None
+        lo, hi = int(arr.min()), int(arr.max())
+        if hi - lo >= rans.MAX_ALPHABET:
             return None
         # uint16 (the kernel's input): arithmetic modulo 2**16 leaves every symbol < MAX_ALPHABET exact
         sym = np.asarray(arr).ravel().astype(np.uint16)
-        sym -= np.uint16(rng[0] & 0xFFFF)
-        return sym, rng[0], rng[1] - rng[0] + 1
+        sym -= np.uint16(lo & 0xFFFF)
+        return sym, lo, hi - lo + 1
 
     def prepare(self, items):
         """One search for all integer streams (search.plan): small tensors share its calls.
