@@ -404,10 +404,11 @@ class Fields(Codec, name="fields"):
         if plan is None:
             raise ValueError("fields needs float words")
         hctx, tail, params, head_plan = plan
-        # The head's tables and class ids are deflated, never lzma'd: lzma-9e costs ~0.1 ms a blob and
-        # saved 0.008% of MiniLM bf16's bytes, 0.027% of golf-shaped bf16's, for 8-9% of their pack time
-        # (quantized codes keep it: 0.04% of MiniLM int8's bytes).
-        body, hparams = Rans().encode(None, hctx, head_plan, (compress.RAW, compress.DEFLATE))
+        # The head's tables and class ids are deflated, lzma'd only at effort max: lzma-9e costs ~0.1 ms
+        # a blob and saved 0.008% of MiniLM bf16's bytes, 0.027% of golf-shaped bf16's, for 8-9% of their
+        # pack time (quantized codes keep it: 0.04% of MiniLM int8's bytes).
+        side = compress.PORTABLE if ctx.effort == "max" else (compress.RAW, compress.DEFLATE)
+        body, hparams = Rans().encode(None, hctx, head_plan, side)
         packed = compress.deflate(tail, tail_level) if np.any(tail_level) else tail
         tail, z = (packed, compress.DEFLATE) if len(packed) < len(tail) else (tail, compress.RAW)
         hparams["lo"] = hparams.pop("offset")  # (the heads' least value: no offset of the words)
