@@ -6,9 +6,10 @@
  * this module is not built; tests check that both give identical bytes and
  * accept or reject the same streams.
  *
- * Also the context search's exact-integer histograms (search.axis_histograms) and its
+ * Also the context search's exact-integer histograms (search.axis_histograms), its
  * k-means (cluster._kmeans, for one problem where every sum is an exact float32 integer),
- * and the fields coding's split of float words (codecs.split_words) and its inverse.
+ * the fields coding's split of float words (codecs.split_words) and its inverse, and the row
+ * parents search's exact scoring of candidate rows (parents.find's offer).
  *
  * Only the Python C API and the buffer protocol: no numpy headers, so the module
  * builds wherever Python's headers and a C compiler are present. The GIL is
@@ -952,6 +953,103 @@ static PyObject *top_counts(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ----------------------------------------------------------------- row parents
+ * offer(codes: i8[rows*cols], q: i64[nq], cand: i64[nc], sketched: f32[nq*nc] | None,
+ *       norm: f32[rows], score: f32[rows], parent: i64[rows], dot: i32[rows]) -> None
+ * parents.find's offer, step for step: row q[i] takes candidate cand[i] (sketched None; nc = nq)
+ * or, with sketched, the first cand[j] of the largest |sketched[i, j]| * (cand[j] < q[i])
+ * (np.argmax's choice: the first maximum, or the first NaN; cand ascending, as find's cluster
+ * members are, else ValueError); then, where
+ * float32(d)^2 / norm[c] beats score[q[i]] and c < q[i], with d the exact dot product of the
+ * two rows of codes, it writes score, parent and dot. The rows q must differ (as the reference
+ * needs: its scatter would keep one of them). The reference gathers both rows as int16 copies;
+ * here a row pair's products add up in registers. */
+static PyObject *offer(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *o[8];
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7])) return NULL;
+    static const char *what[8] = {"codes", "q", "cand", "sketched", "norm", "score", "parent", "dot"};
+    Py_buffer b[8] = {{0}};
+    int got = 0;
+    for (; got < 8; got++) {
+        if (got == 3 && o[3] == Py_None) continue;
+        if (get_buffer(o[got], &b[got], what[got], got >= 5) < 0) break;
+    }
+    const char *err = NULL;
+    Py_ssize_t rows = b[4].len / 4, nq = b[1].len / 8, nc = b[2].len / 8;
+    Py_ssize_t cols = rows ? b[0].len / rows : 0;
+    int ranked = o[3] != Py_None;
+    if (got < 8)
+        err = "";  /* the buffer error is set */
+    else if (cols * rows != b[0].len || b[5].len != 4 * rows || b[6].len != 8 * rows || b[7].len != 4 * rows ||
+             (ranked ? b[3].len != 4 * nq * nc || (nq && !nc) : nc != nq))
+        err = "offer: buffer sizes disagree";
+    for (Py_ssize_t t = 1; !err && ranked && t < nc; t++)
+        if (((const int64_t *)b[2].buf)[t - 1] > ((const int64_t *)b[2].buf)[t]) err = "offer: ranked candidates must be ascending";
+    if (!err) {
+        const int8_t *codes = b[0].buf;
+        const int64_t *q = b[1].buf, *cand = b[2].buf;
+        const float *sk = ranked ? b[3].buf : NULL, *norm = b[4].buf;
+        float *score = b[5].buf;
+        int64_t *parent = b[6].buf;
+        int32_t *dot = b[7].buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < nq && !err; i++) {
+            Py_ssize_t j = ranked ? 0 : i;
+            if (ranked) { /* np.argmax of the masked row: cand ascending, so the mask keeps cand[:lim] */
+                const float *row = sk + i * nc;
+                Py_ssize_t lo = 0, hi = nc; /* lim: how many candidates come before row q[i] */
+                while (lo < hi) {
+                    Py_ssize_t mid = (lo + hi) / 2;
+                    if (cand[mid] < q[i]) lo = mid + 1; else hi = mid;
+                }
+                /* |x| as bits: non-negative floats order as their bits do, so the largest of cand[:lim]
+                 * is an integer max (which the compiler vectorizes); bits from 0x7f800000 up are a
+                 * NaN or infinity anywhere in the row, where the masked row may hold a NaN */
+                uint32_t top = 0, tail = 0, w;
+                for (Py_ssize_t t = 0; t < lo; t++) {
+                    memcpy(&w, row + t, 4);
+                    w &= 0x7fffffffu;
+                    top = w > top ? w : top;
+                }
+                for (Py_ssize_t t = lo; t < nc; t++) {
+                    memcpy(&w, row + t, 4);
+                    w &= 0x7fffffffu;
+                    tail = w > tail ? w : tail;
+                }
+                int odd = top >= 0x7f800000u || tail >= 0x7f800000u;
+                float best;
+                memcpy(&best, &top, 4);
+                if (odd) { /* the reference's values, and its first NaN (or first maximum) */
+                    best = -1;
+                    for (Py_ssize_t t = 0; t < nc; t++) {
+                        float v = fabsf(row[t]) * (float)(t < lo);
+                        if (isnan(v)) { j = t; break; }
+                        if (v > best) { best = v; j = t; }
+                    }
+                } else {
+                    while (j < lo && fabsf(row[j]) != best) j++; /* the first maximum; 0 when lo = 0 */
+                    if (j == lo) j = 0;
+                }
+            }
+            int64_t r = q[i], c = cand[j];
+            if (r < 0 || r >= rows || c < 0 || c >= rows) { err = "offer: row index out of range"; break; }
+            const int8_t *x = codes + r * cols, *y = codes + c * cols;
+            uint32_t d = 0; /* (int32 arithmetic that wraps, as numpy's int32 sum would) */
+            for (Py_ssize_t t = 0; t < cols; t++) d += (uint32_t)((int32_t)x[t] * y[t]);
+            float f = (float)(int32_t)d;
+            float s = f * f;
+            s = s / norm[c];
+            if (s > score[r] && c < r) { score[r] = s; parent[r] = c; dot[r] = (int32_t)d; }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    if (err && *err) PyErr_SetString(PyExc_ValueError, err);
+    for (int t = 0; t < got; t++)
+        if (b[t].obj) PyBuffer_Release(&b[t]);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"counts", counts, METH_VARARGS, "Counts of (context, symbol) pairs added to out (i64): (sym u16, ctx u8|None, nsym, k, out)."},
     {"encode", ilv_encode, METH_VARARGS, "Interleaved rANS encode: (sym u16, ctx u8|None, freq u32, nsym, prec, lanes) -> bytes."},
@@ -961,6 +1059,7 @@ static PyMethodDef methods[] = {
     {"histograms", histograms, METH_VARARGS, "Per-row or per-column symbol counts added to out (f32): (sym u16, rows, cols, nsym, axis, stride, out)."},
     {"fields_split", fields_split, METH_VARARGS, "Float words into a fields head (u16) and tail: (words, itemsize, m, h, head out, tail out)."},
     {"top_counts", top_counts, METH_VARARGS, "Counts of (word >> shift) & (len(out) - 1) added to out (i64): (words, itemsize, shift, out)."},
+    {"offer", offer, METH_VARARGS, "parents.find's offer into score, parent, dot: (codes i8, q i64, cand i64, sketched f32|None, norm f32, score f32, parent i64, dot i32)."},
     {"fields_join", fields_join, METH_VARARGS, "Float words from a fields head and tail: (words out, itemsize, m, h, head u16, tail)."},
     {NULL, NULL, 0, NULL},
 };
