@@ -81,11 +81,12 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
     n, p = max(1, rows // CLUSTER), min(PROBES * (4 if wide else 1), max(1, rows // CLUSTER))
     centres, sample = unit[rng.choice(rows, n, replace=False)], unit[rng.choice(rows, min(rows, 64 * n), replace=False)]
     for _ in range(2):
-        moved = np.zeros_like(centres)
+        moved, d = np.zeros_like(centres), centres.shape[1]
         for b in range(0, len(sample), 4096):
             cos = sample[b : b + 4096] @ centres.T
-            near = np.argmax(np.abs(cos), 1)
-            np.add.at(moved, near, sample[b : b + 4096] * np.sign(cos[np.arange(len(near)), near])[:, None])
+            near = np.argmax(np.abs(cos), 1)  # (a flat add.at below: 5x quicker, sums in the same order)
+            some = sample[b : b + 4096] * np.sign(cos[np.arange(len(near)), near])[:, None]
+            np.add.at(moved.reshape(-1), (near[:, None] * d + np.arange(d)).ravel(), some.ravel())
         centres = moved / np.maximum(np.linalg.norm(moved, axis=1), 1e-6)[:, None]
     home, probes = np.zeros(rows, np.int64), []  # each row's cluster, and (cluster, row) of its p nearest
     for b in range(0, rows, 4096):
@@ -102,8 +103,7 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
     score, parent, dot = np.zeros(rows, np.float32), np.zeros(rows, np.int64), np.zeros(rows, np.int32)
 
     def offer(q: np.ndarray, cand: np.ndarray, sketched: np.ndarray | None = None) -> None:
-        """Rows q take these candidate parents (sketched [q, cand]: each row's best sketched
-        earlier one) where they score better, exactly."""
+        """Rows q take parents (sketched [q, cand]: each row's best earlier one) where they score better, exactly."""
         if rans._ransc is not None:  # (the kernel: the same steps, without numpy's row copies)
             return rans._ransc.offer(np.ascontiguousarray(codes), q, cand, sketched, norm, score, parent, dot)
         if sketched is not None:  # (a parent comes before its row: member[0] does)
