@@ -311,7 +311,8 @@ def test_kernel_offer_picks_numpy_argmax():
     the first maximum, the first candidate on an all-zero row, the first NaN (an infinity past
     the mask is one), and each row's exact score against the one it holds."""
     rng = np.random.default_rng(3)
-    codes = rng.integers(-128, 128, (40, 16)).astype(np.int8)
+    codes = rng.integers(-128, 128, (40, 37)).astype(np.int8)  # (37: past the kernel's 16-code steps)
+    codes[30] = -128
     norm = np.maximum((codes.astype(np.float32) ** 2).sum(1), 1)
     q, cand = np.array([5, 9, 20, 30, 31, 39]), np.array([1, 4, 7, 9, 15, 28, 33])
     sk = rng.standard_normal((len(q), len(cand))).astype(np.float32)

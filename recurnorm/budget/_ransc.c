@@ -19,6 +19,9 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -953,17 +956,87 @@ static PyObject *top_counts(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* ----------------------------------------------------------------- row parents
- * offer(codes: i8[rows*cols], q: i64[nq], cand: i64[nc], sketched: f32[nq*nc] | None,
+/* ----------------------------------------------------------------- row parents */
+#define AHEAD 4 /* row pairs read ahead */
+#if defined(__GNUC__)
+#define PREFETCH(p) __builtin_prefetch(p)
+#else
+#define PREFETCH(p) ((void)(p))
+#endif
+
+/* Which cand[j] np.argmax picks of |row[j]| * (j < lo), the row of nc floats masked after lo:
+ * the first maximum, or the first NaN. Non-negative floats order as their bits do, so the
+ * first largest of row[:lo] is an integer max, kept in four lanes beside where each lane first
+ * met it (the compiler vectorizes them; the first of the lanes' firsts wins). Bits from
+ * 0x7f800000 up are a NaN or an infinity (which the mask turns into a NaN) anywhere in the row:
+ * then the reference's values are computed as it does. */
+static Py_ssize_t masked_argmax(const float *row, Py_ssize_t lo, Py_ssize_t nc) {
+    uint32_t top[4] = {0, 0, 0, 0}, at[4] = {0, 0, 0, 0}, tail = 0, w;
+    Py_ssize_t t = 0, j = nc;
+    for (; t + 4 <= lo; t += 4)
+        for (int u = 0; u < 4; u++) {
+            memcpy(&w, row + t + u, 4);
+            w &= 0x7fffffffu;
+            at[u] = w > top[u] ? (uint32_t)(t + u) : at[u];
+            top[u] = w > top[u] ? w : top[u];
+        }
+    for (; t < lo; t++) {
+        memcpy(&w, row + t, 4);
+        w &= 0x7fffffffu;
+        at[0] = w > top[0] ? (uint32_t)t : at[0];
+        top[0] = w > top[0] ? w : top[0];
+    }
+    for (; t < nc; t++) {
+        memcpy(&w, row + t, 4);
+        tail = (w & 0x7fffffffu) > tail ? w & 0x7fffffffu : tail;
+    }
+    uint32_t most = top[0];
+    for (int u = 1; u < 4; u++) most = top[u] > most ? top[u] : most;
+    for (int u = 0; u < 4; u++) /* (all zero, or lo = 0: every lane says 0) */
+        if (top[u] == most && at[u] < (uint32_t)j) j = at[u];
+    if (most >= 0x7f800000u || tail >= 0x7f800000u) {
+        float best = -1;
+        for (t = 0; t < nc; t++) {
+            float v = fabsf(row[t]) * (float)(t < lo);
+            if (isnan(v)) return t;
+            if (v > best) { best = v; j = t; }
+        }
+    }
+    return j;
+}
+
+/* The dot product of two int8 rows in int32 arithmetic that wraps, as numpy's int32 sum
+ * would (wrapping sums agree in any order). SSE2: 16 codes a step, widened to int16, then
+ * multiplied and added in pairs (pmaddwd; the product of two int8 fits in int16). */
+static uint32_t row_dot(const int8_t *x, const int8_t *y, Py_ssize_t n) {
+    uint32_t d = 0;
+    Py_ssize_t t = 0;
+#ifdef __SSE2__
+    __m128i acc = _mm_setzero_si128();
+    for (; t + 16 <= n; t += 16) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(x + t)), b = _mm_loadu_si128((const __m128i *)(y + t));
+        __m128i alo = _mm_srai_epi16(_mm_unpacklo_epi8(a, a), 8), ahi = _mm_srai_epi16(_mm_unpackhi_epi8(a, a), 8);
+        __m128i blo = _mm_srai_epi16(_mm_unpacklo_epi8(b, b), 8), bhi = _mm_srai_epi16(_mm_unpackhi_epi8(b, b), 8);
+        acc = _mm_add_epi32(acc, _mm_add_epi32(_mm_madd_epi16(alo, blo), _mm_madd_epi16(ahi, bhi)));
+    }
+    uint32_t lane[4];
+    _mm_storeu_si128((__m128i *)lane, acc);
+    d = lane[0] + lane[1] + lane[2] + lane[3];
+#endif
+    for (; t < n; t++) d += (uint32_t)((int32_t)x[t] * y[t]);
+    return d;
+}
+
+/* offer(codes: i8[rows*cols], q: i64[nq], cand: i64[nc], sketched: f32[nq*nc] | None,
  *       norm: f32[rows], score: f32[rows], parent: i64[rows], dot: i32[rows]) -> None
  * parents.find's offer, step for step: row q[i] takes candidate cand[i] (sketched None; nc = nq)
- * or, with sketched, the first cand[j] of the largest |sketched[i, j]| * (cand[j] < q[i])
- * (np.argmax's choice: the first maximum, or the first NaN; cand ascending, as find's cluster
- * members are, else ValueError); then, where
+ * or, with sketched, np.argmax's choice of cand[j] by |sketched[i, j]| * (cand[j] < q[i])
+ * (cand ascending, as find's cluster members are, else ValueError); then, where
  * float32(d)^2 / norm[c] beats score[q[i]] and c < q[i], with d the exact dot product of the
  * two rows of codes, it writes score, parent and dot. The rows q must differ (as the reference
  * needs: its scatter would keep one of them). The reference gathers both rows as int16 copies;
- * here a row pair's products add up in registers. */
+ * here each row's candidate is picked first, then the pairs' products are summed reading a
+ * few pairs ahead (the rows lie scattered over the tensor: their cache misses took the time). */
 static PyObject *offer(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *o[8];
     if (!PyArg_ParseTuple(args, "OOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7])) return NULL;
@@ -978,13 +1051,19 @@ static PyObject *offer(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t rows = b[4].len / 4, nq = b[1].len / 8, nc = b[2].len / 8;
     Py_ssize_t cols = rows ? b[0].len / rows : 0;
     int ranked = o[3] != Py_None;
+    int64_t *pick = NULL; /* each row's candidate */
     if (got < 8)
-        err = "";  /* the buffer error is set */
+        err = ""; /* (the buffer error is set) */
     else if (cols * rows != b[0].len || b[5].len != 4 * rows || b[6].len != 8 * rows || b[7].len != 4 * rows ||
              (ranked ? b[3].len != 4 * nq * nc || (nq && !nc) : nc != nq))
         err = "offer: buffer sizes disagree";
     for (Py_ssize_t t = 1; !err && ranked && t < nc; t++)
-        if (((const int64_t *)b[2].buf)[t - 1] > ((const int64_t *)b[2].buf)[t]) err = "offer: ranked candidates must be ascending";
+        if (((const int64_t *)b[2].buf)[t - 1] > ((const int64_t *)b[2].buf)[t])
+            err = "offer: ranked candidates must be ascending";
+    if (!err && !(pick = malloc(sizeof(int64_t) * (nq ? nq : 1)))) {
+        PyErr_NoMemory();
+        err = "";
+    }
     if (!err) {
         const int8_t *codes = b[0].buf;
         const int64_t *q = b[1].buf, *cand = b[2].buf;
@@ -993,49 +1072,22 @@ static PyObject *offer(PyObject *Py_UNUSED(self), PyObject *args) {
         int64_t *parent = b[6].buf;
         int32_t *dot = b[7].buf;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < nq && !err; i++) {
-            Py_ssize_t j = ranked ? 0 : i;
-            if (ranked) { /* np.argmax of the masked row: cand ascending, so the mask keeps cand[:lim] */
-                const float *row = sk + i * nc;
-                Py_ssize_t lo = 0, hi = nc; /* lim: how many candidates come before row q[i] */
-                while (lo < hi) {
-                    Py_ssize_t mid = (lo + hi) / 2;
-                    if (cand[mid] < q[i]) lo = mid + 1; else hi = mid;
-                }
-                /* |x| as bits: non-negative floats order as their bits do, so the largest of cand[:lim]
-                 * is an integer max (which the compiler vectorizes); bits from 0x7f800000 up are a
-                 * NaN or infinity anywhere in the row, where the masked row may hold a NaN */
-                uint32_t top = 0, tail = 0, w;
-                for (Py_ssize_t t = 0; t < lo; t++) {
-                    memcpy(&w, row + t, 4);
-                    w &= 0x7fffffffu;
-                    top = w > top ? w : top;
-                }
-                for (Py_ssize_t t = lo; t < nc; t++) {
-                    memcpy(&w, row + t, 4);
-                    w &= 0x7fffffffu;
-                    tail = w > tail ? w : tail;
-                }
-                int odd = top >= 0x7f800000u || tail >= 0x7f800000u;
-                float best;
-                memcpy(&best, &top, 4);
-                if (odd) { /* the reference's values, and its first NaN (or first maximum) */
-                    best = -1;
-                    for (Py_ssize_t t = 0; t < nc; t++) {
-                        float v = fabsf(row[t]) * (float)(t < lo);
-                        if (isnan(v)) { j = t; break; }
-                        if (v > best) { best = v; j = t; }
-                    }
-                } else {
-                    while (j < lo && fabsf(row[j]) != best) j++; /* the first maximum; 0 when lo = 0 */
-                    if (j == lo) j = 0;
-                }
-            }
-            int64_t r = q[i], c = cand[j];
+        Py_ssize_t lo = 0; /* ranked: how many candidates come before row q[i] */
+        for (Py_ssize_t i = 0; i < nq; i++) {
+            if (ranked && i && q[i] < q[i - 1]) lo = 0; /* (rows ascending, as find's are: lo only grows) */
+            while (ranked && lo < nc && cand[lo] < q[i]) lo++;
+            pick[i] = ranked ? cand[masked_argmax(sk + i * nc, lo, nc)] : cand[i];
+        }
+        for (Py_ssize_t i = 0; i < nq; i++) {
+            int64_t r = q[i], c = pick[i];
             if (r < 0 || r >= rows || c < 0 || c >= rows) { err = "offer: row index out of range"; break; }
-            const int8_t *x = codes + r * cols, *y = codes + c * cols;
-            uint32_t d = 0; /* (int32 arithmetic that wraps, as numpy's int32 sum would) */
-            for (Py_ssize_t t = 0; t < cols; t++) d += (uint32_t)((int32_t)x[t] * y[t]);
+            if (i + AHEAD < nq && q[i + AHEAD] >= 0 && q[i + AHEAD] < rows && pick[i + AHEAD] >= 0 &&
+                pick[i + AHEAD] < rows)
+                for (Py_ssize_t t = 0; t < cols; t += 64) {
+                    PREFETCH(codes + q[i + AHEAD] * cols + t);
+                    PREFETCH(codes + pick[i + AHEAD] * cols + t);
+                }
+            uint32_t d = row_dot(codes + r * cols, codes + c * cols, cols);
             float f = (float)(int32_t)d;
             float s = f * f;
             s = s / norm[c];
@@ -1043,6 +1095,7 @@ static PyObject *offer(PyObject *Py_UNUSED(self), PyObject *args) {
         }
         Py_END_ALLOW_THREADS
     }
+    free(pick);
     if (err && *err) PyErr_SetString(PyExc_ValueError, err);
     for (int t = 0; t < got; t++)
         if (b[t].obj) PyBuffer_Release(&b[t]);
