@@ -301,6 +301,7 @@ def test_kernel_parents_search_equals_numpy_reference(monkeypatch, rows, cols, w
     codes = _families(rows, rows, cols)
     fast = parents.find(codes, wide)
     assert fast is not None and (fast[:, 0] > 0).mean() > 0.3
+    assert np.array_equal(parents.find(np.asfortranarray(codes), wide), fast)  # (the kernel takes a contiguous copy)
     monkeypatch.setattr(rans, "_ransc", None)
     assert np.array_equal(parents.find(codes, wide), fast)
 

@@ -64,7 +64,7 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
     # gain). Three values or fewer: MiniLM's ternary embedding codes smaller as it is (0.5 s saved).
     if cols < 2 or int(codes.max()) - int(codes.min()) < 3:
         return None
-    rng, basis = np.random.default_rng(0), None
+    rng, basis, codes = np.random.default_rng(0), None, np.ascontiguousarray(codes)  # (contiguous: the kernel's)
     if cols > SKETCH:  # (a subspace iteration on some rows: near the leading directions, no cols x cols eigh)
         some, basis = codes[:: max(1, rows // 4096)].astype(np.float32), rng.standard_normal((cols, SKETCH), np.float32)
         for _ in range(2):
@@ -105,7 +105,7 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
     def offer(q: np.ndarray, cand: np.ndarray, sketched: np.ndarray | None = None) -> None:
         """Rows q take parents (sketched [q, cand]: each row's best earlier one) where they score better, exactly."""
         if rans._ransc is not None:  # (the kernel: the same steps, without numpy's row copies)
-            return rans._ransc.offer(np.ascontiguousarray(codes), q, cand, sketched, norm, score, parent, dot)
+            return rans._ransc.offer(codes, q, cand, sketched, norm, score, parent, dot)
         if sketched is not None:  # (a parent comes before its row: member[0] does)
             cand = cand[np.argmax(np.abs(sketched) * (cand < q[:, None]), 1)]
         d = (codes[q].astype(np.int16) * codes[cand]).sum(1, dtype=np.int32)  # (gathering int8: 10x quicker)
