@@ -279,3 +279,58 @@ def test_kernel_class_sums_equal_numpy_reference(seed, items, nsym, ks):
     assert rans.kernel_class_sums(np.full((2, 2), 5e6, np.float32), [np.array([0, 1])], [2]) is None
     with pytest.raises(ValueError, match="out of range"):
         rans.kernel_class_sums(hist, [np.full(items, ks[0])], ks[:1])
+
+
+def _families(seed: int, rows: int, cols: int) -> np.ndarray:
+    """int8 rows that are multiples of earlier roots plus noise (a token embedding's families)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, cols))
+    kids = np.flatnonzero(rng.random(rows) < 0.7)
+    kids = kids[kids > 0]
+    roots = (rng.random(len(kids)) * kids).astype(np.int64)
+    w[kids] = w[roots] * rng.uniform(-1.5, 1.5, (len(kids), 1)) + 0.3 * w[kids]
+    return np.clip(np.round(w * 127 / np.abs(w).max(1, keepdims=True)), -127, 127).astype(np.int8)
+
+
+@kernel
+@pytest.mark.parametrize("rows,cols,wide", [(600, 64, False), (3000, 96, False), (1500, 40, True)])
+def test_kernel_parents_search_equals_numpy_reference(monkeypatch, rows, cols, wide):
+    """parents.find proposes the same parents with the kernel's offer as with numpy's."""
+    from recurnorm.budget import parents
+
+    codes = _families(rows, rows, cols)
+    fast = parents.find(codes, wide)
+    assert fast is not None and (fast[:, 0] > 0).mean() > 0.3
+    assert np.array_equal(parents.find(np.asfortranarray(codes), wide), fast)  # (the kernel takes a contiguous copy)
+    monkeypatch.setattr(rans, "_ransc", None)
+    assert np.array_equal(parents.find(codes, wide), fast)
+
+
+@kernel
+def test_kernel_offer_picks_numpy_argmax():
+    """The kernel's choice among sketched candidates is np.argmax's over the masked |values|:
+    the first maximum, the first candidate on an all-zero row, the first NaN (an infinity past
+    the mask is one), and each row's exact score against the one it holds."""
+    rng = np.random.default_rng(3)
+    codes = rng.integers(-128, 128, (40, 37)).astype(np.int8)  # (37: past the kernel's 16-code steps)
+    codes[30] = -128
+    norm = np.maximum((codes.astype(np.float32) ** 2).sum(1), 1)
+    q, cand = np.array([5, 9, 20, 30, 31, 39]), np.array([1, 4, 7, 9, 15, 28, 33])
+    sk = rng.standard_normal((len(q), len(cand))).astype(np.float32)
+    sk[0, :] = 0  # only cand 1 and 4 come before row 5: both zero
+    sk[1, 1] = sk[1, 2] = -9  # a tie: the first
+    sk[2, 5] = np.inf  # an infinity past the mask: NaN there
+    sk[3, 3], sk[3, 1] = np.nan, 50  # a NaN before the mask's end
+    sk[4, 6] = 1e30  # large, but masked away
+    sk[5, 2] = np.inf  # an infinity that counts
+    with np.errstate(invalid="ignore"):  # (inf * 0)
+        want = cand[np.argmax(np.abs(sk) * (cand < q[:, None]), 1)]
+    d = (codes[q].astype(np.int16) * codes[want]).sum(1, dtype=np.int32)
+    s = d.astype(np.float32) ** 2 / norm[want]
+    score, parent, dot = np.zeros(40, np.float32), np.zeros(40, np.int64), np.zeros(40, np.int32)
+    score[q[0]] = np.inf  # a row already holding a better parent keeps it
+    rans._ransc.offer(codes, q, cand, sk, norm, score, parent, dot)
+    better = (want < q) & (np.arange(len(q)) > 0)
+    assert np.array_equal(parent[q], np.where(better, want, 0)) and np.array_equal(dot[q], np.where(better, d, 0))
+    assert np.array_equal(score[q[1:]], np.where(better, s, 0)[1:])
+    assert list(want[[0, 1, 2, 3, 5]]) == [1, 4, 28, 9, 7]  # (what the cases above ask of np.argmax)

@@ -106,3 +106,15 @@ def test_parents_that_do_not_pay_lose_the_race(monkeypatch):
     monkeypatch.setattr(parents, "previous", lambda c: every)
     proposed = pack_qtensors(qts)
     assert proposed == plain and "parents" not in read_artifact(proposed).manifest["tensors"][0]["streams"]
+
+
+def test_residuals_wrap_as_int32_arithmetic_would():
+    """Every multiplier the format allows on every int8 code: the residuals (computed in int16)
+    are the int32 formula's, wrapped to int8, and restore inverts them."""
+    codes = np.arange(-128, 128, dtype=np.int8)[None, :].repeat(2 * parents.STEP * 2 + 2, 0)
+    p = np.zeros((len(codes), 2), np.int32)
+    p[1:] = np.stack([np.ones(len(codes) - 1, np.int32), np.arange(-2 * parents.STEP, 2 * parents.STEP + 1)], 1)
+    pred = (p[1:, 1:] * codes[:-1].astype(np.int32) + parents.STEP // 2) >> parents.SHIFT
+    res = parents.residuals(codes, p)
+    assert np.array_equal(res[1:], (codes[1:] - pred).astype(np.int8)) and np.array_equal(res[0], codes[0])
+    assert np.array_equal(parents.restore(res, p, "x"), codes)

@@ -314,3 +314,21 @@ def test_sigma_clip_from_the_cli_grammar():
     assert qt.params["clip"] == "sigma:3"
     err = (q.dequantize(qt) - w)[:, 1:].abs().mean()
     assert err < 0.5 * (q.dequantize(q.get("int6").quantize(w)) - w)[:, 1:].abs().mean()
+
+
+@pytest.mark.parametrize(
+    "codes,scales,dtype,peak",
+    [
+        ([[127, -3], [1, -1]], [1.0, 600.0], "float16", None),  # bound 127 x 600 is past 65504: the groups are not
+        ([[127, -3], [1, -127]], [1.0, 600.0], "float16", 76200.0),  # group 1 is
+        ([[127, -128], [5, 0]], [200.0, 10.0], "float16", None),  # the bound settles it
+        ([[2, 1], [1, 1]], [np.inf, 1.0], "float32", np.inf),  # an infinite scale (64-bit 1e300 in float32)
+        ([[0, 0], [0, 0]], [np.inf, 1.0], "float32", np.inf),  # 0 x inf: NaN, counted as Inf
+    ],
+)
+def test_range_bound_agrees_with_the_exact_peak(codes, scales, dtype, peak):
+    """Grid formats bound the peak first (largest |code| x largest |scale|), then measure it per
+    group where the bound is past the output dtype's limit: the verdict is the exact peak's."""
+    qt = q.QTensor("int8", (2, 2), dtype, np.array(codes, np.int8), np.array(scales, np.float64))
+    why = q.get("int8").range_problem(qt)
+    assert why is None if peak is None else f"values up to {peak:.4g}" in why

@@ -6,9 +6,10 @@
  * this module is not built; tests check that both give identical bytes and
  * accept or reject the same streams.
  *
- * Also the context search's exact-integer histograms (search.axis_histograms) and its
+ * Also the context search's exact-integer histograms (search.axis_histograms), its
  * k-means (cluster._kmeans, for one problem where every sum is an exact float32 integer),
- * and the fields coding's split of float words (codecs.split_words) and its inverse.
+ * the fields coding's split of float words (codecs.split_words) and its inverse, and the row
+ * parents search's exact scoring of candidate rows (parents.find's offer).
  *
  * Only the Python C API and the buffer protocol: no numpy headers, so the module
  * builds wherever Python's headers and a C compiler are present. The GIL is
@@ -18,6 +19,9 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -952,6 +956,153 @@ static PyObject *top_counts(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ----------------------------------------------------------------- row parents */
+#define AHEAD 4 /* row pairs read ahead */
+#if defined(__GNUC__)
+#define PREFETCH(p) __builtin_prefetch(p)
+#else
+#define PREFETCH(p) ((void)(p))
+#endif
+
+/* Which cand[j] np.argmax picks of |row[j]| * (j < lo), the row of nc floats masked after lo:
+ * the first maximum, or the first NaN. Non-negative floats order as their bits do, so the
+ * first largest of row[:lo] is an integer max, kept in four lanes beside where each lane first
+ * met it (the compiler vectorizes them; the first of the lanes' firsts wins). Bits from
+ * 0x7f800000 up are a NaN or an infinity (which the mask turns into a NaN) anywhere in the row:
+ * then the reference's values are computed as it does. */
+static Py_ssize_t masked_argmax(const float *row, Py_ssize_t lo, Py_ssize_t nc) {
+    uint32_t top[4] = {0, 0, 0, 0}, at[4] = {0, 0, 0, 0}, tail = 0, w;
+    Py_ssize_t t = 0, j = nc;
+    for (; t + 4 <= lo; t += 4)
+        for (int u = 0; u < 4; u++) {
+            memcpy(&w, row + t + u, 4);
+            w &= 0x7fffffffu;
+            at[u] = w > top[u] ? (uint32_t)(t + u) : at[u];
+            top[u] = w > top[u] ? w : top[u];
+        }
+    for (; t < lo; t++) {
+        memcpy(&w, row + t, 4);
+        w &= 0x7fffffffu;
+        at[0] = w > top[0] ? (uint32_t)t : at[0];
+        top[0] = w > top[0] ? w : top[0];
+    }
+    for (; t < nc; t++) {
+        memcpy(&w, row + t, 4);
+        tail = (w & 0x7fffffffu) > tail ? w & 0x7fffffffu : tail;
+    }
+    uint32_t most = top[0];
+    for (int u = 1; u < 4; u++) most = top[u] > most ? top[u] : most;
+    for (int u = 0; u < 4; u++) /* (all zero, or lo = 0: every lane says 0) */
+        if (top[u] == most && at[u] < (uint32_t)j) j = at[u];
+    if (most >= 0x7f800000u || tail >= 0x7f800000u) {
+        float best = -1;
+        for (t = 0; t < nc; t++) {
+            float v = fabsf(row[t]) * (float)(t < lo);
+            if (isnan(v)) return t;
+            if (v > best) { best = v; j = t; }
+        }
+    }
+    return j;
+}
+
+/* The dot product of two int8 rows in int32 arithmetic that wraps, as numpy's int32 sum
+ * would (wrapping sums agree in any order). SSE2: 16 codes a step, widened to int16, then
+ * multiplied and added in pairs (pmaddwd; the product of two int8 fits in int16). */
+static uint32_t row_dot(const int8_t *x, const int8_t *y, Py_ssize_t n) {
+    uint32_t d = 0;
+    Py_ssize_t t = 0;
+#ifdef __SSE2__
+    __m128i acc = _mm_setzero_si128();
+    for (; t + 16 <= n; t += 16) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(x + t)), b = _mm_loadu_si128((const __m128i *)(y + t));
+        __m128i alo = _mm_srai_epi16(_mm_unpacklo_epi8(a, a), 8), ahi = _mm_srai_epi16(_mm_unpackhi_epi8(a, a), 8);
+        __m128i blo = _mm_srai_epi16(_mm_unpacklo_epi8(b, b), 8), bhi = _mm_srai_epi16(_mm_unpackhi_epi8(b, b), 8);
+        acc = _mm_add_epi32(acc, _mm_add_epi32(_mm_madd_epi16(alo, blo), _mm_madd_epi16(ahi, bhi)));
+    }
+    uint32_t lane[4];
+    _mm_storeu_si128((__m128i *)lane, acc);
+    d = lane[0] + lane[1] + lane[2] + lane[3];
+#endif
+    for (; t < n; t++) d += (uint32_t)((int32_t)x[t] * y[t]);
+    return d;
+}
+
+/* offer(codes: i8[rows*cols], q: i64[nq], cand: i64[nc], sketched: f32[nq*nc] | None,
+ *       norm: f32[rows], score: f32[rows], parent: i64[rows], dot: i32[rows]) -> None
+ * parents.find's offer, step for step: row q[i] takes candidate cand[i] (sketched None; nc = nq)
+ * or, with sketched, np.argmax's choice of cand[j] by |sketched[i, j]| * (cand[j] < q[i])
+ * (cand ascending, as find's cluster members are, else ValueError); then, where
+ * float32(d)^2 / norm[c] beats score[q[i]] and c < q[i], with d the exact dot product of the
+ * two rows of codes, it writes score, parent and dot. The rows q must differ (as the reference
+ * needs: its scatter would keep one of them). The reference gathers both rows as int16 copies;
+ * here each row's candidate is picked first, then the pairs' products are summed reading a
+ * few pairs ahead (the rows lie scattered over the tensor: their cache misses took the time). */
+static PyObject *offer(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *o[8];
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7])) return NULL;
+    static const char *what[8] = {"codes", "q", "cand", "sketched", "norm", "score", "parent", "dot"};
+    Py_buffer b[8] = {{0}};
+    int got = 0;
+    for (; got < 8; got++) {
+        if (got == 3 && o[3] == Py_None) continue;
+        if (get_buffer(o[got], &b[got], what[got], got >= 5) < 0) break;
+    }
+    const char *err = NULL;
+    Py_ssize_t rows = b[4].len / 4, nq = b[1].len / 8, nc = b[2].len / 8;
+    Py_ssize_t cols = rows ? b[0].len / rows : 0;
+    int ranked = o[3] != Py_None;
+    int64_t *pick = NULL; /* each row's candidate */
+    if (got < 8)
+        err = ""; /* (the buffer error is set) */
+    else if (cols * rows != b[0].len || b[5].len != 4 * rows || b[6].len != 8 * rows || b[7].len != 4 * rows ||
+             (ranked ? b[3].len != 4 * nq * nc || (nq && !nc) : nc != nq))
+        err = "offer: buffer sizes disagree";
+    for (Py_ssize_t t = 1; !err && ranked && t < nc; t++)
+        if (((const int64_t *)b[2].buf)[t - 1] > ((const int64_t *)b[2].buf)[t])
+            err = "offer: ranked candidates must be ascending";
+    if (!err && !(pick = malloc(sizeof(int64_t) * (nq ? nq : 1)))) {
+        PyErr_NoMemory();
+        err = "";
+    }
+    if (!err) {
+        const int8_t *codes = b[0].buf;
+        const int64_t *q = b[1].buf, *cand = b[2].buf;
+        const float *sk = ranked ? b[3].buf : NULL, *norm = b[4].buf;
+        float *score = b[5].buf;
+        int64_t *parent = b[6].buf;
+        int32_t *dot = b[7].buf;
+        Py_BEGIN_ALLOW_THREADS
+        Py_ssize_t lo = 0; /* ranked: how many candidates come before row q[i] */
+        for (Py_ssize_t i = 0; i < nq; i++) {
+            if (ranked && i && q[i] < q[i - 1]) lo = 0; /* (rows ascending, as find's are: lo only grows) */
+            while (ranked && lo < nc && cand[lo] < q[i]) lo++;
+            pick[i] = ranked ? cand[masked_argmax(sk + i * nc, lo, nc)] : cand[i];
+        }
+        for (Py_ssize_t i = 0; i < nq; i++) {
+            int64_t r = q[i], c = pick[i];
+            if (r < 0 || r >= rows || c < 0 || c >= rows) { err = "offer: row index out of range"; break; }
+            if (i + AHEAD < nq && q[i + AHEAD] >= 0 && q[i + AHEAD] < rows && pick[i + AHEAD] >= 0 &&
+                pick[i + AHEAD] < rows)
+                for (Py_ssize_t t = 0; t < cols; t += 64) {
+                    PREFETCH(codes + q[i + AHEAD] * cols + t);
+                    PREFETCH(codes + pick[i + AHEAD] * cols + t);
+                }
+            uint32_t d = row_dot(codes + r * cols, codes + c * cols, cols);
+            float f = (float)(int32_t)d;
+            float s = f * f;
+            s = s / norm[c];
+            if (s > score[r] && c < r) { score[r] = s; parent[r] = c; dot[r] = (int32_t)d; }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    free(pick);
+    if (err && *err) PyErr_SetString(PyExc_ValueError, err);
+    for (int t = 0; t < got; t++)
+        if (b[t].obj) PyBuffer_Release(&b[t]);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"counts", counts, METH_VARARGS, "Counts of (context, symbol) pairs added to out (i64): (sym u16, ctx u8|None, nsym, k, out)."},
     {"encode", ilv_encode, METH_VARARGS, "Interleaved rANS encode: (sym u16, ctx u8|None, freq u32, nsym, prec, lanes) -> bytes."},
@@ -961,6 +1112,7 @@ static PyMethodDef methods[] = {
     {"histograms", histograms, METH_VARARGS, "Per-row or per-column symbol counts added to out (f32): (sym u16, rows, cols, nsym, axis, stride, out)."},
     {"fields_split", fields_split, METH_VARARGS, "Float words into a fields head (u16) and tail: (words, itemsize, m, h, head out, tail out)."},
     {"top_counts", top_counts, METH_VARARGS, "Counts of (word >> shift) & (len(out) - 1) added to out (i64): (words, itemsize, shift, out)."},
+    {"offer", offer, METH_VARARGS, "parents.find's offer into score, parent, dot: (codes i8, q i64, cand i64, sketched f32|None, norm f32, score f32, parent i64, dot i32)."},
     {"fields_join", fields_join, METH_VARARGS, "Float words from a fields head and tail: (words out, itemsize, m, h, head u16, tail)."},
     {NULL, NULL, 0, NULL},
 };
