@@ -95,7 +95,7 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
         r, c = np.nonzero((cos >= np.partition(cos, n - p, 1)[:, n - p : n - p + 1]) & (cos > 0))
         probes.append(np.stack([c, r + b]))
     probes = np.concatenate(probes, 1)
-    probes = probes[:, np.argsort(probes[0], kind="stable")]
+    probes = probes[:, np.argsort(probes[0].astype(np.uint16) if n <= 1 << 16 else probes[0], kind="stable")]  # (radix)
     probed = np.searchsorted(probes[0], np.arange(n + 1))  # rows probing cluster c: probes[1, probed[c] : ...]
     members = np.argsort(home, kind="stable")
     bounds = np.searchsorted(home[members], np.arange(n + 1))
