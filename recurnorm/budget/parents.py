@@ -37,8 +37,8 @@ SKETCH, CLUSTER, PROBES = 64, 128, 12
 # time on MiniLM int8 and int4, 48% on golf-shaped int8, same bytes (benchmarks/gates.py --gate SMOOTH).
 SMOOTH = 0.97
 SAMPLE = 1 << 16  # codes of row pairs `previous` samples
-# (effort normal) `find` searches tensors of this many rows or more, `previous` the rest: saves 34% of
-# pack time on MiniLM int8 and int4, costing 0.07% of bytes (benchmarks/gates.py --gate SEARCH_ROWS)
+# (effort normal) `find` searches tensors of this many rows or more, `previous` the rest: saves 41% of
+# pack time on MiniLM int4-int8, costing 0.06-0.07% of bytes (benchmarks/gates.py --gate SEARCH_ROWS)
 SEARCH_ROWS = 4096
 
 

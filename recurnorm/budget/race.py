@@ -30,7 +30,7 @@ SAMPLE_ROWS = 64  # rows per block of parents_pay's sample (every 8th)
 GATES: dict[str, float | None] = {
     # Float words over QUICK_MIN: no deflate/lzma where zstd-1 of 16 slices of this many bytes,
     # byte-grouped together (about deflate-1's size, 6x sooner), lands over the best (the fields
-    # coding). Saves 96% on MiniLM bf16, 95% on golf-shaped bf16/fp32; same bytes.
+    # coding). Saves 96-98% on MiniLM and golf-shaped bf16/fp32; same bytes.
     "float_probe": 1 << 12,
     # Quantized codes from this many bytes on where zstd-1 finds no repetition: no deflate or
     # lzma (rans codes them under their order-0 bound, where deflate's Huffman and lzma's
@@ -43,18 +43,18 @@ GATES: dict[str, float | None] = {
     # golf-shaped int8, where it costs 0.04% of bytes.
     "lzma_race": 1.02,
     # Parents streams over QUICK_MIN: lzma on their byte groups only (it beat deflate's layouts by
-    # 13% on MiniLM's). Saves 12% on MiniLM int4, 7-8% on int6/int8 (0.1 s each); same bytes.
+    # 13% on MiniLM's). Saves 12-14% on MiniLM int4-int8 (0.1 s each); same bytes.
     "parents_lzma": 1,
     # Rows predicted from parents (tensors of 8 x SAMPLE_ROWS rows or more) race the codes as they
     # are on every 8th block of SAMPLE_ROWS rows first: a side ahead by this share of the bytes
-    # there wins without the full race. Saves 25% on MiniLM int8, 10% on int4; same bytes.
+    # there wins without the full race. Saves 20% on MiniLM int8, 15% on int4, 10% on int6; same bytes.
     "parents_sample": 0.01,
     # zstd-19 on the best zstd-3 layout only, where it is within this factor of the best. Saves
     # 78-80% on ship.py's 17M models (codecs rans, zstd, raw), costing 0.0005% of bytes.
     "zstd_slow_race": 1.02,
     # Float tails (low mantissa bits, signs) over QUICK_MIN: deflate-1 only on their chunks (of
-    # compress.CHUNK bytes) where zstd-1 lands under this share of their size. Saves 38% on MiniLM
-    # bf16, 57% on MiniLM fp32 (costing 0.007% of bytes), 30-62% on golf-shaped bf16/fp32.
+    # compress.CHUNK bytes) where zstd-1 lands under this share of their size. Saves 48% on MiniLM
+    # bf16, 66% on MiniLM fp32 (costing 0.007% of bytes), 42-70% on golf-shaped bf16/fp32.
     "fields_tail": 0.99,
 }
 _local = threading.local()
