@@ -256,8 +256,8 @@ class Rans(Codec, name="rans"):
     # all-MiniLM-L6-v2's embedding 0.1% off the coded size, where they win by 0.6-1%.
     BLOCK_MARGIN = 0.995
 
-    def encode(self, arr, ctx, plan=None, side=compress.PORTABLE):
-        """side: the compressors the tables and class ids may take (the smallest is kept)."""
+    def encode(self, arr, ctx, plan=None, kinds=compress.PORTABLE):
+        """kinds: the compressors the tables and class ids may take (the smallest is kept)."""
         plan = plan or (self.prepare([(arr, ctx)])[0] or [None])[0]
         if plan is None:
             raise ValueError("rans needs integer codes with at most 4096 distinct values")
@@ -269,11 +269,11 @@ class Rans(Codec, name="rans"):
         while ctx.kind != "codes" and -(-len(tsym) // lanes) > rans.WRITE_STEPS // 8:
             lanes *= 2  # (the loader decodes scales in a lock-step round of their own, before the codes)
         if c.side is not None:  # the search counted this stream exactly and made its side data
-            body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, lanes, c.prec, c.side.blobs(side))
+            body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, lanes, c.prec, c.side.blobs(kinds))
         else:
             counts = rans.context_counts(tsym, cvec, c.k, nt)
             tables = rans.normalize_table(counts, c.prec)
-            body = rans.encode(tsym, cvec, c.k, nt, c.ids, tables, lanes, c.prec, kinds=side)
+            body = rans.encode(tsym, cvec, c.k, nt, c.ids, tables, lanes, c.prec, kinds=kinds)
         # Defaults stay out of the manifest: every byte of it counts against the cap.
         params = {"offset": offset, "nsym": nsym, "prec": c.prec, "lanes": lanes}
         if c.variant != "none":
@@ -404,11 +404,10 @@ class Fields(Codec, name="fields"):
         if plan is None:
             raise ValueError("fields needs float words")
         hctx, tail, params, head_plan = plan
-        # The head's tables and class ids are deflated, lzma'd only at effort max: lzma-9e costs ~0.1 ms
-        # a blob and saved 0.008% of MiniLM bf16's bytes, 0.027% of golf-shaped bf16's, for 8-9% of their
-        # pack time (quantized codes keep it: 0.04% of MiniLM int8's bytes).
-        side = compress.PORTABLE if ctx.effort == "max" else (compress.RAW, compress.DEFLATE)
-        body, hparams = Rans().encode(None, hctx, head_plan, side)
+        # The head's tables and class ids: deflate, lzma only at effort max (lzma-9e's ~0.1 ms a blob bought
+        # 0.008% of MiniLM bf16, 0.027% of golf bf16, for 8-9% of their pack time; MiniLM int8 0.04%: kept).
+        kinds = compress.PORTABLE if ctx.effort == "max" else (compress.RAW, compress.DEFLATE)
+        body, hparams = Rans().encode(None, hctx, head_plan, kinds)
         packed = compress.deflate(tail, tail_level) if np.any(tail_level) else tail
         tail, z = (packed, compress.DEFLATE) if len(packed) < len(tail) else (tail, compress.RAW)
         hparams["lo"] = hparams.pop("offset")  # (the heads' least value: no offset of the words)

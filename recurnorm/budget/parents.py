@@ -78,7 +78,7 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
     unit = sketch / np.maximum(np.linalg.norm(sketch, axis=1), 1e-6)[:, None]
     # clusters of directions, either sign (a parent's multiplier may be negative): a few k-means steps.
     # Rows x clusters products go a block of rows at a time: whole, a 128K-row vocabulary's took 1.2 GB.
-    n, p = max(1, rows // CLUSTER), min(PROBES * (4 if wide else 1), max(1, rows // CLUSTER))
+    n = max(1, rows // CLUSTER)
     centres, sample = unit[rng.choice(rows, n, replace=False)], unit[rng.choice(rows, min(rows, 64 * n), replace=False)]
     for _ in range(2):
         moved, d = np.zeros_like(centres), centres.shape[1]
@@ -88,6 +88,7 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
             some = sample[b : b + 4096] * np.sign(cos[np.arange(len(near)), near])[:, None]
             np.add.at(moved.reshape(-1), (near[:, None] * d + np.arange(d)).ravel(), some.ravel())
         centres = moved / np.maximum(np.linalg.norm(moved, axis=1), 1e-6)[:, None]
+    p = min(PROBES * (4 if wide else 1), n)  # clusters a row probes
     home, probes = np.zeros(rows, np.int64), []  # each row's cluster, and (cluster, row) of its p nearest
     for b in range(0, rows, 4096):
         cos = np.abs(unit[b : b + 4096] @ centres.T)
