@@ -165,3 +165,26 @@ def test_side_data_takes_its_shortest_portable_form():
     for z in (compress.DEFLATE, compress.LZMA):  # bounded: more output than expected is refused
         with pytest.raises(ArtifactError):
             compress.decompress(z, compress.compress(z, bytes(3000)), 100, "side")
+
+
+def test_streams_past_the_writers_lanes_take_more_steps_and_past_the_coder_another_codec(monkeypatch):
+    """A stream over MAX_LANES x WRITE_STEPS units (a 128K-row vocabulary's int8 embedding: 131M
+    codes) is coded in MAX_LANES lanes of more steps, up to the readers' MAX_STEPS; a stream over
+    MAX_UNITS goes to the other codecs. (Limits shrunk here: 8 lanes; the readers' bound is theirs.)"""
+    import torch
+    from helpers import standalone_loader
+
+    from recurnorm import quant
+    from recurnorm.budget.api import pack_qtensors, read_artifact
+
+    monkeypatch.setattr(rans, "MAX_LANES", 8)
+    monkeypatch.setattr(rans, "MAX_UNITS", 8 * rans.MAX_STEPS)
+    rng = np.random.default_rng(3)
+    for rows, coded in ((400, True), (1200, False)):  # 200K codes: 25K steps of 8 lanes; 600K: past the coder
+        w = torch.from_numpy(rng.standard_normal((rows, 500)).astype(np.float32))
+        qt = quant.get("int8").quantize(w, name="w")
+        data = pack_qtensors({"w": qt})
+        s = read_artifact(data).manifest["tensors"][0]["streams"]["codes"]
+        assert (s["codec"] == "rans") == coded and (not coded or s["params"]["lanes"] == 8)
+        assert np.array_equal(read_artifact(data).qtensors["w"].codes, qt.codes)
+        assert standalone_loader(True)["decode"](data)[0]["w"].tobytes() == quant.dequantize(qt).numpy().tobytes()

@@ -226,8 +226,10 @@ def test_lanes_for_is_the_fewest_the_step_bound_allows_plus_ilp():
     # More units or more payload never means fewer lanes.
     assert np.all(np.diff(lanes, axis=0) >= 0) and np.all(np.diff(lanes, axis=1) >= 0)
     assert lanes.min() == 1 and lanes.max() > rans.ILP_LANES  # both ends are reached
+    past = rans.lanes_for(np.array([rans.MAX_LANES * S + 1, rans.MAX_UNITS]), 1e9)  # (more steps, not lanes)
+    assert np.all(past == rans.MAX_LANES)
     with pytest.raises(ValueError, match="exceed"):
-        rans.lanes_for(rans.MAX_LANES * rans.WRITE_STEPS + 1, 1.0)
+        rans.lanes_for(rans.MAX_UNITS + 1, 1.0)
 
 
 def test_kmeans_batches_agree_with_single_problems():

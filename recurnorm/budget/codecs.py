@@ -220,8 +220,8 @@ class Rans(Codec, name="rans"):
 
     def symbols(self, arr: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         """(symbols = codes - lowest, lowest, alphabet size), or None where rans cannot code arr
-        (floats, or an alphabet over MAX_ALPHABET)."""
-        if arr.size == 0 or arr.dtype.kind not in "iub":
+        (floats, an alphabet over MAX_ALPHABET, or more than its coder's MAX_UNITS)."""
+        if not 0 < arr.size <= rans.MAX_UNITS or arr.dtype.kind not in "iub":
             return None
         lo, hi = int(arr.min()), int(arr.max())
         if hi - lo >= rans.MAX_ALPHABET:
@@ -266,7 +266,7 @@ class Rans(Codec, name="rans"):
         cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, np.uint8, kc=c.kc)
         nt, lanes = nsym**c.t, c.lanes
         tsym = rans.to_tuples(sym, nsym, c.t, np.uint16)
-        while ctx.kind != "codes" and -(-len(tsym) // lanes) > rans.WRITE_STEPS // 8:
+        while ctx.kind != "codes" and -(-len(tsym) // lanes) > rans.WRITE_STEPS // 8 and lanes < rans.MAX_LANES:
             lanes *= 2  # (the loader decodes scales in a lock-step round of their own, before the codes)
         if c.side is not None:  # the search counted this stream exactly and made its side data
             body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, lanes, c.prec, c.side.blobs(kinds))
@@ -385,7 +385,7 @@ class Fields(Codec, name="fields"):
         Each plan: (head's context, tail, params, the head's rans plan)."""
         jobs, heads, out = [], [], [None] * len(items)
         for j, (arr, ctx) in enumerate(items):
-            if ctx.mant and arr.size and arr.dtype.itemsize == (4 if ctx.mant > 16 else 2):  # (their words)
+            if ctx.mant and 0 < arr.size <= rans.MAX_UNITS and arr.dtype.itemsize == (4 if ctx.mant > 16 else 2):
                 head, nsym, lo, tail, params, counts = self.split(arr, ctx)
                 hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, ctx.effort)
                 jobs.append((head, nsym, geometry(hctx), counts))

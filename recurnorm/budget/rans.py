@@ -85,8 +85,8 @@ def _note_fallback(units: int) -> None:
 MAX_ALPHABET = 1 << 12  # larger alphabets go to zstd/raw
 MAX_CONTEXTS = 256  # context ids are one byte a position (uint8) in every coder and the loader
 MAX_PREC = 16  # interleaved coder: 32-bit states, 16-bit words leave at most 16 table bits
-MAX_LANES = 4096
-MAX_STEPS = 1 << 16  # interleaved decode loop bound: ceil(n / lanes) never exceeds this
+MAX_LANES, MAX_STEPS = 4096, 1 << 16  # interleaved decode loop bound: ceil(n / lanes) never exceeds MAX_STEPS
+MAX_UNITS = MAX_LANES * MAX_STEPS  # the most units a stream's coder holds (a bigger stream: deflate, lzma, raw)
 # What the packer writes: at most 2**14 steps a stream. The standalone numpy loader decodes
 # all of an artifact's streams in one lock-step loop of that many steps (~20 numpy calls a
 # step); the extra lanes cost 4 bytes each, ~0.03% on big tensors (measured: benchmarks/ship.py).
@@ -449,17 +449,17 @@ _L = 1 << 16  # state lower bound; states live in [2**16, 2**32)
 
 
 def lanes_for(n, payload_bytes) -> np.ndarray:
-    """Lane counts for n units (arrays broadcast): as few as the step bound allows (each
-    lane costs 4 flush bytes), up to ILP_LANES while those bytes stay under payload / FLUSH_SHARE."""
+    """Lane counts for n units (arrays broadcast): as few as WRITE_STEPS allows (past MAX_LANES: up to MAX_STEPS;
+    each lane costs 4 flush bytes), up to ILP_LANES while those bytes stay under payload / FLUSH_SHARE."""
     n = np.asarray(n, dtype=np.int64)
     budget = np.asarray(payload_bytes, dtype=np.float64) / FLUSH_SHARE
     lanes = np.ones(np.broadcast(n, budget).shape, dtype=np.int64)
     while np.any(grow := (lanes < ILP_LANES) & (8 * lanes <= budget)):
         lanes = np.where(grow, 2 * lanes, lanes)
-    while np.any(grow := -(-n // lanes) > WRITE_STEPS):
+    while np.any(grow := (-(-n // lanes) > WRITE_STEPS) & (lanes < MAX_LANES)):
         lanes = np.where(grow, 2 * lanes, lanes)
-    if np.any(lanes > MAX_LANES):
-        raise ValueError(f"{int(n.max())} units exceed the interleaved coder's {MAX_LANES * WRITE_STEPS}")
+    if np.any(-(-n // lanes) > MAX_STEPS):
+        raise ValueError(f"{int(n.max())} units exceed the interleaved coder's {MAX_UNITS}")
     return lanes
 
 
