@@ -5,7 +5,7 @@ A gate that saves under 10% of pack time on such a model and under 0.1% of bytes
 its place (issue 23). One thread's CPU time (time.process_time), best of --repeats.
 
     python benchmarks/gates.py                        # every gate, every case
-    python benchmarks/gates.py --gate lzma_norep --only MiniLM
+    python benchmarks/gates.py --gate codes_norep --only MiniLM
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ def main() -> None:
     ap.add_argument("--only", action="append", default=[], help="only cases whose name contains this")
     ap.add_argument("--repeats", type=int, default=3, help="packs each way, interleaved (best counts)")
     args = ap.parse_args()
+    for gate in set(args.gate) - {*race.GATES, *THRESHOLDS}:
+        ap.error(f"unknown gate {gate!r}: one of {', '.join([*race.GATES, *THRESHOLDS])}")
     todo = cases(args.only)
     for gate in args.gate or [*race.GATES, *THRESHOLDS]:
         for name, qts, codecs in todo:

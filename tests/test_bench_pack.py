@@ -96,3 +96,13 @@ def test_anchor_sizes_are_remembered_by_content(tmp_path, monkeypatch):
     assert bench.remembered("x", b"abc", size) == 4  # from the file
     assert bench.remembered("y", b"abc", size) == 4 and bench.remembered("x", b"abcd", size) == 5
     assert len(calls) == 3
+
+
+def test_gates_benchmark_refuses_an_unknown_gate():
+    """A misspelt gate would otherwise be measured as a no-op (on and off the same) and print +0%."""
+    import subprocess
+    import sys
+
+    gates = Path(__file__).parents[1] / "benchmarks" / "gates.py"
+    run = subprocess.run([sys.executable, str(gates), "--gate", "lzma_norep"], capture_output=True, text=True)
+    assert run.returncode == 2 and "unknown gate 'lzma_norep'" in run.stderr and "codes_norep" in run.stderr
