@@ -12,7 +12,7 @@ one thread and the sizes are summed (its whole-model buffer is a little larger).
 float input on one thread, from CPU time (time.process_time: the machine is shared), best of
 --repeats; unpack = `read_artifact` (library) and the standalone loader's `decode` (numpy).
 
-    python benchmarks/floats.py [--real FILE] [--repeats 3] [--only TEXT]
+    python benchmarks/floats.py [--real FILE] [--repeats 3] [--only TEXT ...]
 """
 
 from __future__ import annotations
@@ -95,16 +95,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--real", default=MINILM)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="")
+    ap.add_argument(
+        "--only", action="append", default=[], help="only the cases whose name contains this; repeatable (any)"
+    )
     args = ap.parse_args()
+    todo = {k: v for k, v in cases(args.real).items() if not args.only or any(o in k for o in args.only)}
+    if not todo:
+        ap.error(f"no case matches --only {' / '.join(args.only)}")
     torch.set_num_threads(1)
     print(
         f"{'case':26} {'MB in':>7} {'recurnorm B':>12} {'ZipNN B':>12} {'ratio':>6}  "
         f"{'pack MB/s':>9} {'unpack':>7} {'loader':>7} {'ZipNN pack':>10} {'unpack':>7}  codecs"
     )
-    for name, (fmt, state) in cases(args.real).items():
-        if args.only not in name:
-            continue
+    for name, (fmt, state) in todo.items():
         mb = sum(v.numel() * v.element_size() for v in state.values()) / 1e6
         q = quant.get(fmt)
         qts = {k: q.quantize(v, name=k) for k, v in state.items()}

@@ -470,6 +470,8 @@ def main() -> None:
     for path in filter(None, reals):  # --real "": none
         cases.update(real(path))
     cases = {k: v for k, v in cases.items() if not args.only or any(o in k for o in args.only)}
+    if not cases:
+        ap.error(f"no case matches --only {' / '.join(args.only)}")
     coder = "compiled kernel" if rans.has_kernel() else "numpy reference (kernel not built)"
     print(f"recurnorm rANS: {coder}; effort {args.effort}")
     strong = strong_anchors(args.no_zpaq)
