@@ -1,5 +1,7 @@
 """recurnorm wrap: a wrapped program prints, returns and fails as its source does; the
-latin-1 literal survives every byte value; --check proves the payload and catches damage."""
+wrapped file is UTF-8 and its literal survives every byte value (as does the opt-in latin-1
+one); --check proves the payload and catches damage, edits and a latin-1 file the program
+would read."""
 
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ from helpers import IMPORT_BLOCKER
 
 from recurnorm.cli.main import main
 from recurnorm.codewrap import check, minify, same_program, wrap
-from recurnorm.codewrap.selfextract import Payload, latin1_literal, make, read
-from recurnorm.errors import DataError
+from recurnorm.codewrap.selfextract import Payload, latin1_literal, literal, make, pack7, read, unpack7
+from recurnorm.errors import ConfigError, DataError
 
 SCRIPTS = {
     "main_guard": '''
@@ -278,7 +280,7 @@ DOCUMENTED = {
 MODES = {
     "default": {},
     "joined": {"keep_lines": False, "remove_asserts": True},
-    "ascii": {"ascii": True},
+    "ascii": {"encoding": "ascii"},
     "renamed": {"rename_locals": True},
 }
 
@@ -308,6 +310,7 @@ def test_wrapped_program_behaves_as_its_source(tmp_path, name, mode):
     source = textwrap.dedent(SCRIPTS[name]).lstrip()
     opts = MODES[mode]
     src, out = _wrap_to(tmp_path, name, source, **opts)
+    out.read_bytes().decode("ascii" if opts.get("encoding") == "ascii" else "utf-8")  # any tool reads it
     # Without asserts the source's twin is `python -O`.
     want = _run([*(["-O"] if opts.get("remove_asserts") else []), str(src), "a", "b"], tmp_path)
     got = _run([str(out), "a", "b"], tmp_path)
@@ -355,7 +358,7 @@ def test_a_source_that_does_not_parse_names_its_line():
         wrap("x = 1\ndef (:\n", "prog.py")
 
 
-# --- the latin-1 literal ----------------------------------------------------------------
+# --- the literal: UTF-8 by default, ASCII, or latin-1 ----------------------------------
 
 
 def _hostile(seed: int) -> str:
@@ -364,14 +367,22 @@ def _hostile(seed: int) -> str:
     return f"import hashlib\nDATA = {data!r}\nprint(hashlib.sha256(DATA).hexdigest())\n"
 
 
-@pytest.mark.parametrize("codec", ["lzma", "brotli"])
-def test_every_byte_value_survives_in_the_literal(tmp_path, codec):
+@pytest.mark.parametrize(
+    "codec,encoding", [("lzma", "utf8"), ("brotli", "utf8"), ("lzma", "ascii"), ("lzma", "latin1")]
+)
+def test_every_byte_value_survives_in_the_literal(tmp_path, codec, encoding):
     source = _hostile(1) + ("import brotli\n" if codec == "brotli" else "")
-    wrapped = wrap(source, "prog.py", codec=codec)
+    wrapped = wrap(source, "prog.py", codec=codec, encoding=encoding)
     payload, blob = read(wrapped.data)
     assert set(blob) == set(range(256))  # CR, LF, NUL, both quotes and the backslash among them
-    assert payload.program == ("<prog.py>", minify(source)) and payload.codec == codec
+    assert payload.program == ("<prog.py>", minify(source)) and (payload.codec, payload.encoding) == (codec, encoding)
     assert b"\r" not in wrapped.data and b"\0" not in wrapped.data  # escaped: CR would read as LF, NUL is refused
+    if encoding != "latin1":
+        wrapped.data.decode(encoding)
+        chunks = [
+            int(c, 2) for c in re.findall(".{7}", f"{int.from_bytes(blob, 'big'):0{-(-len(blob) * 8 // 7) * 7}b}")
+        ]
+        assert {0, 13, 92} <= set(chunks)  # the chunks a literal cannot hold, all of them
     (tmp_path / "hostile.py").write_bytes(wrapped.data)
     (tmp_path / "src.py").write_text(source)
     want = _run(["src.py"], tmp_path).stdout
@@ -411,9 +422,38 @@ def test_latin1_literal_reads_back_as_its_bytes(tmp_path, blob):
     assert len(literal) <= len(blob) * 2 + 6
 
 
-def test_the_latin1_literal_costs_about_one_percent():
+@pytest.mark.parametrize("wide", [True, False])
+@pytest.mark.parametrize(
+    "blob",
+    [
+        bytes(range(256)),
+        bytes(range(255, -1, -1)),
+        b"\0" * 9,
+        b"\xff" * 9,
+        bytes.fromhex("29d3a7"),  # 7-bit chunks 1 ' ' ': three quotes in a row
+        bytes.fromhex("029d3a74489122"),  # 1 ' ' ' " " " ": both quotes, and the last one
+        bytes.fromhex("a7"),  # ends on a quote
+        bytes.fromhex("1a74f7005c"),  # 3 ' ' \\ NUL \\
+        bytes.fromhex("400d"),  # 1 NUL CR: NUL and CR share a character
+        bytes.fromhex("428d"),  # 1 5 CR: ends on a bad chunk, escaped
+        b"\\",
+        random.Random(3).randbytes(3000),
+    ],
+)
+def test_utf8_literal_reads_back_as_its_bytes(tmp_path, blob, wide):
+    text = "_=" + literal(pack7(blob, wide)) + f"\nprint({len(blob)}, _.encode('utf-8').hex())\n"
+    (tmp_path / "lit.py").write_text(text, encoding="utf-8")
+    n, value = _run(["-W", "error", "lit.py"], tmp_path).stdout.split()
+    assert unpack7(bytes.fromhex(value).decode("utf-8"), int(n)) == blob
+    assert "\r" not in text and "\0" not in text and (wide or text.isascii())
+    assert all(ord(c) < 128 or 0x100 <= ord(c) < 0x280 for c in text)  # 1 byte, or 2 of Latin Extended
+
+
+def test_what_each_literal_costs():
     blob = random.Random(2).randbytes(100_000)
     assert len(latin1_literal(blob)) < 1.015 * len(blob)  # 3/256 escaped: 1.2%
+    assert len(literal(pack7(blob)).encode("utf-8")) < 1.145 * len(blob)  # 7 bits a byte: 8/7
+    assert len(literal(pack7(blob, wide=False))) < 1.175 * len(blob)  # 3/128 of the chunks escaped
 
 
 def test_escapes_land_on_whichever_quote_is_rarer():
@@ -438,14 +478,15 @@ def test_check_proves_the_program_and_reports_the_transformations():
 
 def test_check_fails_on_an_altered_payload():
     source = _source()
-    data = wrap(source, "prog.py").data
-    start, end = data.index(b"_='''") + 5, data.index(b"'''\n", 10)
-    header = 13  # .lzma's header: properties, dictionary size, length (not the program)
-    for at in range(start + header, end, max(1, (end - start) // 40)):
-        damaged = bytearray(data)
-        damaged[at] ^= 0x20 if data[at] not in b"'\\" else 0x01
-        with pytest.raises(DataError):
-            check(bytes(damaged), source, "prog.py")
+    for encoding in ("utf8", "latin1"):
+        data = wrap(source, "prog.py", encoding=encoding).data
+        start, end = data.index(b"_=") + 5, data.index(b"'''\n", 10)
+        header = 16  # .lzma's header: properties, dictionary size, length (not the program); 7/8 a byte in utf8
+        for at in range(start + header, end, max(1, (end - start) // 60)):
+            damaged = bytearray(data)
+            damaged[at] ^= 0x20 if data[at] not in b"'\\" else 0x01  # one byte: a 2-byte character's, too
+            with pytest.raises(DataError):
+                check(bytes(damaged), source, "prog.py")
 
 
 def test_check_fails_on_another_program_or_an_edited_stub():
@@ -457,24 +498,45 @@ def test_check_fails_on_another_program_or_an_edited_stub():
         check(data + b"print('extra')\n", source, "prog.py")
     with pytest.raises(DataError, match="stub"):
         check(data.replace(b"exec(", b"print(", 1), source, "prog.py")
+    with pytest.raises(DataError, match="stub"):  # code added before the exec
+        check(data.replace(b"\nexec(", b"\nimport os;os.system('true')\nexec(", 1), source, "prog.py")
+    with pytest.raises(DataError, match="stub"):
+        check(data.replace(b"\nexec(", b"\n__builtins__.print=id;exec(", 1), source, "prog.py")
     with pytest.raises(DataError, match="not a file written by recurnorm wrap"):
         check(b"print('hello')\n", source, "prog.py")
     # A module it carries must be the one the check expects.
-    with_module = make(Payload((("helper", "X=1\n"), ("<prog.py>", minify(source))), "lzma", False))
+    with_module = make(Payload((("helper", "X=1\n"), ("<prog.py>", minify(source))), "lzma"))
     assert check(with_module, source, "prog.py", {"helper": "X = 1"}).modules == ["helper"]
     with pytest.raises(DataError, match="module 'helper' differs"):
         check(with_module, source, "prog.py", {"helper": "X = 2"})
 
 
-def test_a_program_that_reads_its_own_file_is_warned_and_ascii_serves_it(tmp_path):
-    source = "import pathlib\ntext = open(__file__, encoding='utf-8').read()\nprint(len(text) > 0)\n"
-    warned = wrap(source, "prog.py")
-    assert len(warned.warnings) == 1 and "line 2 reads the program's own file" in warned.warnings[0]
-    (tmp_path / "a.py").write_bytes(warned.data)
-    assert "UnicodeDecodeError" in _run(["a.py"], tmp_path).stderr  # as the docs say
-    (tmp_path / "b.py").write_bytes(wrap(source, "prog.py", ascii=True).data)
-    assert _run(["b.py"], tmp_path).stdout == "True\n"
-    assert not wrap("print(__file__)\n", "prog.py").warnings
+def test_a_program_that_reads_its_own_file_runs_and_latin1_is_refused_for_it(tmp_path):
+    source = (
+        "from pathlib import Path\nimport sys\ntext = Path(__file__).read_text(encoding='utf-8')\n"
+        "print(text == open(sys.argv[0], encoding='utf-8').read(), len(text.encode()))\n"
+    )
+    data = wrap(source, "prog.py").data
+    (tmp_path / "a.py").write_bytes(data)
+    assert _run(["a.py"], tmp_path).stdout == f"True {len(data)}\n"  # the wrapped file's text
+    with pytest.raises(ConfigError, match=r"prog\.py: lines 3, 4 may read the program's own file"):
+        wrap(source, "prog.py", encoding="latin1")
+    latin1 = make(Payload((("<prog.py>", minify(source)),), "lzma", "latin1"))  # as another tool might
+    (tmp_path / "b.py").write_bytes(latin1)
+    assert "UnicodeDecodeError" in _run(["b.py"], tmp_path).stderr  # what the check refuses
+    with pytest.raises(DataError, match="may read the program's own file"):
+        check(latin1, source, "prog.py")
+    for conservative in ("import os\nprint(os.path.dirname(__file__))\n", "import sys\nprint(sys.argv[0])\n"):
+        with pytest.raises(ConfigError):
+            wrap(conservative, "prog.py", encoding="latin1")
+    assert check(wrap("print(1)\n", "prog.py", encoding="latin1").data, "print(1)\n", "prog.py").encoding == "latin1"
+
+
+def test_a_file_that_is_not_utf8_fails_the_check():
+    source = "print(1)\n"
+    data = wrap(source, "prog.py").data
+    with pytest.raises(DataError, match="not UTF-8"):
+        check(data.replace(b"_=", b"_=\xff", 1), source, "prog.py")
 
 
 # --- minify -----------------------------------------------------------------------------

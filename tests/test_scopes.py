@@ -183,7 +183,7 @@ def test_check_passes_a_consistent_renaming_and_says_so():
     renamed = _rename(_rename(SOURCE, "total_sum", "t"), "item", "i")
     assert same_program(SOURCE, renamed, False, rename_locals=True) == (True, True)
     assert not same_program(SOURCE, renamed, False)[0]  # without the option: a difference
-    proof = check(make(Payload((("<prog.py>", renamed),), "lzma", False)), SOURCE, "prog.py")
+    proof = check(make(Payload((("<prog.py>", renamed),), "lzma")), SOURCE, "prog.py")
     assert "local names" in proof.transformations and proof.line_numbers_kept
     proof = check(wrap(SOURCE, "prog.py", rename_locals=True).data, SOURCE, "prog.py")
     assert "local names" in proof.transformations
@@ -194,7 +194,7 @@ def test_check_passes_a_consistent_renaming_and_says_so():
 def test_check_fails_an_unsafe_renaming(tmp_path, what):
     unsafe = _rename(SOURCE, *UNSAFE[what])
     assert not same_program(SOURCE, unsafe, False, rename_locals=True)[0]
-    data = make(Payload((("<prog.py>", unsafe),), "lzma", False))
+    data = make(Payload((("<prog.py>", unsafe),), "lzma"))
     with pytest.raises(DataError, match="their code differs"):
         check(data, SOURCE, "prog.py")
     (tmp_path / "prog.py").write_text(SOURCE)

@@ -37,7 +37,7 @@ def minified_loader() -> str:
 def compact_loader() -> bytes:
     """The compact loader file's bytes: the minified loader as a self-extracting file
     (latin-1: write these bytes as they are)."""
-    return make(Payload(((program_name(f"{MODULE}.py"), minified_loader()),), "lzma", ascii=False))
+    return make(Payload(((program_name(f"{MODULE}.py"), minified_loader()),), "lzma", "latin1"))
 
 
 def loader_problem(data: bytes, manifest: dict) -> str | None:

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import ast
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from . import selfextract
 from .minify import blocks, minify, normalize_newlines, parse, removable
 from .scopes import Unsupported, canonical_locals
 
-_READS = {"open", "read_text", "read_bytes"}
+# Names through which a program may find and read its own file: any use counts (a path kept
+# for later, os.path.dirname(__file__) alike), so a latin-1 file is never read as UTF-8.
+_SELF = {"__file__", "__loader__", "__spec__", "argv"}
 
 
 @dataclass
@@ -21,6 +23,7 @@ class Wrapped:
 
     data: bytes
     codec: str
+    encoding: str
     source_bytes: int  # the program as given (UTF-8)
     minified_bytes: int  # everything in the payload, before compression
     keep_lines: bool
@@ -28,12 +31,12 @@ class Wrapped:
     rename_locals: bool
     modules: list[str]
     seconds: float
-    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
             "bytes": len(self.data),
             "codec": self.codec,
+            "encoding": self.encoding,
             "source_bytes": self.source_bytes,
             "minified_bytes": self.minified_bytes,
             "keep_lines": self.keep_lines,
@@ -41,7 +44,6 @@ class Wrapped:
             "rename_locals": self.rename_locals,
             "modules": self.modules,
             "seconds": round(self.seconds, 3),
-            "warnings": self.warnings,
         }
 
 
@@ -51,7 +53,7 @@ class Checked:
 
     program: str
     codec: str
-    ascii: bool
+    encoding: str
     transformations: list[str]
     line_numbers_kept: bool
     modules: list[str]
@@ -61,7 +63,7 @@ class Checked:
             "ok": True,
             "program": self.program,
             "codec": self.codec,
-            "ascii": self.ascii,
+            "encoding": self.encoding,
             "transformations": self.transformations,
             "line_numbers_kept": self.line_numbers_kept,
             "modules": self.modules,
@@ -106,16 +108,25 @@ def _refuse_relative_imports(tree: ast.Module, filename: str) -> None:
             )
 
 
-def _self_reads(tree: ast.Module) -> list[int]:
-    """Lines where the program opens or reads its own file (`__file__`)."""
-    lines = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            f = node.func
-            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-            if name in _READS and any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(node)):
-                lines.append(node.lineno)
-    return sorted(set(lines))
+def self_reads(tree: ast.Module) -> list[int]:
+    """Lines that may read the program's own file: every use of `__file__`, `__loader__`,
+    `__spec__` or `argv` (conservative: most only build a path; a reader is not told apart)."""
+    lines = {
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Name) and n.id in _SELF or isinstance(n, ast.Attribute) and n.attr in _SELF
+    }
+    return sorted(lines)
+
+
+def _refuse_latin1(tree: ast.Module, filename: str, error: type[Exception]) -> None:
+    lines = self_reads(tree)
+    if lines:
+        raise error(
+            f"{filename}: line{'s' * (len(lines) > 1)} {', '.join(map(str, lines[:5]))}{' ...' * (len(lines) > 5)} "
+            "may read the program's own file (__file__, argv, __spec__, __loader__): a latin-1 wrapper is not "
+            "UTF-8 and would crash it; wrap it as UTF-8 (the default)"
+        )
 
 
 def _imports(tree: ast.Module, module: str) -> bool:
@@ -143,16 +154,22 @@ def wrap(
     keep_lines: bool = True,
     remove_asserts: bool = False,
     rename_locals: bool = False,
-    ascii: bool = False,
+    encoding: str = "utf8",
 ) -> Wrapped:
     """`source` (a program named `filename`) minified, compressed and written as one Python
     file that runs it. `modules` are (name, source) pairs, already minified, that the file
     puts in sys.modules first. codec "auto" is lzma, or brotli when the program imports
-    brotli and it is smaller. The result is checked against the source before it returns."""
+    brotli and it is smaller. encoding (selfextract.ENCODINGS): utf8, ascii, or latin1, which
+    is refused for a program that may read its own file. The result is checked against the
+    source (`check`, the same proof) before it returns."""
     t0 = time.perf_counter()
     source = normalize_newlines(source)
     tree = parse(source, filename)
     _refuse_relative_imports(tree, filename)
+    if encoding not in selfextract.ENCODINGS:
+        raise ConfigError(f"unknown encoding {encoding!r} (one of {', '.join(selfextract.ENCODINGS)})")
+    if encoding == "latin1":
+        _refuse_latin1(tree, filename, ConfigError)
     program = minify(
         source, keep_lines=keep_lines, remove_asserts=remove_asserts, rename_locals=rename_locals, filename=filename
     )
@@ -167,21 +184,19 @@ def wrap(
     # is the compressed bytes). A name in angle brackets is never looked up on disk.
     files = (*((n, t) for n, t in modules), (program_name(filename), program))
     data = min(
-        (selfextract.make(selfextract.Payload(files, c, ascii)) for c in choices),
+        (selfextract.make(selfextract.Payload(files, c, encoding)) for c in choices),
         key=len,
     )
-    payload, _ = selfextract.read(data)
-    ok, lines = same_program(source, payload.program[1], remove_asserts, (filename, "the payload"), rename_locals)
-    if not ok or (keep_lines and not lines):  # minify's bug, never the user's: refuse to write it
-        raise DataError(f"{filename}: the minified program differs from the source; please report this")
-    warnings = [
-        f"{filename}: line {n} reads the program's own file (__file__): in the wrapped file that is the wrapper, "
-        + ("latin-1 bytes (read it with encoding='latin-1', or wrap with --ascii)" if not ascii else "not the source")
-        for n in _self_reads(tree)
-    ]
+    try:  # minify's bug, never the user's: refuse to write it
+        proof = check(data, source, filename, dict(modules))
+    except DataError as exc:
+        raise DataError(f"{filename}: the wrapped file fails its check ({exc}); please report this") from None
+    if keep_lines and not proof.line_numbers_kept:
+        raise DataError(f"{filename}: the minified program moved lines; please report this")
     return Wrapped(
         data=data,
-        codec=payload.codec,
+        codec=proof.codec,
+        encoding=encoding,
         source_bytes=len(source.encode("utf-8")),
         minified_bytes=sum(len(t.encode("utf-8")) for _, t in files),
         keep_lines=keep_lines,
@@ -189,7 +204,6 @@ def wrap(
         rename_locals=rename_locals,
         modules=[n for n, _ in modules],
         seconds=time.perf_counter() - t0,
-        warnings=warnings,
     )
 
 
@@ -199,7 +213,7 @@ def check(data: bytes, source: str, filename: str = "the source", modules: dict[
     statements are set aside (and asserts, when the payload has none left; and functions'
     own local names, compared by scope and order of first use, when they differ). `modules`
     (name -> expected source) are compared the same way. DataError says what differs."""
-    payload, _ = selfextract.read(data)
+    payload, _ = selfextract.read(data)  # UTF-8 (or declared latin-1), and exactly wrap's stub
     name, program = payload.program
     transformations = ["comments", "blank space", "docstrings and other literal statements"]
     # the fewest transformations that explain the payload: asserts, then local names
@@ -210,10 +224,12 @@ def check(data: bytes, source: str, filename: str = "the source", modules: dict[
             break
     else:
         raise DataError(f"the wrapped program ({name}) is not {filename}: their code differs")
+    if payload.encoding == "latin1":  # a file the program reads as UTF-8 would crash it
+        _refuse_latin1(parse(normalize_newlines(source), filename), filename, DataError)
     for mod, text in payload.files[:-1]:
         want = (modules or {}).get(mod)
         if want is None:
             raise DataError(f"the wrapped file carries a module {mod!r} this check was not given")
         if not same_program(want, text, False, (mod, "the payload"))[0]:
             raise DataError(f"the wrapped module {mod!r} differs from this recurnorm's {mod}")
-    return Checked(name, payload.codec, payload.ascii, transformations, lines, [m for m, _ in payload.files[:-1]])
+    return Checked(name, payload.codec, payload.encoding, transformations, lines, [m for m, _ in payload.files[:-1]])
