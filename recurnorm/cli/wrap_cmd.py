@@ -49,10 +49,12 @@ def _read_source(path: Path) -> str:
 )
 @click.option("--remove-asserts", is_flag=True, help="drop assert statements (as `python -O` would)")
 @click.option(
-    "--rename-locals",
-    is_flag=True,
+    "--rename-locals/--keep-locals",
+    default=True,
+    show_default=True,
     help="give functions' own local variables short names (never parameters, globals, attributes, or names "
-    "read by locals()/eval/f'{x=}'); --check proves the renaming consistent",
+    "read by locals()/eval/f'{x=}'; --check proves the renaming consistent). --keep-locals for a program whose "
+    "frames are read by name from outside (sys._getframe(1).f_locals) or whose error messages must name them",
 )
 @click.option(
     "--encoding",
@@ -76,7 +78,7 @@ def wrap(src, out, check_path, loader, codec, join_lines, remove_asserts, rename
     recurnorm verify final_model.rnpk --code submission/train_gpt.py
 
     Comments, docstrings and other literal statements and blank space go (and asserts with
-    --remove-asserts; functions' local names with --rename-locals); every line stays where
+    --remove-asserts; functions' local names unless --keep-locals); every line stays where
     it was unless --join-lines. The result is
     compressed (lzma; brotli when SRC imports it) into one UTF-8 string literal and run
     with SRC's `__name__`, sys.argv and `__file__` (the wrapped file's path); tracebacks

@@ -153,7 +153,7 @@ def wrap(
     codec: str = "auto",
     keep_lines: bool = True,
     remove_asserts: bool = False,
-    rename_locals: bool = False,
+    rename_locals: bool = True,
     encoding: str = "utf8",
 ) -> Wrapped:
     """`source` (a program named `filename`) minified, compressed and written as one Python
