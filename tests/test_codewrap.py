@@ -22,7 +22,17 @@ from helpers import IMPORT_BLOCKER
 
 from recurnorm.cli.main import main
 from recurnorm.codewrap import check, minify, same_program, wrap
-from recurnorm.codewrap.selfextract import Payload, latin1_literal, literal, make, pack7, read, unpack7
+from recurnorm.codewrap.selfextract import (
+    Payload,
+    latin1_literal,
+    literal,
+    make,
+    pack7,
+    read,
+    unpack7,
+    words_in,
+    words_out,
+)
 from recurnorm.errors import ConfigError, DataError
 
 SCRIPTS = {
@@ -450,6 +460,36 @@ def test_utf8_literal_reads_back_as_its_bytes(tmp_path, blob, wide):
     assert unpack7(bytes.fromhex(value).decode("utf-8"), int(n)) == blob
     assert "\r" not in text and "\0" not in text and (wide or text.isascii())
     assert all(ord(c) < 128 or 0x100 <= ord(c) < 0x280 for c in text)  # 1 byte, or 2 of Latin Extended
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "x",
+        "self.weight self.weight self.weight\0prog\0print(self.weight)",
+        "s = '\u2581\u2014\x01\x80' + name_of_it + name_of_it + name_of_it + name_of_it\n",
+        "".join(map(chr, range(1, 0x800))) + " alpha_beta" * 50,
+    ],
+)
+def test_frequent_words_become_single_bytes_and_come_back(text):
+    data = text.encode("utf-8")
+    out = words_out(data)
+    assert words_in(out) == data
+    held, words, coded = out.split(b"\1", 2)
+    assert set(held) == {b for b in data if b >= 128}  # a source's own bytes are never codes
+    if b"alpha_beta" in data or b"name_of_it" in data:
+        assert len(coded) < len(data) and (b"alpha_beta" in words.split() or b"name_of_it" in words.split())
+
+
+def test_a_program_with_other_characters_and_control_bytes_runs_wrapped(tmp_path):
+    source = "mark = '\u2581\u2014\x01\x7f\x80'\nfor weight_name in [mark] * 3:\n    print(weight_name == mark, ascii(mark))\n"
+    src, out = _wrap_to(tmp_path, "other", source)
+    assert (
+        _run([str(out)], tmp_path).stdout
+        == _run([str(src)], tmp_path).stdout
+        == "True '\\u2581\\u2014\\x01\\x7f\\x80'\n" * 3
+    )
 
 
 def test_what_each_literal_costs():
