@@ -21,7 +21,9 @@ The payload is `name\\0source` pairs: modules first (`sys.modules[name]`), then 
 program, which runs in the stub's own globals, so `__name__`, `__file__`, `__spec__` and
 sys.argv are those of the file Python was given. Each source is compiled under its own
 name and put in `linecache`: tracebacks name it with its own line numbers and show its
-lines, and `inspect.getsource` (Triton's `@jit`, TorchScript) finds the code.
+lines, and `inspect.getsource` (Triton's `@jit`, TorchScript) finds the code. In the
+7-bit encodings the pairs' most frequent words are single bytes before compression
+(`words_out`).
 """
 
 from __future__ import annotations
