@@ -20,7 +20,7 @@ import click
 @click.option(
     "--compact",
     is_flag=True,
-    help="minified and self-extracting (lzma in a latin-1 literal, as `recurnorm wrap` writes): "
+    help="minified and self-extracting (lzma in a latin-1 literal, as `recurnorm wrap --encoding latin1` writes): "
     "the same loader in the fewest bytes, for the cap",
 )
 @click.option("--force", is_flag=True, help="overwrite OUT")
