@@ -545,6 +545,8 @@ def test_check_fails_on_another_program_or_an_edited_stub():
         check(data.replace(b"\nexec(", b"\nimport os;os.system('true')\nexec(", 1), source, "prog.py")
     with pytest.raises(DataError, match="stub"):
         check(data.replace(b"\nexec(", b"\n__builtins__.print=id;exec(", 1), source, "prog.py")
+    with pytest.raises(DataError, match="needs brotli, which prog.py does not import"):
+        check(make(Payload((("<prog.py>", minify(source)),), "brotli")), source, "prog.py")
     with pytest.raises(DataError, match="not a file written by recurnorm wrap"):
         check(b"print('hello')\n", source, "prog.py")
     # A module it carries must be the one the check expects.

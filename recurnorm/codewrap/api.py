@@ -224,8 +224,11 @@ def check(data: bytes, source: str, filename: str = "the source", modules: dict[
             break
     else:
         raise DataError(f"the wrapped program ({name}) is not {filename}: their code differs")
+    tree = parse(normalize_newlines(source), filename)
     if payload.encoding == "latin1":  # a file the program reads as UTF-8 would crash it
-        _refuse_latin1(parse(normalize_newlines(source), filename), filename, DataError)
+        _refuse_latin1(tree, filename, DataError)
+    if payload.codec != "lzma" and not _imports(tree, payload.codec):  # it would fail where the source runs
+        raise DataError(f"the wrapped file needs {payload.codec}, which {filename} does not import")
     for mod, text in payload.files[:-1]:
         want = (modules or {}).get(mod)
         if want is None:
