@@ -662,6 +662,15 @@ def test_cli_wraps_checks_and_refuses_to_clobber(tmp_path):
     assert r.exit_code == 1 and str(out) in r.output
     assert runner.invoke(main, ["wrap", str(src)]).exit_code == 2  # neither -o nor --check
     assert runner.invoke(main, ["wrap", "--check", str(out), str(src), "-o", str(out)]).exit_code == 2
+    reader = tmp_path / "reader.py"
+    reader.write_text("print(open(__file__, encoding='utf-8').read()[:2])\n")
+    r = runner.invoke(main, ["wrap", str(reader), "-o", str(tmp_path / "r1.py"), "--encoding", "latin1"])
+    assert r.exit_code == 2 and "may read the program's own file" in r.output and not (tmp_path / "r1.py").exists()
+    (tmp_path / "r2.py").write_bytes(make(Payload((("<reader.py>", minify(reader.read_text())),), "lzma", "latin1")))
+    r = runner.invoke(main, ["wrap", "--check", str(tmp_path / "r2.py"), str(reader)])
+    assert r.exit_code == 1 and "may read the program's own file" in r.output
+    r = runner.invoke(main, ["wrap", str(reader), "-o", str(tmp_path / "r3.py")])
+    assert r.exit_code == 0 and "utf8" in r.output and _run(["r3.py"], tmp_path).stdout == "_=\n"
     (tmp_path / "rel.py").write_text("from . import x\n")
     r = runner.invoke(main, ["wrap", str(tmp_path / "rel.py"), "-o", str(tmp_path / "rel_out.py")])
     assert r.exit_code == 1 and "relative import" in r.output
