@@ -574,7 +574,8 @@ def test_a_program_that_reads_its_own_file_runs_and_latin1_is_refused_for_it(tmp
     for conservative in ("import os\nprint(os.path.dirname(__file__))\n", "import sys\nprint(sys.argv[0])\n"):
         with pytest.raises(ConfigError):
             wrap(conservative, "prog.py", encoding="latin1")
-    assert check(wrap("print(1)\n", "prog.py", encoding="latin1").data, "print(1)\n", "prog.py").encoding == "latin1"
+    for plain in ("print(1)\n", "import sys\nprint(sys.argv[1:], sys.argv[2])\n"):
+        assert check(wrap(plain, "prog.py", encoding="latin1").data, plain, "prog.py").encoding == "latin1"
 
 
 def test_a_file_that_is_not_utf8_fails_the_check():

@@ -108,13 +108,22 @@ def _refuse_relative_imports(tree: ast.Module, filename: str) -> None:
             )
 
 
+def _past_zero(index: ast.expr) -> bool:
+    """`argv[1]`, `argv[2:]`: an index that never reaches argv[0], the program's path."""
+    bound = index.lower if isinstance(index, ast.Slice) else index
+    return isinstance(bound, ast.Constant) and type(bound.value) is int and bound.value >= 1
+
+
 def self_reads(tree: ast.Module) -> list[int]:
     """Lines that may read the program's own file: every use of `__file__`, `__loader__`,
-    `__spec__` or `argv` (conservative: most only build a path; a reader is not told apart)."""
+    `__spec__`, or `argv` other than `argv[1:]`/`argv[n]` with n >= 1 (conservative: most
+    only build a path; a reader is not told apart)."""
+    args = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Subscript) and _past_zero(n.slice)}
     lines = {
         n.lineno
         for n in ast.walk(tree)
-        if isinstance(n, ast.Name) and n.id in _SELF or isinstance(n, ast.Attribute) and n.attr in _SELF
+        if (isinstance(n, ast.Name) and n.id in _SELF or isinstance(n, ast.Attribute) and n.attr in _SELF)
+        and id(n) not in args
     }
     return sorted(lines)
 
@@ -124,7 +133,7 @@ def _refuse_latin1(tree: ast.Module, filename: str, error: type[Exception]) -> N
     if lines:
         raise error(
             f"{filename}: line{'s' * (len(lines) > 1)} {', '.join(map(str, lines[:5]))}{' ...' * (len(lines) > 5)} "
-            "may read the program's own file (__file__, argv, __spec__, __loader__): a latin-1 wrapper is not "
+            "may read the program's own file (__file__, argv[0], __spec__, __loader__): a latin-1 wrapper is not "
             "UTF-8 and would crash it; wrap it as UTF-8 (the default)"
         )
 
