@@ -120,7 +120,7 @@ def words_out(data: bytes) -> bytes:
     does not hold: `absent\\1words\\1text`, `absent` the bytes >= 128 that `data` holds (a
     UTF-8 source's other characters), `words` space-separated in the order of the codes left.
     On the top five Parameter Golf records' train_gpt.py (minified, locals renamed, with the
-    loader) brotli-11 then writes 2.2-2.6% fewer bytes, the word list included: brotli's
+    loader) brotli-11 then writes 2.2-2.5% fewer bytes, the word list included: brotli's
     matches cost more than one literal in context."""
     held = bytes(sorted({b for b in data if b >= 128}))
     codes = [k for k in range(128, 256) if k not in held]
