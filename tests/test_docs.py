@@ -1,8 +1,13 @@
-"""The docs that restate code: exit-code tables and the README's CLI reference, checked against it."""
+"""The docs that restate code: exit-code tables, docs/CLI.md's option reference and the README's
+command lines, checked against it; and the README's end-to-end flow, run as written at a tiny size."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -13,6 +18,9 @@ from recurnorm.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+CLI_DOC = REPO / "docs" / "CLI.md"
+# The docs whose `recurnorm ...` lines are checked against the click app.
+COMMAND_DOCS = ("README.md", "docs/CLI.md", "docs/BENCHMARKS.md", "docs/SHIP.md", "docs/POLICY.md")
 SPAN = re.compile(r"`([^`\n]+)`")
 OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 
@@ -58,12 +66,12 @@ def test_exit_code_tables_are_the_generated_one(doc):
     )
 
 
-# -- the README's CLI reference ----------------------------------------------------
+# -- docs/CLI.md's option reference ----------------------------------------------------
 
 
 def _reference_rows() -> dict[str, list[str]]:
     rows = {}
-    for line in _between(README.read_text(encoding="utf-8"), "cli-options").splitlines()[2:]:
+    for line in _between(CLI_DOC.read_text(encoding="utf-8"), "cli-options").splitlines()[2:]:
         cells = line.split("|")
         name = SPAN.fullmatch(cells[1].strip()).group(1)
         assert name not in rows, f"{name} listed twice"
@@ -108,27 +116,105 @@ def _command_lines(text: str):
                 yield span, row_cmd or "*"
 
 
-def test_every_command_line_in_the_readme_names_real_commands_and_options():
+@pytest.mark.parametrize("doc", COMMAND_DOCS)
+def test_every_command_line_in_the_docs_names_real_commands_and_options(doc):
     commands = _commands()
     everything = set().union(*map(_options, commands.values())) | {"--version"}
-    text = README.read_text(encoding="utf-8").split("<!-- cli-options:begin -->")[0]
-    text += README.read_text(encoding="utf-8").split("<!-- cli-options:end -->")[1]
+    text = (REPO / doc).read_text(encoding="utf-8")
+    if "<!-- cli-options:begin -->" in text:  # the reference table has its own tests
+        text = text.split("<!-- cli-options:begin -->")[0] + text.split("<!-- cli-options:end -->")[1]
     seen = 0
     for line, owner in _command_lines(text):
         if owner is None:  # `recurnorm CMD ...`
             words = line.split()
             if words[1] in ("COMMAND", "--version"):
                 continue
-            assert words[1] in commands, f"README names no such command: {line}"
+            assert words[1] in commands, f"{doc} names no such command: {line}"
             known = _options(commands[words[1]])
             rest = " ".join(words[2:])
         else:
             known = everything if owner == "*" else _options(commands[owner])
             rest = line.split()[0]
         for opt in OPTION.findall(rest):
-            assert opt.split("=")[0] in known, f"README: {opt} is no option of {line!r}"
+            assert opt.split("=")[0] in known, f"{doc}: {opt} is no option of {line!r}"
         seen += 1
-    assert seen > 20  # the parser still finds the command lines
+    assert seen > 5  # the parser still finds the command lines
+
+
+def test_the_readme_names_only_what_the_repository_has():
+    """Paths, make targets and benchmark scripts the README names exist; links stay inside the
+    repository (or are web addresses); no document cites one the repository lacks."""
+    text = README.read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M))
+    for target in re.findall(r"\bmake ([a-z][\w-]*)", text):
+        assert target in targets, f"README: no make target {target!r}"
+    for path in re.findall(r"\b((?:docs|recurnorm|benchmarks|examples|tests)/[\w./-]*\w)", text):
+        assert (REPO / path).exists(), f"README names {path}, which the repository lacks"
+    for doc in [README, *sorted((REPO / "docs").glob("*.md"))]:
+        body = doc.read_text(encoding="utf-8")
+        for link in re.findall(r"\]\(([^)\s]+)\)", body):
+            if not link.startswith(("http://", "https://", "#")):
+                assert (doc.parent / link.split("#")[0]).exists(), f"{doc.name}: broken link {link}"
+        for outside in ("reference §", "../shared", "the four questions (reference"):
+            assert outside not in body, f"{doc.name} cites {outside!r}, which is not in the repository"
+
+
+def test_the_readme_is_a_short_guide_with_the_two_commands():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.split()) <= 1500, f"README.md has {len(text.split())} words (at most 1,500)"
+    assert "```\nmake demo\nmake test\n```" in text
+    assert "https://github.com/openai/parameter-golf" in text
+
+
+# -- the README's end-to-end flow and library snippet, run ------------------------------
+
+# The README's flow trains the tiny preset (minutes); the test trains a 2-step, 2-block,
+# d=32 model instead (options given last win in click), and runs every other line as written.
+TINY_TRAIN = ["--steps", "2", "--d-model", "32", "--depth", "2", "--no-progress"]
+
+
+def _code_blocks(text: str, after: str) -> list[str]:
+    """The fenced code blocks of the section whose heading starts with `after`."""
+    section = text.split(f"\n## {after}", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```\w*\n(.*?)```", section, re.S)
+
+
+@pytest.mark.slow  # trains a model and runs five commands in child processes (~25 s)
+def test_the_readme_flow_and_library_snippet_run_as_written(tmp_path):
+    text = README.read_text(encoding="utf-8")
+    (flow,) = _code_blocks(text, "End to end")
+    (snippet,) = _code_blocks(text, "Library")
+    example = tmp_path / "examples" / "parameter_golf"
+    example.mkdir(parents=True)  # "from the clone's root": the example program it wraps
+    (example / "train_gpt.py").write_bytes((REPO / "examples/parameter_golf/train_gpt.py").read_bytes())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    lines = [ln for ln in flow.splitlines() if ln.strip()]
+    assert [ln.split()[:2] for ln in lines if ln.startswith("recurnorm ")] == [
+        ["recurnorm", c] for c in ("train", "wrap", "pack", "verify", "loader")
+    ]
+    for line in lines:
+        argv = shlex.split(line)
+        if argv[0] == "recurnorm":
+            argv = [sys.executable, "-m", "recurnorm.cli.main", *argv[1:]]
+            if argv[3] == "train":
+                argv += TINY_TRAIN
+        else:
+            assert argv[0] == "python", line
+            argv[0] = sys.executable
+        run = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, f"{line}\n{run.stdout[-2000:]}{run.stderr[-2000:]}"
+    assert run.stdout.split() == ["12", "tensors"]  # the loader alone read every tensor back
+    assert (tmp_path / "submission" / "model.rnpk").stat().st_size > 0
+    code = compile(snippet, "README.md (Library)", "exec")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        scope: dict = {}
+        exec(code, scope)
+    finally:
+        os.chdir(cwd)
+    assert (tmp_path / "ng6.rnpk").read_bytes() == scope["blob"]
+    assert scope["model"].state_dict().keys() == scope["weights"].keys()
 
 
 def test_ci_doc_describes_every_verify_option():
