@@ -16,12 +16,70 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import OutputExistsError, WriteError
+from .errors import ConfigError, OutputExistsError, WriteError
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_input(path: str | os.PathLike, what: str = "", error: type[Exception] = ConfigError) -> BinaryIO:
+    """A file the tool reads, opened once: regular files only. Opened non-blocking so that a
+    FIFO without a writer is refused at once instead of hanging; /dev/zero or /dev/urandom
+    would never end. A special file is a usage error (ConfigError, exit 2, naming the path);
+    `error` is raised when the file cannot be opened."""
+    label = f"{what} {path}" if what else str(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise error(f"cannot read {label}: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{label} is {_kind(mode)}: only regular files are read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_input(path: str | os.PathLike, limit: int, what: str = "", error: type[Exception] = ConfigError) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (counted as read, not from st_size,
+    which a file growing under us or a special file gets wrong); `error` otherwise."""
+    label = f"{what} {path}" if what else str(path)
+    with open_input(path, what, error) as f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            # read(n) allocates n bytes up front: ask for the size, then one byte past the limit at most
+            data = f.read(min(size, limit) + 1)
+            if len(data) <= limit:
+                data += f.read(limit + 1 - len(data))
+        except OSError as exc:
+            raise error(f"cannot read {label}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise error(f"{label}: more than {limit:,} bytes, the most it may hold")
+    return data
+
+
+def check_input(path: str | os.PathLike, what: str = "", error: type[Exception] = ConfigError) -> None:
+    """Refuse a special file (FIFO, device, socket) before a library opens the path itself."""
+    open_input(path, what, error).close()
 
 
 def python_text(data: bytes) -> str:
@@ -61,12 +119,33 @@ def check_writable(path: str | os.PathLike, force: bool = False, inputs: Iterabl
     """Refuse to overwrite an existing output (a file or a run's folder) unless force is set,
     or to write over one of `inputs` (the files the command reads) even with force."""
     path = Path(path)
+    if not str(path):
+        raise ConfigError("an empty output path: name a file")
     for src in inputs:
         if same_file(path, src):
             raise OutputExistsError(f"{path} is an input of this command; write the output elsewhere")
+    check_replaceable(path)
     if (path.exists() or path.is_symlink()) and not force:
         raise OutputExistsError(f"{path} exists; pass --force to overwrite it")
     return path
+
+
+def check_replaceable(path: str | os.PathLike) -> None:
+    """OutputExistsError (a usage error) when path is something --force must never replace:
+    a directory, a device node (as root, `-o /dev/null --force` would delete the system's),
+    a FIFO or socket, or a symlink to one (`--report /dev/stdout`). A regular file, a link
+    to one, a dangling link or nothing at all may be replaced."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # nothing there (or no way to look: the write says why)
+    if stat.S_ISLNK(mode):
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return  # a dangling link: replacing it loses nothing
+    if not stat.S_ISREG(mode):
+        raise OutputExistsError(f"{path} is {_kind(mode)}: outputs replace regular files only")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -141,6 +220,7 @@ def atomic_write_stream(
             os.fsync(f.fileno())
         # mkstemp creates 0600; give the file the mode a plain open() would.
         os.chmod(tmp, 0o666 & ~_umask())
+        check_replaceable(path)  # again as the file is published: not a node that appeared since
         if exclusive:
             _publish_exclusive(tmp, path)
         else:

@@ -86,6 +86,9 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
             raise CheckpointError(f"{path.parent} has no model.safetensors")
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    from ..io import check_input, open_input
+
+    check_input(path, "checkpoint")  # a FIFO or device: refused before any library opens it
     config = None
     cfg_path = path.parent / "config.json"
     if path.suffix == ".safetensors":
@@ -102,7 +105,8 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
         try:
             with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's concern
                 warnings.simplefilter("ignore")
-                obj = torch.load(str(path), map_location="cpu", weights_only=True)
+                with open_input(path, "checkpoint") as f:
+                    obj = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if type(exc).__name__ != "UnpicklingError":  # torch's weights_only refusal
@@ -137,8 +141,10 @@ def _check_safetensors_header(path: Path) -> None:
     """CheckpointError when the header is too large to hand to the safetensors library."""
     import struct
 
+    from ..io import open_input
+
     try:
-        with open(path, "rb") as f:
+        with open_input(path, "checkpoint") as f:
             head = f.read(8)
             size = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
             if size > 100_000_000:  # the library's own limit: it says so itself
@@ -156,19 +162,16 @@ def _check_safetensors_header(path: Path) -> None:
 def _read_config(cfg_path: Path) -> dict:
     """The checkpoint's config.json (it rides in the artifact's manifest, so it is bounded as
     the manifest is: size and nesting); CheckpointError naming the file."""
+    from ..io import read_input
+
+    # (an artifact's manifest, which carries it, holds at most MAX_MANIFEST_BYTES)
+    data = read_input(cfg_path, fmt.MAX_MANIFEST_BYTES, "the checkpoint's config", CheckpointError)
     try:
-        size = cfg_path.stat().st_size
-        text = cfg_path.read_text(encoding="utf-8") if size <= fmt.MAX_MANIFEST_BYTES else None
-        config = json.loads(text, parse_constant=fmt.no_constant) if text is not None else None
+        config = json.loads(data.decode("utf-8"), parse_constant=fmt.no_constant)
     except RecursionError:
         raise CheckpointError(f"{cfg_path}: nests too deeply to read") from None
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
         raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from None
-    if text is None:
-        raise CheckpointError(
-            f"{cfg_path}: {size:,} bytes; an artifact's manifest, which carries it, holds at most "
-            f"{fmt.MAX_MANIFEST_BYTES:,}"
-        )
     if not isinstance(config, dict):
         raise CheckpointError(f"{cfg_path}: expected a JSON object of model settings, got {type(config).__name__}")
     if fmt.json_depth(config, fmt.MAX_CONFIG_DEPTH) > fmt.MAX_CONFIG_DEPTH:
