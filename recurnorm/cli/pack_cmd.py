@@ -498,7 +498,7 @@ def _print_outcome(out, report) -> None:
             click.echo(f"loss gate: {gate_line(out.gate)}")
         click.echo(f"ok: {path}: {rep.reason}{'; loss within the allowed delta' if out.gate else ''}")
         return
-    if rep.exit_code == OVER_CAP:
+    if rep.exit_code == OVER_CAP and rep.tensors:  # (over --max-decoded-bytes: nothing decoded to show)
         click.echo(report.tensor_table(rep.tensors, limit=15), err=True)
     click.echo(f"error: {path}: {printable(rep.reason if rep.exit_code != OK else out.gate_error)}", err=True)
     if rep.exit_code == OVER_CAP and out.gate_error:

@@ -9,7 +9,6 @@ import click
 
 from ..errors import DataError
 
-
 # The counted code of a submission is tens of KB; minifying and proving takes ~10 s a MB.
 MAX_SOURCE_BYTES = 1_000_000
 
