@@ -203,38 +203,60 @@ def atomic_write_stream(
     path: str | os.PathLike, write: Callable[[BinaryIO], object], *, exclusive: bool = False
 ) -> Path:
     """atomic_write_bytes for output made piece by piece: write(f) fills the temp file."""
-    path = Path(path)
-    tmp = None
+    return atomic_write_many([(path, write)], exclusive=exclusive)[0]
+
+
+def atomic_write_many(
+    parts: list[tuple[str | os.PathLike, Callable[[BinaryIO], object]]], *, exclusive: bool = False
+) -> list[Path]:
+    """Several files that belong together (unpack's weights and config.json): every part is
+    written to its temp file first, and only when all are complete are they renamed, so a part
+    that fails (a full disk, a folder where a file goes) leaves every old file as it was."""
+    done: list[tuple[Path, str]] = []
+    path = None
     try:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise WriteError(f"cannot write {path}: a parent of it is a file, not a folder") from None
-        clean_stale_temps(path)
-        # Marker, pid and token in the name: the next write can tell a killed write's
-        # leftovers, and nothing else.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+        for path, write in parts:
+            path = Path(path)
+            done.append((path, _write_temp(path, write)))
+        for path, _ in done:
+            check_replaceable(path)  # again as the files are published: not a node that appeared since
+        while done:
+            path, tmp = done[0]
+            if exclusive:
+                _publish_exclusive(tmp, path)
+            else:
+                os.replace(tmp, path)
+            done.pop(0)
+    except OutputExistsError:  # (a FileExistsError: said as it is)
+        raise
+    except OSError as exc:
+        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        for _, tmp in done:
+            _discard(tmp)
+    return [Path(p) for p, _ in parts]
+
+
+def _write_temp(path: Path, write: Callable[[BinaryIO], object]) -> str:
+    """A finished temp file beside path (its name: marker, pid and token, so that the next
+    write can tell a killed write's leftovers, and nothing else)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise WriteError(f"cannot write {path}: a parent of it is a file, not a folder") from None
+    clean_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+    try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         # mkstemp creates 0600; give the file the mode a plain open() would.
         os.chmod(tmp, 0o666 & ~_umask())
-        check_replaceable(path)  # again as the file is published: not a node that appeared since
-        if exclusive:
-            _publish_exclusive(tmp, path)
-        else:
-            os.replace(tmp, path)
-    except OutputExistsError:
-        _discard(tmp)
-        raise
-    except OSError as exc:
-        _discard(tmp)
-        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
         _discard(tmp)
         raise
-    return path
+    return tmp
 
 
 def _publish_exclusive(tmp: str, path: Path) -> None:

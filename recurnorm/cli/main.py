@@ -13,7 +13,7 @@ import sys
 import click
 
 from .. import errors
-from ..display import printable
+from ..display import echo, printable
 from . import exitcodes
 
 # command name -> "module:attribute" (relative to recurnorm.cli)
@@ -71,12 +71,12 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except errors.RecurnormError as exc:
             # One line, whatever the message quotes from a hostile file.
-            click.echo(f"error: {printable(exc)}", err=True)
+            echo(f"error: {printable(exc)}", err=True)
             ctx.exit(exitcodes.for_error(exc))
         except KeyboardInterrupt:
             # Ctrl-C: the shell's convention (128 + SIGINT), not 1, the code of bad input; any
             # output being written was a temp file, removed on the way out.
-            click.echo("interrupted", err=True)
+            echo("interrupted", err=True)
             ctx.exit(exitcodes.INTERRUPTED)
 
 

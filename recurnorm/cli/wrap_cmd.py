@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..display import echo
 from ..errors import DataError
 
 # The counted code of a submission is tens of KB; minifying and proving takes ~10 s a MB.
@@ -101,13 +102,13 @@ def wrap(src, out, check_path, loader, codec, join_lines, remove_asserts, rename
             raise DataError(f"{src}: nests too deeply to compare (expressions or blocks thousands deep)") from None
         except DataError as exc:
             if as_json:
-                click.echo(json.dumps({"ok": False, "error": str(exc)}, sort_keys=True))
+                echo(json.dumps({"ok": False, "error": str(exc)}, sort_keys=True))
                 click.get_current_context().exit(exc.exit_code)
             raise DataError(f"{check_path}: {exc}") from None
         if as_json:
-            click.echo(json.dumps(result.to_dict(), sort_keys=True))
+            echo(json.dumps(result.to_dict(), sort_keys=True))
             return
-        click.echo(
+        echo(
             f"{check_path} runs {src}: the same program modulo {', '.join(result.transformations)}; "
             f"line numbers {'kept' if result.line_numbers_kept else 'not kept'}; {result.codec}"
             + (f"; modules {', '.join(result.modules)} (this recurnorm's)" if result.modules else "")
@@ -131,11 +132,11 @@ def wrap(src, out, check_path, loader, codec, join_lines, remove_asserts, rename
         raise DataError(f"{src}: nests too deeply to wrap (expressions or blocks thousands deep)") from None
     atomic_write_bytes(out, result.data, exclusive=not force)
     for warning in result.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        echo(f"warning: {warning}", err=True)
     if as_json:
-        click.echo(json.dumps({"path": str(out), **result.to_dict()}, sort_keys=True))
+        echo(json.dumps({"path": str(out), **result.to_dict()}, sort_keys=True))
         return
-    click.echo(
+    echo(
         f"wrote {out} ({len(result.data):,} bytes: {src} {result.source_bytes:,} bytes, minified "
         f"{result.minified_bytes:,}{' with ' + ', '.join(result.modules) if result.modules else ''}, {result.codec}"
         f"{', ascii' if ascii else ''}; line numbers {'joined' if join_lines else 'kept'}"

@@ -122,10 +122,16 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
         if not isinstance(obj, dict):
             raise CheckpointError(f"{path}: not a state dict")
         state = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+        _check_keys_and_layouts(state, path)
     else:
         raise CheckpointError(f"{path}: expected a directory, .safetensors, .pt, .pth or .bin")
     if not state:
         raise CheckpointError(f"{path}: holds no tensors")
+    if len(state) > MAX_PACK_TENSORS:  # before any tensor is quantized (20,000 took 33 s and 1.6 GB)
+        raise CheckpointError(
+            f"{path}: {len(state):,} tensors; an artifact holds at most {MAX_PACK_TENSORS:,} (its manifest, "
+            f"~300-600 bytes an entry, at most {fmt.MAX_MANIFEST_BYTES:,} bytes)"
+        )
     _check_dtypes(state, path)
     return state, config
 
@@ -180,6 +186,30 @@ def _read_config(cfg_path: Path) -> dict:
             f"{fmt.MAX_JSON_DEPTH}, its own included)"
         )
     return config
+
+
+# A manifest entry takes ~300-600 bytes (streams, hashes): 16,384 of them fill most of the
+# 8 MiB a manifest may hold; refusing more from the count alone costs nothing.
+MAX_PACK_TENSORS = 16_384
+
+
+def _check_keys_and_layouts(state: dict, path: Path) -> None:
+    """CheckpointError naming the first key that is not a string, or the first tensor that is
+    sparse, on the meta device or otherwise not a plain strided tensor (torch.load gives them)."""
+    import torch
+
+    from ..display import printable
+
+    for key, t in state.items():
+        if not isinstance(key, str):
+            raise CheckpointError(
+                f"{path}: key {printable(repr(key))[:80]} is of type {type(key).__name__}, not a string: "
+                "tensor names are strings"
+            )
+        if t.layout != torch.strided:
+            raise CheckpointError(f"{path}: tensor {key!r} is {str(t.layout).removeprefix('torch.')}: store it dense")
+        if t.is_meta:
+            raise CheckpointError(f"{path}: tensor {key!r} is on the meta device: it holds no values")
 
 
 def _check_dtypes(state: dict, path: Path) -> None:
