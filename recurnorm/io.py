@@ -130,6 +130,13 @@ def check_writable(path: str | os.PathLike, force: bool = False, inputs: Iterabl
     return path
 
 
+def check_appendable(path: str | os.PathLike) -> None:
+    """OutputExistsError when a file appended to (a job summary) is not a regular file or
+    os.devnull: a FIFO would block, a device or folder is no summary."""
+    if not same_file(path, os.devnull):
+        check_replaceable(path)
+
+
 def check_replaceable(path: str | os.PathLike) -> None:
     """OutputExistsError (a usage error) when path is something --force must never replace:
     a directory, a device node (as root, `-o /dev/null --force` would delete the system's),

@@ -1416,6 +1416,9 @@ R3_CASES: dict[str, Callable[[Path], InputCase]] = {
     "special-out/verify-report-link-to-fifo": lambda d: InputCase(
         ["verify", str(_artifact(d)), "--report", str(_link(d / "report.json", _fifo(d / "fifo"))), "--force"], 2
     ),
+    "special-out/verify-summary-fifo": lambda d: InputCase(
+        ["verify", str(_artifact(d)), "--summary", str(_fifo(d / "summary.md"))], 2
+    ),
     # inputs that are not regular files: refused before anything reads them (a FIFO would hang)
     "special-in/checkpoint-fifo": lambda d: InputCase(["pack", str(_fifo(d / "m.safetensors")), "-o", str(d / "o")], 2),
     "special-in/checkpoint-pt-fifo": lambda d: InputCase(["pack", str(_fifo(d / "m.pt")), "-o", str(d / "o")], 2),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -428,7 +429,7 @@ def verify(
     """
     from ..budget import Budget, report, verify_artifact
     from ..errors import LossRegressionError, RecurnormError
-    from ..io import atomic_write_json, atomic_write_text, check_distinct, check_writable
+    from ..io import atomic_write_json, atomic_write_text, check_appendable, check_distinct, check_writable, same_file
     from . import ci_report, exitcodes
 
     if reference is None:
@@ -452,7 +453,9 @@ def verify(
         if path is not None:
             check_writable(path, force, inputs)
     if summary_path is not None:  # appended to ($GITHUB_STEP_SUMMARY exists): never an input
-        check_writable(summary_path, True, inputs)
+        check_appendable(summary_path)  # a regular file, or /dev/null; never a FIFO (it would block)
+        if not same_file(summary_path, os.devnull):
+            check_writable(summary_path, True, inputs)
     budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
     budget.code_total()  # a bad --code: a usage error, up front
     factory = None
