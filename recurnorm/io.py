@@ -115,16 +115,19 @@ def check_distinct(outputs: dict[str, str | os.PathLike | None]) -> None:
         seen[what] = key
 
 
-def check_writable(path: str | os.PathLike, force: bool = False, inputs: Iterable[str | os.PathLike] = ()) -> Path:
-    """Refuse to overwrite an existing output (a file or a run's folder) unless force is set,
-    or to write over one of `inputs` (the files the command reads) even with force."""
+def check_writable(
+    path: str | os.PathLike, force: bool = False, inputs: Iterable[str | os.PathLike] = (), folder: bool = False
+) -> Path:
+    """Refuse to overwrite an existing output (a file, or with folder=True a run's folder)
+    unless force is set, or to write over one of `inputs` (the files the command reads) even
+    with force, or anything check_replaceable refuses."""
     path = Path(path)
     if not str(path):
         raise ConfigError("an empty output path: name a file")
     for src in inputs:
         if same_file(path, src):
             raise OutputExistsError(f"{path} is an input of this command; write the output elsewhere")
-    check_replaceable(path)
+    check_replaceable(path, folder)
     if (path.exists() or path.is_symlink()) and not force:
         raise OutputExistsError(f"{path} exists; pass --force to overwrite it")
     return path
@@ -137,11 +140,11 @@ def check_appendable(path: str | os.PathLike) -> None:
         check_replaceable(path)
 
 
-def check_replaceable(path: str | os.PathLike) -> None:
+def check_replaceable(path: str | os.PathLike, folder: bool = False) -> None:
     """OutputExistsError (a usage error) when path is something --force must never replace:
-    a directory, a device node (as root, `-o /dev/null --force` would delete the system's),
-    a FIFO or socket, or a symlink to one (`--report /dev/stdout`). A regular file, a link
-    to one, a dangling link or nothing at all may be replaced."""
+    a directory (unless the output is a folder), a device node (as root, `-o /dev/null
+    --force` would delete the system's), a FIFO or socket, or a symlink to one (`--report
+    /dev/stdout`). A regular file, a link to one, a dangling link or nothing at all may be."""
     try:
         mode = os.lstat(path).st_mode
     except OSError:
@@ -151,8 +154,11 @@ def check_replaceable(path: str | os.PathLike) -> None:
             mode = os.stat(path).st_mode
         except OSError:
             return  # a dangling link: replacing it loses nothing
-    if not stat.S_ISREG(mode):
-        raise OutputExistsError(f"{path} is {_kind(mode)}: outputs replace regular files only")
+    if not (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)):
+        want = "folders" if folder else "regular files"
+        raise OutputExistsError(
+            f"{path} is {_kind(mode) if not stat.S_ISREG(mode) else 'a file'}: outputs replace {want} only"
+        )
 
 
 def _pid_alive(pid: int) -> bool:
