@@ -1346,11 +1346,11 @@ def _big_source(d: Path) -> Path:
     return d / "big.py"
 
 
-def _many_tensors(d: Path, n: int = 20_000) -> Path:
+def _many_tensors(d: Path, n: int = 20_000, stem: str = "t") -> Path:
     import torch
     from safetensors.torch import save_file
 
-    save_file({f"t.{i}": torch.ones(4, 4) for i in range(n)}, str(d / "many.safetensors"))
+    save_file({f"{stem}.{i}": torch.ones(4, 4) for i in range(n)}, str(d / "many.safetensors"))
     return d / "many.safetensors"
 
 
@@ -1435,6 +1435,7 @@ R3_CASES: dict[str, Callable[[Path], InputCase]] = {
     ),
     # documented limits, checked from the argument or the header before the work they bound
     "limits/20000-tiny-tensors": lambda d: InputCase(_pack_args(d, _many_tensors(d)), 1),
+    "limits/long-names-fill-the-manifest": lambda d: InputCase(_pack_args(d, _many_tensors(d, 9_000, "n" * 1000)), 1),
     "limits/wrap-source-over-1MB": lambda d: InputCase(["wrap", str(_big_source(d)), "-o", str(d / "w.py")], 1),
     "limits/roundtrip-threads-10000": lambda d: InputCase(
         ["roundtrip", "--threads", "10000", "--out", str(d / "rt")], 2

@@ -132,6 +132,14 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
             f"{path}: {len(state):,} tensors; an artifact holds at most {MAX_PACK_TENSORS:,} (its manifest, "
             f"~300-600 bytes an entry, at most {fmt.MAX_MANIFEST_BYTES:,} bytes)"
         )
+    # Names alone can fill the manifest: every stored entry takes its name and ~270 bytes
+    # more, and at least half the entries are stored (an alias per stored tensor at most).
+    least = sum(len(json.dumps(name)) for name in state) + MIN_ENTRY_BYTES * len(state) // 2
+    if least > fmt.MAX_MANIFEST_BYTES:
+        raise CheckpointError(
+            f"{path}: its {len(state):,} tensor names would make a manifest of over {least:,} bytes; "
+            f"an artifact's holds at most {fmt.MAX_MANIFEST_BYTES:,}"
+        )
     _check_dtypes(state, path)
     return state, config
 
@@ -191,6 +199,7 @@ def _read_config(cfg_path: Path) -> dict:
 # A manifest entry takes ~300-600 bytes (streams, hashes): 16,384 of them fill most of the
 # 8 MiB a manifest may hold; refusing more from the count alone costs nothing.
 MAX_PACK_TENSORS = 16_384
+MIN_ENTRY_BYTES = 200  # a stored tensor's manifest entry without its name: at least this
 
 
 def _check_keys_and_layouts(state: dict, path: Path) -> None:
