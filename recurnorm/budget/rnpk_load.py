@@ -400,9 +400,7 @@ def load(src, max_bytes=1 << 30):
 
     arrays, seen = decode(src, max_bytes)[0], {}
     for v in arrays.values():
-        # numpy's bool, integer and float types (numbers 0-12; 23: float16), which torch takes:
-        # numpy parses more dtype names ("object", "complex64", "datetime64") than recurnorm writes
-        need(v.dtype.num in (*range(13), 23), "bad data")
+        need(v.dtype.num in (*range(13), 23), "bad data")  # numpy's bool/int/float, as torch: no "object"
         if id(v) not in seen:
             seen[id(v)] = (
                 torch.from_numpy(v.view(np.int16)).view(torch.bfloat16)
