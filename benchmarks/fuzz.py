@@ -10,6 +10,16 @@ safetensors library) and the standalone loader (`rnpk_load.load`).
   artifacts), each case through the real CLI (`recurnorm verify`, `recurnorm unpack`) and
   the loader, each in a forked child whose address space may grow by at most 1 GiB, with a
   10 s alarm; peak memory is per child.
+- inputs: round three's classes (tests/hostile_corpus.py R3_CASES): tensor names, a config
+  key and an output path holding every C0/C1 control, DEL and bidi character through pack,
+  inspect (both tables), verify, unpack and plan; FIFOs, device nodes (as root), folders and
+  links to them as -o/--report (never replaced) and as checkpoint, config.json, --policy,
+  wrap source/--check and --calib-data (refused before reading); 20,000 tiny tensors, a
+  1.2 MB wrap source, --threads/--jobs 10,000; non-string keys, sparse and meta tensors,
+  `pack .`, empty tensors for plan --like, a 100,000-term expression for wrap; unpack's two
+  files; -o '', a --max-decoded-bytes too small (exit 3), SIGINT (130). Each in a bounded
+  child: a wrong exit code or a second error line counts as a traceback; a control character
+  printed or a file touched that was not asked for, as a disagreement.
 - mutations: --mutations random edits of the corpus's base artifacts (every format family,
   each codec and packed layout, rans with none/col/grid contexts and 1-4 lanes, uint64 codes
   past int64) (manifest fields replaced, tweaked, deleted, copied; payload bytes flipped,
@@ -116,6 +126,35 @@ def run_corpus(out_dir: Path) -> list[dict]:
         out.unlink(missing_ok=True)
         out.with_name("config.json").unlink(missing_ok=True)
         rows.append(row)
+    return rows
+
+
+def run_inputs(out_dir: Path) -> list[dict]:
+    """Round three's classes (hostile_corpus.R3_CASES): names with every control and bidi
+    character, FIFOs and device nodes as inputs and outputs, limits, odd state dicts, half-done
+    writes, exit codes; each through the CLI in a bounded child, in a folder of its own."""
+    rows = []
+    for i, name in enumerate(hc.R3_CASES):
+        folder = out_dir / f"case{i}"
+        folder.mkdir(parents=True)
+        r = hc.run_input_case(name, folder, MEM, ALARM)
+        rows.append(
+            {
+                "case": name,
+                "verify": r["code"],
+                "seconds": r["seconds"],
+                "peak": r["peak"],
+                # a wrong exit code or more than one error line counts as a traceback would
+                "traceback": r["traceback"] or not r["one_line"] or r["code"] != r["expected"],
+                "timeout": r["code"] == -signal.SIGALRM,
+                "memory": r["code"] == -signal.SIGKILL,
+                "loader_not_value_error": False,
+                "loader_reads_refused": False,
+                # a control character printed, or a file touched that was not asked for
+                "disagree": (f"printed {r['controls']}" if r["controls"] else None)
+                or (f"touched {r['changed']}" if r["changed"] else None),
+            }
+        )
     return rows
 
 
@@ -334,10 +373,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         corpus = [] if args.no_corpus else run_corpus(tmp / "corpus")
+        inputs = [] if args.no_corpus else run_inputs(tmp / "inputs")
         mutations, worker_peak = run_mutations(args.mutations, args.seed, args.workers, tmp)
-    summaries = ([summarize("corpus (CLI + loader)", corpus, max(r["peak"] for r in corpus))] if corpus else []) + [
-        summarize("mutations (library)", mutations, worker_peak)
-    ]
+    summaries = (
+        ([summarize("corpus (CLI + loader)", corpus, max(r["peak"] for r in corpus))] if corpus else [])
+        + ([summarize("inputs (CLI, round 3)", inputs, max(r["peak"] for r in inputs))] if inputs else [])
+        + [summarize("mutations (library)", mutations, worker_peak)]
+    )
     print_table(summaries)
     print(f"total {time.perf_counter() - start:.0f} s")
     if args.big:
@@ -345,7 +387,7 @@ def main() -> None:
             run_big(Path(tmp))
     bad = [
         r
-        for r in corpus + mutations
+        for r in corpus + inputs + mutations
         if r["traceback"] or r["disagree"] or r["loader_not_value_error"] or r.get("timeout") or r.get("memory")
     ]
     for r in bad[:20]:

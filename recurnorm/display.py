@@ -56,3 +56,12 @@ def printable(text: object) -> str:
                 else f"\\u{ord(ch):04x}"
             )
     return "".join(out)
+
+
+def echo(message: object = "", err: bool = False, **kwargs) -> None:
+    """click.echo with every line made printable: the one way human-readable output leaves
+    the CLI, so a tensor name, config key, metadata value or path from someone's file never
+    drives the terminal, wherever a table or message quotes it. Line breaks stay."""
+    import click
+
+    click.echo("\n".join(printable(line) for line in str(message).split("\n")), err=err, **kwargs)

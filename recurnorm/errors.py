@@ -40,6 +40,13 @@ class ArtifactError(RecurnormError, ValueError):
     exit_code = 4
 
 
+class DecodedLimitError(ArtifactError):
+    """A valid-looking artifact decodes to more bytes than a limit the caller set
+    (--max-decoded-bytes): over a cap the user chose, not corrupt."""
+
+    exit_code = 3
+
+
 class OverCapError(RecurnormError):
     """The artifact plus its code files exceed the byte cap."""
 

@@ -16,12 +16,70 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import OutputExistsError, WriteError
+from .errors import ConfigError, OutputExistsError, WriteError
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_input(path: str | os.PathLike, what: str = "", error: type[Exception] = ConfigError) -> BinaryIO:
+    """A file the tool reads, opened once: regular files only. Opened non-blocking so that a
+    FIFO without a writer is refused at once instead of hanging; /dev/zero or /dev/urandom
+    would never end. A special file is a usage error (ConfigError, exit 2, naming the path);
+    `error` is raised when the file cannot be opened."""
+    label = f"{what} {path}" if what else str(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise error(f"cannot read {label}: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{label} is {_kind(mode)}: only regular files are read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_input(path: str | os.PathLike, limit: int, what: str = "", error: type[Exception] = ConfigError) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (counted as read, not from st_size,
+    which a file growing under us or a special file gets wrong); `error` otherwise."""
+    label = f"{what} {path}" if what else str(path)
+    with open_input(path, what, error) as f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            # read(n) allocates n bytes up front: ask for the size, then one byte past the limit at most
+            data = f.read(min(size, limit) + 1)
+            if len(data) <= limit:
+                data += f.read(limit + 1 - len(data))
+        except OSError as exc:
+            raise error(f"cannot read {label}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise error(f"{label}: more than {limit:,} bytes, the most it may hold")
+    return data
+
+
+def check_input(path: str | os.PathLike, what: str = "", error: type[Exception] = ConfigError) -> None:
+    """Refuse a special file (FIFO, device, socket) before a library opens the path itself."""
+    open_input(path, what, error).close()
 
 
 def python_text(data: bytes) -> str:
@@ -57,16 +115,50 @@ def check_distinct(outputs: dict[str, str | os.PathLike | None]) -> None:
         seen[what] = key
 
 
-def check_writable(path: str | os.PathLike, force: bool = False, inputs: Iterable[str | os.PathLike] = ()) -> Path:
-    """Refuse to overwrite an existing output (a file or a run's folder) unless force is set,
-    or to write over one of `inputs` (the files the command reads) even with force."""
+def check_writable(
+    path: str | os.PathLike, force: bool = False, inputs: Iterable[str | os.PathLike] = (), folder: bool = False
+) -> Path:
+    """Refuse to overwrite an existing output (a file, or with folder=True a run's folder)
+    unless force is set, or to write over one of `inputs` (the files the command reads) even
+    with force, or anything check_replaceable refuses."""
     path = Path(path)
+    if not str(path):
+        raise ConfigError("an empty output path: name a file")
     for src in inputs:
         if same_file(path, src):
             raise OutputExistsError(f"{path} is an input of this command; write the output elsewhere")
+    check_replaceable(path, folder)
     if (path.exists() or path.is_symlink()) and not force:
         raise OutputExistsError(f"{path} exists; pass --force to overwrite it")
     return path
+
+
+def check_appendable(path: str | os.PathLike) -> None:
+    """OutputExistsError when a file appended to (a job summary) is not a regular file or
+    os.devnull: a FIFO would block, a device or folder is no summary."""
+    if not same_file(path, os.devnull):
+        check_replaceable(path)
+
+
+def check_replaceable(path: str | os.PathLike, folder: bool = False) -> None:
+    """OutputExistsError (a usage error) when path is something --force must never replace:
+    a directory (unless the output is a folder), a device node (as root, `-o /dev/null
+    --force` would delete the system's), a FIFO or socket, or a symlink to one (`--report
+    /dev/stdout`). A regular file, a link to one, a dangling link or nothing at all may be."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # nothing there (or no way to look: the write says why)
+    if stat.S_ISLNK(mode):
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return  # a dangling link: replacing it loses nothing
+    if not (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)):
+        want = "folders" if folder else "regular files"
+        raise OutputExistsError(
+            f"{path} is {_kind(mode) if not stat.S_ISREG(mode) else 'a file'}: outputs replace {want} only"
+        )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -124,37 +216,60 @@ def atomic_write_stream(
     path: str | os.PathLike, write: Callable[[BinaryIO], object], *, exclusive: bool = False
 ) -> Path:
     """atomic_write_bytes for output made piece by piece: write(f) fills the temp file."""
-    path = Path(path)
-    tmp = None
+    return atomic_write_many([(path, write)], exclusive=exclusive)[0]
+
+
+def atomic_write_many(
+    parts: list[tuple[str | os.PathLike, Callable[[BinaryIO], object]]], *, exclusive: bool = False
+) -> list[Path]:
+    """Several files that belong together (unpack's weights and config.json): every part is
+    written to its temp file first, and only when all are complete are they renamed, so a part
+    that fails (a full disk, a folder where a file goes) leaves every old file as it was."""
+    done: list[tuple[Path, str]] = []
+    path = None
     try:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise WriteError(f"cannot write {path}: a parent of it is a file, not a folder") from None
-        clean_stale_temps(path)
-        # Marker, pid and token in the name: the next write can tell a killed write's
-        # leftovers, and nothing else.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+        for path, write in parts:
+            path = Path(path)
+            done.append((path, _write_temp(path, write)))
+        for path, _ in done:
+            check_replaceable(path)  # again as the files are published: not a node that appeared since
+        while done:
+            path, tmp = done[0]
+            if exclusive:
+                _publish_exclusive(tmp, path)
+            else:
+                os.replace(tmp, path)
+            done.pop(0)
+    except OutputExistsError:  # (a FileExistsError: said as it is)
+        raise
+    except OSError as exc:
+        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        for _, tmp in done:
+            _discard(tmp)
+    return [Path(p) for p, _ in parts]
+
+
+def _write_temp(path: Path, write: Callable[[BinaryIO], object]) -> str:
+    """A finished temp file beside path (its name: marker, pid and token, so that the next
+    write can tell a killed write's leftovers, and nothing else)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise WriteError(f"cannot write {path}: a parent of it is a file, not a folder") from None
+    clean_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+    try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         # mkstemp creates 0600; give the file the mode a plain open() would.
         os.chmod(tmp, 0o666 & ~_umask())
-        if exclusive:
-            _publish_exclusive(tmp, path)
-        else:
-            os.replace(tmp, path)
-    except OutputExistsError:
-        _discard(tmp)
-        raise
-    except OSError as exc:
-        _discard(tmp)
-        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
         _discard(tmp)
         raise
-    return path
+    return tmp
 
 
 def _publish_exclusive(tmp: str, path: Path) -> None:

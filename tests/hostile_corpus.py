@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 import resource
 import signal
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -1086,13 +1088,17 @@ def _trim_heap() -> None:
         pass
 
 
-def run_cli(argv: list[str], mem_bytes: int = 1 << 30, alarm_s: int = 10) -> dict:
+def run_cli(
+    argv: list[str], mem_bytes: int = 1 << 30, alarm_s: int = 10, before: Callable[[], object] | None = None
+) -> dict:
     """Run `recurnorm ARGV` in a forked child (this process's imports are reused) whose
-    address space may grow by at most mem_bytes, killed by SIGALRM after alarm_s.
+    address space may grow by at most mem_bytes, killed by SIGALRM after alarm_s; `before`
+    runs in the child first (a test's patch).
 
-    Returns exit code (or -signal), stderr, seconds and peak resident growth in bytes
+    Returns exit code (or -signal), stdout, stderr, seconds and peak resident growth in bytes
     (the child's VmHWM at exit less its resident size when it started). Linux only."""
     err = tempfile.TemporaryFile()
+    out = tempfile.TemporaryFile()
     _trim_heap()
     rss0 = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
     rpipe, wpipe = os.pipe()
@@ -1104,8 +1110,7 @@ def run_cli(argv: list[str], mem_bytes: int = 1 << 30, alarm_s: int = 10) -> dic
         rss_start = _status_kb("VmRSS")
         try:
             os.dup2(err.fileno(), 2)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
+            os.dup2(out.fileno(), 1)
             # Real files on fds 1 and 2, whatever the parent (pytest) put in sys.stdout/stderr.
             sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
             sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
@@ -1113,6 +1118,9 @@ def run_cli(argv: list[str], mem_bytes: int = 1 << 30, alarm_s: int = 10) -> dic
             resource.setrlimit(resource.RLIMIT_AS, (size + mem_bytes, resource.RLIM_INFINITY))
             signal.alarm(alarm_s)
             from recurnorm.cli.main import main
+
+            if before is not None:
+                before()
 
             try:
                 main.main(args=argv, prog_name="recurnorm", standalone_mode=True)
@@ -1126,6 +1134,7 @@ def run_cli(argv: list[str], mem_bytes: int = 1 << 30, alarm_s: int = 10) -> dic
             code = 71
         finally:
             sys.stderr.flush()
+            sys.stdout.flush()
             os.write(wpipe, f"{rss_start} {_status_kb('VmHWM')}".encode())
             os._exit(code)
     os.close(wpipe)
@@ -1137,11 +1146,14 @@ def run_cli(argv: list[str], mem_bytes: int = 1 << 30, alarm_s: int = 10) -> dic
     err.seek(0)
     text = err.read().decode("utf-8", "replace")
     err.close()
+    out.seek(0)
+    stdout = out.read().decode("utf-8", "replace")
+    out.close()
     if len(report) == 2:
         peak = (int(report[1]) - int(report[0])) * 1024
     else:  # killed: its rusage, against what it could have inherited
         peak = usage.ru_maxrss * 1024 - rss0
-    return {"code": code, "stderr": text, "seconds": seconds, "peak_bytes": max(peak, 0)}
+    return {"code": code, "stdout": stdout, "stderr": text, "seconds": seconds, "peak_bytes": max(peak, 0)}
 
 
 def digests(tensors: dict) -> dict[str, list]:
@@ -1211,3 +1223,352 @@ def _status_kb(field: str) -> int:
 
 if __name__ == "__main__":
     print(f"{len(write(sys.argv[1] if len(sys.argv) > 1 else 'hostile'))} cases written")
+
+
+# ------------------------------------------------------------------ round three (issue 43): inputs, not artifacts
+#
+# Each case builds its files in a folder and names one CLI run: the exit code it must give,
+# the files it may write (every other file in the folder must be left as it was: kind,
+# bytes, node), and whether it is a refusal (then one error line). Run by run_input_case in
+# a forked child bounded like run_cli; tests/test_hostile3.py and benchmarks/fuzz.py run them.
+
+# Every C0 and C1 control, DEL, and the bidi embeddings, overrides and isolates.
+CONTROL_CHARS = "".join(
+    map(chr, [*range(0x20), 0x7F, *range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+)
+HOSTILE_NAME = "\x1b]0;owned\x07\x1b[31mred\r\u202etxt.evil"
+
+
+@dataclass
+class InputCase:
+    argv: list[str]
+    code: int
+    outputs: tuple[str, ...] = ()  # paths (relative to the folder) the run may create or replace
+    before: Callable[[], object] | None = None  # runs in the child before the CLI (a patch)
+
+
+def _ckpt(d: Path, names=("w", "b"), config: dict | None = None, sub: str = "ckpt") -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    folder = d / sub
+    folder.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    save_file({n: torch.randn(8, 8, generator=g) for n in names}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config or {"d_model": 8}))
+    return folder
+
+
+def _artifact(d: Path, names=("w", "b")) -> Path:
+    from recurnorm.export.pack import pack_checkpoint
+    from recurnorm.export.spec import build_policy
+
+    path = d / "a.rnpk"
+    path.write_bytes(pack_checkpoint(_ckpt(d, names, sub="src"), build_policy("int8")).data)
+    return path
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _chr(path: Path, minor: int = 3) -> Path:
+    """A character device node made here (1,3 is null, 1,5 zero): never the system's /dev/null."""
+    import stat
+
+    os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, minor))
+    return path
+
+
+def _torch_save(d: Path, obj, name: str) -> Path:
+    import torch
+
+    torch.save(obj, d / name)
+    return d / name
+
+
+def _names_ckpt(d: Path) -> Path:
+    return _ckpt(d, [f"w{ch}{i}" for i, ch in enumerate(CONTROL_CHARS)] + [HOSTILE_NAME], {HOSTILE_NAME: 1})
+
+
+def _names_artifact(d: Path) -> Path:
+    return _artifact(d, [f"w{ch}{i}" for i, ch in enumerate(CONTROL_CHARS)] + [HOSTILE_NAME])
+
+
+def _sigint_in_pack():
+    """pack's work gets a real SIGINT (Ctrl-C) halfway."""
+    import signal as sig
+
+    from recurnorm.export import ship
+
+    sig.signal(sig.SIGINT, sig.default_int_handler)  # Python's own: KeyboardInterrupt
+    real = ship.ship
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), sig.SIGINT)
+        time.sleep(5)
+        return real(*args, **kwargs)
+
+    ship.ship = interrupted
+
+
+def _fail_second_part():
+    """The second of unpack's two files cannot be written (a full disk, say)."""
+    from recurnorm import io
+
+    real = io._write_temp
+
+    def write_temp(path, write):
+        if path.name == "config.json":
+            raise OSError(28, "No space left on device")
+        return real(path, write)
+
+    io._write_temp = write_temp
+
+
+def _pack_args(d: Path, ckpt: Path, out: str | Path = "o.rnpk", *more: str) -> list[str]:
+    return ["pack", str(ckpt), "-o", str(d / out), *more]  # (d / an absolute path: that path)
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def _deep_source(d: Path) -> Path:
+    (d / "deep.py").write_text("x = " + "+".join(["1"] * 100_000) + "\n")
+    return d / "deep.py"
+
+
+def _big_source(d: Path) -> Path:
+    (d / "big.py").write_text("x = 1\n" * 200_000)  # 1.2 MB
+    return d / "big.py"
+
+
+def _many_tensors(d: Path, n: int = 20_000, stem: str = "t") -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({f"{stem}.{i}": torch.ones(4, 4) for i in range(n)}, str(d / "many.safetensors"))
+    return d / "many.safetensors"
+
+
+def _empty_tensors(d: Path) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"e": torch.zeros(0, 4), "f": torch.zeros(3, 0)}, str(d / "empty.safetensors"))
+    return d / "empty.safetensors"
+
+
+def _unpack_over_folder(d: Path) -> InputCase:
+    art = _artifact(d)
+    (d / "u").mkdir()
+    (d / "u" / "w.safetensors").write_bytes(b"old weights")
+    (d / "u" / "config.json").mkdir()
+    return InputCase(["unpack", str(art), "-o", str(d / "u" / "w.safetensors"), "--force"], 2)
+
+
+def _unpack_second_part_fails(d: Path) -> InputCase:
+    art = _artifact(d)
+    (d / "u").mkdir()
+    (d / "u" / "w.safetensors").write_bytes(b"old weights")
+    (d / "u" / "config.json").write_text("{}")
+    return InputCase(["unpack", str(art), "-o", str(d / "u" / "w.safetensors"), "--force"], 1, before=_fail_second_part)
+
+
+def _pack_dot(d: Path) -> InputCase:
+    """`pack .` inside a checkpoint folder: the artifact is named after the folder, beside it."""
+    ckpt = _ckpt(d)
+    return InputCase(["pack", "."], 0, ("ckpt.rnpk",), before=lambda: os.chdir(ckpt))
+
+
+def _wrap_src(d: Path) -> Path:
+    (d / "src.py").write_text("print('hi')\n")
+    return d / "src.py"
+
+
+ROOT = hasattr(os, "geteuid") and os.geteuid() == 0  # device nodes can be made (os.mknod) only as root
+
+R3_CASES: dict[str, Callable[[Path], InputCase]] = {
+    # names: every control and bidi character, in tensor names, a config key and an output path
+    "names/pack": lambda d: InputCase(
+        _pack_args(d, _names_ckpt(d), f"{HOSTILE_NAME}.rnpk"), 0, (f"{HOSTILE_NAME}.rnpk",)
+    ),
+    "names/pack-over-cap": lambda d: InputCase(_pack_args(d, _names_ckpt(d), "o.rnpk", "--max-bytes", "100"), 3),
+    "names/inspect-checkpoint": lambda d: InputCase(["inspect", str(_names_ckpt(d))], 0),
+    "names/inspect-artifact": lambda d: InputCase(["inspect", str(_names_artifact(d))], 0),
+    "names/verify": lambda d: InputCase(["verify", str(_names_artifact(d))], 0),
+    "names/verify-over-cap": lambda d: InputCase(["verify", str(_names_artifact(d)), "--max-bytes", "100"], 3),
+    "names/unpack": lambda d: InputCase(
+        ["unpack", str(_names_artifact(d)), "-o", str(d / f"{HOSTILE_NAME}.safetensors")],
+        0,
+        (f"{HOSTILE_NAME}.safetensors", "config.json"),
+    ),
+    "names/plan-like": lambda d: InputCase(["plan", "--like", str(_names_ckpt(d))], 0),
+    # outputs that are not regular files: never replaced, even with --force
+    "special-out/pack-o-fifo": lambda d: InputCase(_pack_args(d, _ckpt(d), _fifo(d / "fifo"), "--force"), 2),
+    "special-out/pack-o-folder": lambda d: InputCase(_pack_args(d, _ckpt(d), _mkdir(d / "folder"), "--force"), 2),
+    "special-out/wrap-o-fifo": lambda d: InputCase(
+        ["wrap", str(_wrap_src(d)), "-o", str(_fifo(d / "fifo")), "--force"], 2
+    ),
+    "special-out/verify-report-link-to-fifo": lambda d: InputCase(
+        ["verify", str(_artifact(d)), "--report", str(_link(d / "report.json", _fifo(d / "fifo"))), "--force"], 2
+    ),
+    "special-out/verify-summary-fifo": lambda d: InputCase(
+        ["verify", str(_artifact(d)), "--summary", str(_fifo(d / "summary.md"))], 2
+    ),
+    # inputs that are not regular files: refused before anything reads them (a FIFO would hang)
+    "special-in/checkpoint-fifo": lambda d: InputCase(["pack", str(_fifo(d / "m.safetensors")), "-o", str(d / "o")], 2),
+    "special-in/checkpoint-pt-fifo": lambda d: InputCase(["pack", str(_fifo(d / "m.pt")), "-o", str(d / "o")], 2),
+    "special-in/config-json-fifo": lambda d: InputCase(_pack_args(d, _with_special_config(d, _fifo)), 2),
+    "special-in/policy-fifo": lambda d: InputCase(
+        _pack_args(d, _ckpt(d), "o.rnpk", "--policy", str(_fifo(d / "p"))), 2
+    ),
+    "special-in/wrap-source-fifo": lambda d: InputCase(["wrap", str(_fifo(d / "s.py")), "-o", str(d / "w.py")], 2),
+    "special-in/wrap-check-fifo": lambda d: InputCase(
+        ["wrap", "--check", str(_fifo(d / "w.py")), str(_wrap_src(d))], 2
+    ),
+    "special-in/calib-data-fifo": lambda d: InputCase(
+        _pack_args(d, _native_ckpt(d), "o.rnpk", "--gptq", "--calib-data", str(_fifo(d / "calib.txt"))), 2
+    ),
+    # documented limits, checked from the argument or the header before the work they bound
+    "limits/20000-tiny-tensors": lambda d: InputCase(_pack_args(d, _many_tensors(d)), 1),
+    "limits/long-names-fill-the-manifest": lambda d: InputCase(_pack_args(d, _many_tensors(d, 9_000, "n" * 1000)), 1),
+    "limits/wrap-source-over-1MB": lambda d: InputCase(["wrap", str(_big_source(d)), "-o", str(d / "w.py")], 1),
+    "limits/roundtrip-threads-10000": lambda d: InputCase(
+        ["roundtrip", "--threads", "10000", "--out", str(d / "rt")], 2
+    ),
+    "limits/roundtrip-jobs-10000": lambda d: InputCase(["roundtrip", "--jobs", "10000", "--out", str(d / "rt")], 2),
+    "limits/demo-threads-10000": lambda d: InputCase(["demo", "--threads", "10000", "--out", str(d / "rt")], 2),
+    # odd state dicts and paths
+    "odd/int-keys": lambda d: InputCase(_pack_args(d, _torch_save(d, {1: _t()}, "k.pt")), 1),
+    "odd/mixed-keys": lambda d: InputCase(_pack_args(d, _torch_save(d, {"w": _t(), 3: _t()}, "k.pt")), 1),
+    "odd/sparse-coo": lambda d: InputCase(_pack_args(d, _torch_save(d, {"s": _t().to_sparse()}, "k.pt")), 1),
+    "odd/sparse-csr": lambda d: InputCase(_pack_args(d, _torch_save(d, {"s": _t().to_sparse_csr()}, "k.pt")), 1),
+    "odd/meta": lambda d: InputCase(_pack_args(d, _torch_save(d, {"m": _t().to("meta")}, "k.pt")), 1),
+    "odd/plan-like-empty-tensors": lambda d: InputCase(["plan", "--like", str(_empty_tensors(d))], 0),
+    "odd/wrap-100000-terms": lambda d: InputCase(["wrap", str(_deep_source(d)), "-o", str(d / "w.py")], 1),
+    # multi-file outputs: a failure leaves the old pair
+    "writes/unpack-config-json-is-a-folder": _unpack_over_folder,
+    "writes/unpack-second-part-fails": _unpack_second_part_fails,
+    "odd/pack-dot": _pack_dot,
+    # exit codes
+    "codes/empty-output-path": lambda d: InputCase(["pack", str(_ckpt(d)), "-o", ""], 2),
+    "codes/decode-limit-set-too-small": lambda d: InputCase(
+        ["verify", str(_artifact(d)), "--max-decoded-bytes", "10"], 3
+    ),
+    "codes/sigint": lambda d: InputCase(_pack_args(d, _ckpt(d)), 130, before=_sigint_in_pack),
+}
+if ROOT:
+    R3_CASES.update(
+        {
+            "special-out/pack-o-char-device": lambda d: InputCase(
+                _pack_args(d, _ckpt(d), _chr(d / "null"), "--force"), 2
+            ),
+            "special-out/unpack-o-char-device": lambda d: InputCase(
+                ["unpack", str(_artifact(d)), "-o", str(_chr(d / "null")), "--force"], 2
+            ),
+            "special-out/loader-o-char-device": lambda d: InputCase(
+                ["loader", "-o", str(_chr(d / "null")), "--force"], 2
+            ),
+            "special-out/verify-report-link-to-char-device": lambda d: InputCase(
+                ["verify", str(_artifact(d)), "--report", str(_link(d / "r.json", _chr(d / "null"))), "--force"], 2
+            ),
+            "special-in/checkpoint-dev-zero": lambda d: InputCase(
+                ["pack", str(_chr(d / "m.safetensors", 5)), "-o", str(d / "o")], 2
+            ),
+            "special-in/config-json-dev-zero": lambda d: InputCase(
+                _pack_args(d, _with_special_config(d, lambda p: _chr(p, 5))), 2
+            ),
+            "special-in/policy-dev-urandom": lambda d: InputCase(
+                _pack_args(d, _ckpt(d), "o.rnpk", "--policy", str(_chr(d / "p", 9))), 2
+            ),
+            "special-in/wrap-source-dev-zero": lambda d: InputCase(
+                ["wrap", str(_chr(d / "s.py", 5)), "-o", str(d / "w.py")], 2
+            ),
+            "special-in/calib-data-dev-zero": lambda d: InputCase(
+                _pack_args(d, _native_ckpt(d), "o.rnpk", "--gptq", "--calib-data", str(_chr(d / "calib.txt", 5))), 2
+            ),
+        }
+    )
+
+
+def _t():
+    import torch
+
+    return torch.ones(4, 4)
+
+
+def _link(link: Path, target: Path) -> Path:
+    link.symlink_to(target)
+    return link
+
+
+def _with_special_config(d: Path, make: Callable[[Path], Path]) -> Path:
+    ckpt = _ckpt(d)
+    (ckpt / "config.json").unlink()
+    make(ckpt / "config.json")
+    return ckpt
+
+
+def _native_ckpt(d: Path) -> Path:
+    """An untrained recurnorm model: --gptq reads its calibration data."""
+    from recurnorm.model import ModelConfig, RecurrentLM, save_checkpoint
+
+    model = RecurrentLM(ModelConfig(d_model=16, n_heads=2, depth=2, seq_len=16, vocab_size=256))
+    return save_checkpoint(model, d / "native")
+
+
+def _snapshot(d: Path) -> dict[str, tuple]:
+    """Every entry under d: (kind, size and hash for files, target for links)."""
+    import hashlib
+    import stat
+
+    out = {}
+    for root, dirs, files in os.walk(d):
+        for name in dirs + files:
+            p = Path(root) / name
+            st = os.lstat(p)
+            if stat.S_ISREG(st.st_mode):
+                out[str(p.relative_to(d))] = ("file", hashlib.sha256(p.read_bytes()).hexdigest())
+            elif stat.S_ISLNK(st.st_mode):
+                out[str(p.relative_to(d))] = ("link", os.readlink(p))
+            else:
+                out[str(p.relative_to(d))] = (stat.S_IFMT(st.st_mode), st.st_rdev)
+    return out
+
+
+def control_chars_in(text: str) -> list[str]:
+    """Controls and format characters (bidi) other than the line break: what must never print."""
+    import unicodedata
+
+    return sorted({repr(c) for c in text if c != "\n" and unicodedata.category(c) in ("Cc", "Cf")})
+
+
+def run_input_case(name: str, d: Path, mem_bytes: int = 1 << 30, alarm_s: int = 10) -> dict:
+    """Build case `name` in folder d and run it: its exit, whether the error was one line,
+    control characters printed, files changed that it was not asked to write, seconds, peak."""
+    case = R3_CASES[name](d)
+    before = _snapshot(d)
+    r = run_cli(case.argv, mem_bytes, alarm_s, case.before)
+    after = _snapshot(d)
+    allowed = set(case.outputs)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k) and k not in allowed)
+    # (click's usage errors: "Usage: ...", "Try ... --help", then the one "Error: ..." line)
+    skip = ("note: ", "warning: ", "Usage: ", "Try ")
+    errors = [ln for ln in r["stderr"].strip().splitlines() if ln.strip() and not ln.startswith(skip)]
+    refusal = case.code != 0 and case.code != 3
+    return {
+        "case": name,
+        "expected": case.code,
+        "code": r["code"],
+        "one_line": not refusal or (len(errors) == 1 and errors[0].startswith(("error: ", "Error: ", "interrupted"))),
+        "traceback": "Traceback" in r["stderr"],
+        "controls": control_chars_in(r["stdout"] + r["stderr"]),
+        "changed": changed,
+        "seconds": r["seconds"],
+        "peak": r["peak_bytes"],
+        "stderr": r["stderr"][-300:],
+    }

@@ -69,7 +69,11 @@ def test_decoded_bytes_are_bounded_before_decoding_and_the_limit_can_be_raised(t
     art = tmp_path / "a.rnpk"
     art.write_bytes(hc.BASE)
     r = hc.run_cli(["verify", str(art), "--max-decoded-bytes", str(need - 1)], MEM, ALARM)
-    _one_line_exit_4(r, "verify under its decoded size")
+    # a valid artifact over a limit the user set: the cap's code (3), not "corrupt" (4)
+    assert r["code"] == 3 and "--max-decoded-bytes" in r["stderr"] and "Traceback" not in r["stderr"], r
+    r = hc.run_cli(["unpack", str(art), "-o", str(tmp_path / "w.safetensors"), "--max-decoded-bytes", str(need - 1)])
+    assert r["code"] == 3 and len(r["stderr"].strip().splitlines()) == 1, r
+    assert not (tmp_path / "w.safetensors").exists()
     assert hc.run_cli(["verify", str(art), "--max-decoded-bytes", str(need)], MEM, ALARM)["code"] == 0
     assert hc.run_cli(["verify", str(art), "--max-decoded-bytes", "0"], MEM, ALARM)["code"] == 2
 

@@ -102,7 +102,7 @@ def test_an_unwritable_destination_is_one_line_naming_it(ckpt, tmp_path):
     r = _run("pack", ckpt, "-o", blocker / "x.rnpk")
     assert r.exit_code == 1 and str(blocker / "x.rnpk") in _one_error_line(r)
     r = _run("pack", ckpt, "-o", tmp_path, "--force")  # a directory
-    assert r.exit_code == 1 and "directory" in _one_error_line(r) and str(tmp_path) in r.stderr
+    assert r.exit_code == 2 and "directory" in _one_error_line(r) and str(tmp_path) in r.stderr  # refused up front
     r = _run("pack", ckpt, "-o", "/proc/recurnorm-test.rnpk")
     assert r.exit_code == 1 and "/proc/recurnorm-test.rnpk" in _one_error_line(r)
     if os.geteuid() != 0:  # root writes through permissions

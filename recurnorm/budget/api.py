@@ -339,7 +339,7 @@ def verify_bytes(data: bytes, budget=None, path: str = "<bytes>", max_decoded_by
     try:
         art = read_artifact(data, max_decoded_bytes)
     except ArtifactError as exc:
-        return VerifyReport(path, False, ArtifactError.exit_code, str(exc))
+        return VerifyReport(path, False, exc.exit_code, str(exc))
     if budget.loader is not None:  # the loader counted must be able to read it, too
         from .loader import loader_problem
 

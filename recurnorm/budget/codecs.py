@@ -456,8 +456,7 @@ def split_words(w: np.ndarray, m: int, h: int) -> tuple[np.ndarray, bytes | np.n
 
 
 def join_words(head: np.ndarray, tail: bytes, m: int, h: int, itemsize: int) -> np.ndarray:
-    """split_words inverted; ValueError where a head reaches the sign or a bit plane's
-    padding is not zero."""
+    """split_words inverted; ValueError where a head reaches the sign or a bit plane's padding is not zero."""
     n, (q, r), width = head.size, divmod(m - h, 8), 8 * itemsize
     w = np.empty(n, f"<u{itemsize}")
     if rans.has_kernel():

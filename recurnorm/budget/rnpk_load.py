@@ -285,7 +285,7 @@ def decode(src, max_bytes=1 << 30):
             )
             for t in todo
         )
-        need(size <= max_bytes, "decodes larger than max_bytes allows")
+        need(size <= max_bytes, "larger than max_bytes allows")
         arrays = {}
 
         def stream(t, kind):
@@ -388,7 +388,7 @@ def dequantize(t, codes, scales, zeros, lr):
     else:
         v = v.astype(dtype, copy=False)
     # (bfloat16: the high halves hold it, and the float32 they start is as finite as it is)
-    need(np.isfinite(v).all(), "weights overflow")
+    need(np.isfinite(v).all(), "bad data")
     return (v.view("<u2")[1::2].astype(BF16) if dtype == "bfloat16" else v).reshape(t["shape"])
 
 
@@ -400,6 +400,7 @@ def load(src, max_bytes=1 << 30):
 
     arrays, seen = decode(src, max_bytes)[0], {}
     for v in arrays.values():
+        need(v.dtype.num in (*range(13), 23), "bad data")  # numpy's bool/int/float, as torch: no "object"
         if id(v) not in seen:
             seen[id(v)] = (
                 torch.from_numpy(v.view(np.int16)).view(torch.bfloat16)

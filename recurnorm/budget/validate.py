@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..errors import ArtifactError, QuantError
+from ..errors import ArtifactError, DecodedLimitError, QuantError
 from ..quant import registry as quant_registry
 from . import codecs as codecs_mod
 from . import format as fmt
@@ -142,7 +142,7 @@ def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
             if total_elements > fmt.MAX_TOTAL_ELEMENTS:
                 raise ArtifactError(f"tensor {name!r}: declared sizes exceed {fmt.MAX_TOTAL_ELEMENTS} elements")
         if total_bytes > limit:
-            raise ArtifactError(
+            raise (ArtifactError if max_decoded_bytes is None else DecodedLimitError)(  # caller's limit: exit 3
                 f"tensor {name!r}: decoding needs more than {limit:,} bytes (--max-decoded-bytes raises the limit)"
             )
     return total_bytes

@@ -19,14 +19,16 @@ USAGE = errors.ConfigError.exit_code
 OVER_CAP = errors.OverCapError.exit_code
 CORRUPT = errors.ArtifactError.exit_code
 LOSS_REGRESSION = errors.LossRegressionError.exit_code
+INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + the signal's number, as shells report it
 
 MEANING = {
     OK: "success: valid, under the cap, loss within the allowed delta",
     FAILURE: "error in the input (data, checkpoint, config); the message names it",
-    USAGE: "usage error: bad option or argument, or output exists without --force",
-    OVER_CAP: "artifact plus code exceeds the byte cap",
+    USAGE: "usage error: bad option or argument, an output that exists without --force or is not a regular file, an input that is not a regular file",
+    OVER_CAP: "artifact plus code exceeds the byte cap, or it decodes to more than the --max-decoded-bytes you set",
     CORRUPT: "artifact is corrupt, truncated or of an unsupported format/version",
     LOSS_REGRESSION: "post-export loss exceeds the reference by more than --max-loss-delta",
+    INTERRUPTED: "interrupted (Ctrl-C, SIGINT); nothing half-written is left",
 }
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from ..display import echo
+
 
 @click.command()
 @click.option(
@@ -44,9 +46,9 @@ def loader(out, compact, force, as_json):
     atomic_write_bytes(out, data, exclusive=not force)
     size = len(data)
     if as_json:
-        click.echo(json.dumps({"path": str(out), "bytes": size, "compact": compact}, sort_keys=True))
+        echo(json.dumps({"path": str(out), "bytes": size, "compact": compact}, sort_keys=True))
     else:
-        click.echo(
+        echo(
             f"wrote {out} ({size:,} bytes{', compact' if compact else ''}); "
             f"count it with --loader {out} on pack and verify"
         )

@@ -13,7 +13,7 @@ import sys
 import click
 
 from .. import errors
-from ..display import printable
+from ..display import echo, printable
 from . import exitcodes
 
 # command name -> "module:attribute" (relative to recurnorm.cli)
@@ -33,8 +33,26 @@ COMMANDS = {
 }
 
 
+# Options that name a file to write: an empty value would become "." (a folder) and fail
+# only after the work, so it is refused before any.
+OUTPUT_OPTIONS = ("-o", "--out", "--report", "--junit", "--summary")
+
+
+def _check_output_args(args: list[str]) -> None:
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if (arg in OUTPUT_OPTIONS and i + 1 < len(args) and args[i + 1] == "") or (
+            eq and name in OUTPUT_OPTIONS and not value
+        ):
+            raise click.UsageError(f"{name}: an empty path; name the file to write")
+
+
 class LazyGroup(click.Group):
     """A group whose subcommands are imported only when used."""
+
+    def parse_args(self, ctx, args):
+        _check_output_args(list(args))
+        return super().parse_args(ctx, args)
 
     def list_commands(self, ctx):
         return sorted(COMMANDS)
@@ -53,8 +71,13 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except errors.RecurnormError as exc:
             # One line, whatever the message quotes from a hostile file.
-            click.echo(f"error: {printable(exc)}", err=True)
+            echo(f"error: {printable(exc)}", err=True)
             ctx.exit(exitcodes.for_error(exc))
+        except KeyboardInterrupt:
+            # Ctrl-C: the shell's convention (128 + SIGINT), not 1, the code of bad input; any
+            # output being written was a temp file, removed on the way out.
+            echo("interrupted", err=True)
+            ctx.exit(exitcodes.INTERRUPTED)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -70,7 +93,7 @@ def main() -> None:
       recurnorm roundtrip --schemes shared,norm,unique --quants int8,int4 --out rt
 
     Exit codes: 0 ok, 1 input error, 2 usage, 3 over the cap,
-    4 corrupt or unsupported artifact, 5 loss regression.
+    4 corrupt or unsupported artifact, 5 loss regression, 130 interrupted.
     """
 
 

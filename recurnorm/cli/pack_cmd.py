@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
 
 from ..budget.cap import DEFAULT_MAX_BYTES
 from ..budget.format import MAGIC
+from ..display import echo
 from ..errors import ArtifactError, OverCapError
 from .exitcodes import OVER_CAP
 
@@ -39,8 +41,16 @@ def _inputs(*paths) -> list[Path]:
     return out
 
 
+def _default_out(ckpt: Path) -> Path:
+    """CKPT's stem + .rnpk beside it; `pack .` or `pack ..` names the folder itself."""
+    base = ckpt.resolve() if ckpt.name in ("", ".", "..") else ckpt
+    if not base.name:
+        raise click.UsageError(f"{ckpt} has no name to make the artifact's from: give -o OUT")
+    return base.with_name((base.stem if base.is_file() else base.name) + ".rnpk")
+
+
 def _echo_json(obj: object) -> None:
-    click.echo(json.dumps(obj, indent=2, sort_keys=True))
+    echo(json.dumps(obj, indent=2, sort_keys=True))
 
 
 def _is_artifact(path: Path) -> bool:
@@ -129,9 +139,9 @@ def say_notes(notes, budget=None) -> None:
     from ..budget.cap import CODE_NOTE
 
     for note in notes:
-        click.echo(f"note: {note}", err=True)
+        echo(f"note: {note}", err=True)
     if budget is not None and not budget.counts_code():
-        click.echo(CODE_NOTE, err=True)
+        echo(CODE_NOTE, err=True)
 
 
 def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel):
@@ -270,12 +280,12 @@ def pack(
     for given, flag in ((fit_formats is not None, "--fit-formats"), (fit_embeddings, "--fit-embeddings")):
         if given and fit_bytes is None:
             raise click.UsageError(f"{flag} only applies with --fit BYTES")
-    out = out or ckpt.with_name((ckpt.stem if ckpt.is_file() else ckpt.name) + ".rnpk")
+    out = out or _default_out(ckpt)
     check_writable(out, force, _inputs(ckpt, *code_files, *([loader] if loader else [])))
     cap = max_bytes or fit_bytes or DEFAULT_MAX_BYTES
     budget = Budget(max_bytes=cap, code_files=list(code_files), loader=loader)
     budget.code_total()  # a bad --code fails now, before any work
-    progress = None if as_json else (lambda msg: click.echo(msg, err=True))
+    progress = None if as_json else (lambda msg: echo(msg, err=True))
     packed = ship.ship(
         ckpt,
         policy,
@@ -309,9 +319,9 @@ def pack(
         if as_json:
             _echo_json({**exc.report, "policy": packed.policy_line, **(hint.to_dict() if hint else {"hint": None})})
         else:
-            click.echo(report.tensor_table(rows, limit=15), err=True)
-            click.echo(report.totals_lines(rows, exc.report), err=True)
-            click.echo(packed.policy_line, err=True)
+            echo(report.tensor_table(rows, limit=15), err=True)
+            echo(report.totals_lines(rows, exc.report), err=True)
+            echo(packed.policy_line, err=True)
         raise OverCapError(
             f"not written: {exc}" + (f"; {hint.text.removeprefix('hint: ')}" if hint else ""), exc.report
         ) from None
@@ -323,12 +333,12 @@ def pack(
     if as_json:
         _echo_json(cap)
     else:
-        click.echo(report.tensor_table(rows, limit=15))
-        click.echo(report.totals_lines(rows, cap))
+        echo(report.tensor_table(rows, limit=15))
+        echo(report.totals_lines(rows, cap))
         if packed.fit is not None:
-            click.echo(packed.fit.lines())
-        click.echo(packed.policy_line)
-        click.echo(f"wrote {out} ({len(data):,} bytes)")
+            echo(packed.fit.lines())
+        echo(packed.policy_line)
+        echo(f"wrote {out} ({len(data):,} bytes)")
 
 
 @click.command()
@@ -339,7 +349,7 @@ def pack(
 def unpack(artifact, out, force, max_decoded_bytes):
     """Decode an artifact to dequantized weights (+ config.json beside them)."""
     from ..budget import api, safetensors_out
-    from ..io import atomic_write_json, atomic_write_stream, check_distinct, check_writable
+    from ..io import atomic_write_many, check_distinct, check_writable
     from ..quant import dequantize_all
 
     check_writable(out, force, [artifact])
@@ -350,11 +360,14 @@ def unpack(artifact, out, force, max_decoded_bytes):
         check_distinct({"-o": out, "the config.json written beside it": cfg_path})
         check_writable(cfg_path, force, [artifact])
     tensors = dequantize_all(art.qtensors)
-    # Written from the tensors' memory (tied names get their own copy in the file, not in RAM).
-    atomic_write_stream(out, lambda f: safetensors_out.write(f, tensors), exclusive=not force)
+    # Written from the tensors' memory (tied names get their own copy in the file, not in RAM);
+    # both files to temp names first, then renamed: a failure leaves the old pair as it was.
+    parts = [(out, lambda f: safetensors_out.write(f, tensors))]
     if config is not None:
-        atomic_write_json(cfg_path, config, exclusive=not force)
-    click.echo(f"wrote {out} ({len(tensors)} tensors){' and ' + str(cfg_path) if config is not None else ''}")
+        text = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8")
+        parts.append((cfg_path, lambda f: f.write(text)))
+    atomic_write_many(parts, exclusive=not force)
+    echo(f"wrote {out} ({len(tensors)} tensors){' and ' + str(cfg_path) if config is not None else ''}")
 
 
 OUT_FILE = click.Path(dir_okay=False, path_type=Path)
@@ -416,7 +429,7 @@ def verify(
     """
     from ..budget import Budget, report, verify_artifact
     from ..errors import LossRegressionError, RecurnormError
-    from ..io import atomic_write_json, atomic_write_text, check_distinct, check_writable
+    from ..io import atomic_write_json, atomic_write_text, check_appendable, check_distinct, check_writable, same_file
     from . import ci_report, exitcodes
 
     if reference is None:
@@ -440,7 +453,9 @@ def verify(
         if path is not None:
             check_writable(path, force, inputs)
     if summary_path is not None:  # appended to ($GITHUB_STEP_SUMMARY exists): never an input
-        check_writable(summary_path, True, inputs)
+        check_appendable(summary_path)  # a regular file, or /dev/null; never a FIFO (it would block)
+        if not same_file(summary_path, os.devnull):
+            check_writable(summary_path, True, inputs)
     budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
     budget.code_total()  # a bad --code: a usage error, up front
     factory = None
@@ -493,16 +508,16 @@ def _print_outcome(out, report) -> None:
     rep = out.report
     path = printable(rep.path)
     if out.exit_code == OK:
-        click.echo(report.totals_lines(rep.tensors, rep.cap))
+        echo(report.totals_lines(rep.tensors, rep.cap))
         if out.gate:
-            click.echo(f"loss gate: {gate_line(out.gate)}")
-        click.echo(f"ok: {path}: {rep.reason}{'; loss within the allowed delta' if out.gate else ''}")
+            echo(f"loss gate: {gate_line(out.gate)}")
+        echo(f"ok: {path}: {rep.reason}{'; loss within the allowed delta' if out.gate else ''}")
         return
-    if rep.exit_code == OVER_CAP:
-        click.echo(report.tensor_table(rep.tensors, limit=15), err=True)
-    click.echo(f"error: {path}: {printable(rep.reason if rep.exit_code != OK else out.gate_error)}", err=True)
+    if rep.exit_code == OVER_CAP and rep.tensors:  # (over --max-decoded-bytes: nothing decoded to show)
+        echo(report.tensor_table(rep.tensors, limit=15), err=True)
+    echo(f"error: {path}: {printable(rep.reason if rep.exit_code != OK else out.gate_error)}", err=True)
     if rep.exit_code == OVER_CAP and out.gate_error:
-        click.echo(f"error: {path}: {printable(out.gate_error)}", err=True)
+        echo(f"error: {path}: {printable(out.gate_error)}", err=True)
 
 
 @click.command(cls=PolicyCommand)
@@ -551,10 +566,10 @@ def inspect(
     if as_json:
         _echo_json({"path": str(target), "cap": cap, "tensors": rows, "metadata": metadata})
         return
-    click.echo(report.tensor_table(rows))
-    click.echo(report.totals_lines(rows, cap))
-    click.echo("")
-    click.echo(rules_table(rows))
+    echo(report.tensor_table(rows))
+    echo(report.totals_lines(rows, cap))
+    echo("")
+    echo(rules_table(rows))
     policy_line = (metadata.get("export") or {}).get("policy")
     if policy_line:
-        click.echo(policy_line)
+        echo(policy_line)

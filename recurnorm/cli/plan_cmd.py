@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..display import echo
 from .pack_cmd import CAP, PolicyCommand, budget_options, policy_from_options, policy_options, say_notes
 
 
@@ -135,9 +136,9 @@ def plan(
 
 def _show(result, fit_bytes, vary, as_json, notes, budget) -> None:
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+        echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
         return
     say_notes(notes, budget)
-    click.echo(result.lines())
+    echo(result.lines())
     if fit_bytes is not None:
-        click.echo(f"fits {fit_bytes:,} B: {vary} {result.config[vary]} (headroom {result.cap['headroom_bytes']:,} B)")
+        echo(f"fits {fit_bytes:,} B: {vary} {result.config[vary]} (headroom {result.cap['headroom_bytes']:,} B)")

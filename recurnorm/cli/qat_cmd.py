@@ -6,6 +6,7 @@ import json
 
 import click
 
+from ..display import echo
 from .options import parse_key_values
 
 
@@ -138,13 +139,11 @@ def finetune(
         atomic_write_bytes(Path(export_path), data_bytes, exclusive=not force)
         summary.update(artifact=str(export_path), artifact_bytes=len(data_bytes))
     if as_json:
-        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+        echo(json.dumps(summary, indent=2, sort_keys=True))
         return
-    click.echo(f"QAT {quant} fine-tune of {ckpt}: {steps} steps in {result.elapsed_s:.1f} s")
-    click.echo(
-        f"val bpb {before.bits_per_byte:.4f} (float) -> {after.bits_per_byte:.4f} (QAT model, fake quant at λ=1)"
-    )
-    click.echo(f"guard: logit gap {result.qat_guard['logit_gap']:.3g} from the float weights")
-    click.echo(f"wrote {out_dir}/model.safetensors, config.json (qat recorded), train_log.jsonl")
+    echo(f"QAT {quant} fine-tune of {ckpt}: {steps} steps in {result.elapsed_s:.1f} s")
+    echo(f"val bpb {before.bits_per_byte:.4f} (float) -> {after.bits_per_byte:.4f} (QAT model, fake quant at λ=1)")
+    echo(f"guard: logit gap {result.qat_guard['logit_gap']:.3g} from the float weights")
+    echo(f"wrote {out_dir}/model.safetensors, config.json (qat recorded), train_log.jsonl")
     if export_path is not None:
-        click.echo(f"wrote {export_path} ({summary['artifact_bytes']:,} bytes)")
+        echo(f"wrote {export_path} ({summary['artifact_bytes']:,} bytes)")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from ..display import echo
+
 # The README's main job: the anchors, the seed hypothesis, LayerRoPE and LoRA,
 # across one gentle and two aggressive quantizers.
 DEMO_SCHEMES = ("shared", "unique", "norm_gate", "layerrope", "lora")
@@ -56,6 +58,12 @@ def _match_bytes(_ctx, _param, value: str | None) -> int | str | None:
     return value
 
 
+# Checked with the argument: 10,000 started 20,001 threads (torch's and the workers' pools).
+MAX_THREADS = 1024
+THREADS = click.IntRange(min=1, max=MAX_THREADS)
+MAX_JOBS = 64  # processes, each with its threads
+
+
 def _set_threads(threads: int | None) -> None:
     if threads:
         import torch
@@ -65,11 +73,11 @@ def _set_threads(threads: int | None) -> None:
 
 def _print_result(result, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+        echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
         return
-    click.echo(result.markdown())
+    echo(result.markdown())
     for kind, path in result.paths.items():
-        click.echo(f"{kind:>4}: {path}")
+        echo(f"{kind:>4}: {path}")
 
 
 @click.command()
@@ -149,13 +157,18 @@ def _print_result(result, as_json: bool) -> None:
     show_default=True,
     help="QAT fine-tuning steps per scheme and format",
 )
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch CPU threads (default: torch's choice)")
+@click.option(
+    "--threads",
+    type=THREADS,
+    default=None,
+    help=f"torch CPU threads, at most {MAX_THREADS} (default: torch's choice)",
+)
 @click.option(
     "--jobs",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_JOBS),
     default=1,
     show_default=True,
-    help="train the (scheme, seed) models in N parallel processes first "
+    help=f"train the (scheme, seed) models in N parallel processes first, at most {MAX_JOBS} "
     "(one per GPU where there are GPUs; CPU threads split between them)",
 )
 def roundtrip(
@@ -234,7 +247,7 @@ def _fail_on_failures(result) -> None:
 @click.option("--force", is_flag=True, help="overwrite existing outputs")
 @click.option("--no-progress", is_flag=True, help="no progress bars")
 @click.option(
-    "--threads", type=click.IntRange(min=1), default=DEMO_THREADS, show_default=True, help="torch CPU threads"
+    "--threads", type=THREADS, default=DEMO_THREADS, show_default=True, help=f"torch CPU threads, at most {MAX_THREADS}"
 )
 def demo(out_dir, steps, force, no_progress, threads):
     """The main job: shared, unique, norm_gate, layerrope, lora × int8, int4, ternary, one seed."""
@@ -242,7 +255,7 @@ def demo(out_dir, steps, force, no_progress, threads):
 
     _set_threads(threads)
     t0 = time.perf_counter()
-    click.echo(
+    echo(
         f"recurnorm demo: {', '.join(DEMO_SCHEMES)} × {', '.join(DEMO_QUANTS)} on the "
         f"default corpus, tiny preset, {steps} steps, one seed",
         err=True,
@@ -260,8 +273,8 @@ def demo(out_dir, steps, force, no_progress, threads):
         progress=not no_progress,
     )
     _print_result(result, as_json=False)
-    click.echo(f"plot: {result.paths['png']}")
-    click.echo(demo_closing(time.perf_counter() - t0))
+    echo(f"plot: {result.paths['png']}")
+    echo(demo_closing(time.perf_counter() - t0))
 
 
 # Where the demo's one-seed, 150-step answers are checked with paired seeds at three lengths.

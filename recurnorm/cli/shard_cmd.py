@@ -6,6 +6,8 @@ import json
 
 import click
 
+from ..display import echo
+
 
 @click.command()
 @click.option(
@@ -57,14 +59,12 @@ def shard(
 
     report = shard_corpus(data, tokenizer, out, prefix=prefix, shard_tokens=shard_tokens, force=force)
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+        echo(json.dumps(report.to_dict(), indent=2, sort_keys=True))
         return
-    click.echo(
+    echo(
         f"wrote {len(report.train_files)} train shard(s) ({report.train_tokens:,} tokens, "
         f"{report.train_docs} docs) and {len(report.val_files)} val shard(s) "
         f"({report.val_tokens:,} tokens, {report.val_docs} docs) to {report.out_dir}"
     )
     if report.val_bytes:
-        click.echo(
-            f"validation: {report.val_bytes:,} bytes, {report.val_bytes / max(report.val_tokens, 1):.3f} bytes/token"
-        )
+        echo(f"validation: {report.val_bytes:,} bytes, {report.val_bytes / max(report.val_tokens, 1):.3f} bytes/token")

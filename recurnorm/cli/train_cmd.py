@@ -12,6 +12,7 @@ import os
 
 import click
 
+from ..display import echo
 from .options import parse_key_values
 
 
@@ -217,9 +218,9 @@ def train(
         # What `recurnorm plan` predicts for this config under the default int8 export.
         size = predict_size(config, build_policy("int8"))
     if main_rank and not as_json:
-        click.echo(f"{preset} preset, {config.scheme}: {size.line()}", err=True)
+        echo(f"{preset} preset, {config.scheme}: {size.line()}", err=True)
         if config.vocab_size != p.model.get("vocab_size", config.vocab_size):
-            click.echo(
+            echo(
                 f"note: {preset} is sized for vocab {p.model['vocab_size']}; this corpus "
                 f"has {config.vocab_size} (pass --data shards:DIR --tokenizer MODEL)",
                 err=True,
@@ -273,17 +274,17 @@ def train(
         "config": config.to_dict(),
     }
     if as_json:
-        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+        echo(json.dumps(summary, indent=2, sort_keys=True))
         return
     pc = summary["params"]
     speed = f"{result.tokens_per_s:,.0f} tokens/s" if result.tokens_per_s else "already complete"
-    click.echo(f"trained {scheme} ({preset}) for {result.steps} steps in {result.elapsed_s:.1f} s ({speed})")
-    click.echo(
+    echo(f"trained {scheme} ({preset}) for {result.steps} steps in {result.elapsed_s:.1f} s ({speed})")
+    echo(
         f"val bpb {final.bits_per_byte:.4f} ({final.nats_per_token:.4f} nats/token "
         f"over {final.tokens:,} tokens of {corpus.source})"
     )
-    click.echo(
+    echo(
         f"params: shared {pc['shared']:,} | step-specific {pc['step_specific']:,} | "
         f"embedding {pc['embedding']:,} | total {pc['total']:,}"
     )
-    click.echo(f"wrote {out_dir}/model.safetensors, config.json, train_log.jsonl")
+    echo(f"wrote {out_dir}/model.safetensors, config.json, train_log.jsonl")

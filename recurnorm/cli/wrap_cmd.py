@@ -7,15 +7,26 @@ from pathlib import Path
 
 import click
 
+from ..display import echo
 from ..errors import DataError
+
+# The counted code of a submission is tens of KB; minifying and proving takes ~10 s a MB.
+MAX_SOURCE_BYTES = 1_000_000
+
+
+def _read(path: Path, what: str) -> bytes:
+    from ..io import read_input
+
+    return read_input(path, MAX_SOURCE_BYTES, what, DataError)
 
 
 def _read_source(path: Path) -> str:
     from ..io import python_text
 
+    data = _read(path, "source")
     try:
-        return python_text(path.read_bytes())
-    except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as exc:
+        return python_text(data)
+    except (UnicodeDecodeError, SyntaxError, LookupError) as exc:
         raise DataError(f"{path}: {exc}") from None
 
 
@@ -71,6 +82,7 @@ def _read_source(path: Path) -> str:
 def wrap(src, out, check_path, loader, codec, join_lines, remove_asserts, rename_locals, encoding, force, as_json):
     """Write SRC as one self-extracting Python file that runs exactly SRC: the counted code
     of a Parameter Golf submission, in as few bytes as the standard library allows.
+    SRC and a --check file may hold at most 1,000,000 bytes (a submission's code is ~50 KB).
 
     \b
     recurnorm wrap train_gpt.py --loader -o submission/train_gpt.py
@@ -94,16 +106,18 @@ def wrap(src, out, check_path, loader, codec, join_lines, remove_asserts, rename
         if out is not None:
             raise click.UsageError("--check reads a wrapped file; it writes nothing (drop -o)")
         try:
-            result = check(check_path.read_bytes(), source, src.name, {MODULE: minified_loader()})
+            result = check(_read(check_path, "--check"), source, src.name, {MODULE: minified_loader()})
+        except RecursionError:
+            raise DataError(f"{src}: nests too deeply to compare (expressions or blocks thousands deep)") from None
         except DataError as exc:
             if as_json:
-                click.echo(json.dumps({"ok": False, "error": str(exc)}, sort_keys=True))
+                echo(json.dumps({"ok": False, "error": str(exc)}, sort_keys=True))
                 click.get_current_context().exit(exc.exit_code)
             raise DataError(f"{check_path}: {exc}") from None
         if as_json:
-            click.echo(json.dumps(result.to_dict(), sort_keys=True))
+            echo(json.dumps(result.to_dict(), sort_keys=True))
             return
-        click.echo(
+        echo(
             f"{check_path} runs {src}: the same program modulo {', '.join(result.transformations)}; "
             f"line numbers {'kept' if result.line_numbers_kept else 'not kept'}; {result.codec}, {result.encoding}"
             + (f"; modules {', '.join(result.modules)} (this recurnorm's)" if result.modules else "")
@@ -112,21 +126,24 @@ def wrap(src, out, check_path, loader, codec, join_lines, remove_asserts, rename
     if out is None:
         raise click.UsageError("give -o OUT (the wrapped file), or --check OUT to check one")
     check_writable(out, force, [src])
-    result = wrap(
-        source,
-        src.name,
-        modules=[(MODULE, minified_loader())] if loader else [],
-        codec=codec,
-        keep_lines=not join_lines,
-        remove_asserts=remove_asserts,
-        rename_locals=rename_locals,
-        encoding=encoding,
-    )
+    try:
+        result = wrap(
+            source,
+            src.name,
+            modules=[(MODULE, minified_loader())] if loader else [],
+            codec=codec,
+            keep_lines=not join_lines,
+            remove_asserts=remove_asserts,
+            rename_locals=rename_locals,
+            encoding=encoding,
+        )
+    except RecursionError:  # Python's own parser and compiler recurse on deep nesting too
+        raise DataError(f"{src}: nests too deeply to wrap (expressions or blocks thousands deep)") from None
     atomic_write_bytes(out, result.data, exclusive=not force)
     if as_json:
-        click.echo(json.dumps({"path": str(out), **result.to_dict()}, sort_keys=True))
+        echo(json.dumps({"path": str(out), **result.to_dict()}, sort_keys=True))
         return
-    click.echo(
+    echo(
         f"wrote {out} ({len(result.data):,} bytes: {src} {result.source_bytes:,} bytes, minified "
         f"{result.minified_bytes:,}{' with ' + ', '.join(result.modules) if result.modules else ''}, {result.codec}"
         f", {encoding}; line numbers {'joined' if join_lines else 'kept'}"

@@ -75,10 +75,10 @@ class Shape:
 def infer_shape(state: dict[str, Tensor], policy: ExportPolicy) -> Shape:
     """Width, depth and vocabulary of a state dict (see the module docstring)."""
     emb = [t for n, t in state.items() if t.dim() == 2 and name_matches(n, policy.embedding_names)]
-    if emb:
+    if emb and min(emb[0].shape) > 0:
         vocab, d = (int(x) for x in emb[0].shape)
     else:
-        dims = Counter(int(x) for t in state.values() if t.dim() == 2 for x in t.shape)
+        dims = Counter(int(x) for t in state.values() if t.dim() == 2 for x in t.shape if x > 0)
         if not dims:
             raise ConfigError("plan --like: the checkpoint holds no matrix to take a width from")
         vocab, d = None, dims.most_common(1)[0][0]

@@ -86,6 +86,9 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
             raise CheckpointError(f"{path.parent} has no model.safetensors")
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    from ..io import check_input, open_input
+
+    check_input(path, "checkpoint")  # a FIFO or device: refused before any library opens it
     config = None
     cfg_path = path.parent / "config.json"
     if path.suffix == ".safetensors":
@@ -102,7 +105,8 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
         try:
             with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's concern
                 warnings.simplefilter("ignore")
-                obj = torch.load(str(path), map_location="cpu", weights_only=True)
+                with open_input(path, "checkpoint") as f:
+                    obj = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if type(exc).__name__ != "UnpicklingError":  # torch's weights_only refusal
@@ -118,10 +122,24 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
         if not isinstance(obj, dict):
             raise CheckpointError(f"{path}: not a state dict")
         state = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+        _check_keys_and_layouts(state, path)
     else:
         raise CheckpointError(f"{path}: expected a directory, .safetensors, .pt, .pth or .bin")
     if not state:
         raise CheckpointError(f"{path}: holds no tensors")
+    if len(state) > MAX_PACK_TENSORS:  # before any tensor is quantized (20,000 took 33 s and 1.6 GB)
+        raise CheckpointError(
+            f"{path}: {len(state):,} tensors; an artifact holds at most {MAX_PACK_TENSORS:,} (its manifest, "
+            f"~300-600 bytes an entry, at most {fmt.MAX_MANIFEST_BYTES:,} bytes)"
+        )
+    # Names alone can fill the manifest: every stored entry takes its name and ~270 bytes
+    # more, and at least half the entries are stored (an alias per stored tensor at most).
+    least = sum(len(json.dumps(name)) for name in state) + MIN_ENTRY_BYTES * len(state) // 2
+    if least > fmt.MAX_MANIFEST_BYTES:
+        raise CheckpointError(
+            f"{path}: its {len(state):,} tensor names would make a manifest of over {least:,} bytes; "
+            f"an artifact's holds at most {fmt.MAX_MANIFEST_BYTES:,}"
+        )
     _check_dtypes(state, path)
     return state, config
 
@@ -137,8 +155,10 @@ def _check_safetensors_header(path: Path) -> None:
     """CheckpointError when the header is too large to hand to the safetensors library."""
     import struct
 
+    from ..io import open_input
+
     try:
-        with open(path, "rb") as f:
+        with open_input(path, "checkpoint") as f:
             head = f.read(8)
             size = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
             if size > 100_000_000:  # the library's own limit: it says so itself
@@ -156,19 +176,16 @@ def _check_safetensors_header(path: Path) -> None:
 def _read_config(cfg_path: Path) -> dict:
     """The checkpoint's config.json (it rides in the artifact's manifest, so it is bounded as
     the manifest is: size and nesting); CheckpointError naming the file."""
+    from ..io import read_input
+
+    # (an artifact's manifest, which carries it, holds at most MAX_MANIFEST_BYTES)
+    data = read_input(cfg_path, fmt.MAX_MANIFEST_BYTES, "the checkpoint's config", CheckpointError)
     try:
-        size = cfg_path.stat().st_size
-        text = cfg_path.read_text(encoding="utf-8") if size <= fmt.MAX_MANIFEST_BYTES else None
-        config = json.loads(text, parse_constant=fmt.no_constant) if text is not None else None
+        config = json.loads(data.decode("utf-8"), parse_constant=fmt.no_constant)
     except RecursionError:
         raise CheckpointError(f"{cfg_path}: nests too deeply to read") from None
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
         raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from None
-    if text is None:
-        raise CheckpointError(
-            f"{cfg_path}: {size:,} bytes; an artifact's manifest, which carries it, holds at most "
-            f"{fmt.MAX_MANIFEST_BYTES:,}"
-        )
     if not isinstance(config, dict):
         raise CheckpointError(f"{cfg_path}: expected a JSON object of model settings, got {type(config).__name__}")
     if fmt.json_depth(config, fmt.MAX_CONFIG_DEPTH) > fmt.MAX_CONFIG_DEPTH:
@@ -177,6 +194,31 @@ def _read_config(cfg_path: Path) -> dict:
             f"{fmt.MAX_JSON_DEPTH}, its own included)"
         )
     return config
+
+
+# A manifest entry takes ~300-600 bytes (streams, hashes): 16,384 of them fill most of the
+# 8 MiB a manifest may hold; refusing more from the count alone costs nothing.
+MAX_PACK_TENSORS = 16_384
+MIN_ENTRY_BYTES = 200  # a stored tensor's manifest entry without its name: at least this
+
+
+def _check_keys_and_layouts(state: dict, path: Path) -> None:
+    """CheckpointError naming the first key that is not a string, or the first tensor that is
+    sparse, on the meta device or otherwise not a plain strided tensor (torch.load gives them)."""
+    import torch
+
+    from ..display import printable
+
+    for key, t in state.items():
+        if not isinstance(key, str):
+            raise CheckpointError(
+                f"{path}: key {printable(repr(key))[:80]} is of type {type(key).__name__}, not a string: "
+                "tensor names are strings"
+            )
+        if t.layout != torch.strided:
+            raise CheckpointError(f"{path}: tensor {key!r} is {str(t.layout).removeprefix('torch.')}: store it dense")
+        if t.is_meta:
+            raise CheckpointError(f"{path}: tensor {key!r} is on the meta device: it holds no values")
 
 
 def _check_dtypes(state: dict, path: Path) -> None:

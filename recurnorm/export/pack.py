@@ -251,9 +251,12 @@ def pack_checkpoint(
 
 def rules_table(rows: list[dict]) -> str:
     """tensor, format and the rule that chose it, in manifest order (aliases included)."""
-    width = max((len(r["name"]) for r in rows), default=6)
+    from ..display import printable  # names come from strangers' files: never raw to a terminal
+
+    names = [printable(r["name"]) for r in rows]
+    width = max((len(n) for n in names), default=6)
     lines = [f"{'tensor':<{width}}  {'format':<8} rule"]
-    for r in rows:
-        fmt = f"= {r['alias_of']}" if "alias_of" in r else r["format"]
-        lines.append(f"{r['name']:<{width}}  {fmt:<8} {r.get('rule', '')}")
+    for r, name in zip(rows, names, strict=True):
+        fmt = f"= {printable(r['alias_of'])}" if "alias_of" in r else printable(r["format"])
+        lines.append(f"{name:<{width}}  {fmt:<8} {printable(r.get('rule', ''))}")
     return "\n".join(lines)

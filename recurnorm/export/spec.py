@@ -101,17 +101,20 @@ def parse_quant(text: str, where: str = "-q") -> tuple[tuple[str, dict[str, Any]
     return main, rules
 
 
+MAX_POLICY_BYTES = 1 << 20  # a policy is a few rules: a file this large is a mistake, not a policy
+
+
 def read_policy_file(path: str | Path) -> dict[str, Any]:
     """The TOML policy file as a dict; ConfigError naming the file and the bad key."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
         import tomli as tomllib
+    from ..io import read_input
+
     path = Path(path)
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"--policy {path}: {exc.strerror or exc}") from None
+        doc = tomllib.loads(read_input(path, MAX_POLICY_BYTES, "--policy").decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--policy {path}: not valid TOML: {exc}") from None
     except RecursionError:  # tomllib recurses into nested arrays and tables

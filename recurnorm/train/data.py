@@ -81,8 +81,11 @@ def read_documents(path: str | Path) -> list[str]:
 
 def _read_text(path: Path) -> str:
     """A file's UTF-8 text; empty or undecodable files raise DataError naming the file."""
+    from ..io import open_input
+
     try:
-        raw = path.read_bytes()
+        with open_input(path, "corpus", DataError) as f:  # regular files only: /dev/zero never ends
+            raw = f.read()
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror}") from exc
     try:

@@ -191,7 +191,7 @@ def train(
             saved = read_resume_state(out)
             _check_resume_matches(saved, config, hparams, _corpus_id(corpus))
         elif out.exists():
-            check_writable(out, force=force)
+            check_writable(out, force=force, folder=True)
     # Every rank has read and checked --out before the main rank changes anything there.
     ctx.barrier()
     writer = out if ctx.is_main else None
