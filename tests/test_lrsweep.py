@@ -177,10 +177,45 @@ def test_cli_lr_sweep_end_to_end(tmp_path):
     assert (tmp_path / "s" / "results.csv").read_text() == (tmp_path / "s" / "lr_sweep.csv").read_text()
     assert not (tmp_path / "s" / "roundtrip.png").exists()
 
-    for bad, needle in (
-        (["--sweep-only"], "only apply with --lr-sweep"),
-        (["--lr-sweep", "1e-3,x"], "--lr-sweep"),
-        (["--lr-sweep", "1e-3", "--checkpoints", str(tmp_path / "c")], "--checkpoints"),
+    # A later stage reuses that sweep's choices instead of sweeping again.
+    swept = json.loads((tmp_path / "s" / "results.json").read_text())["lr_sweep"]
+    reuse = ["--sweep-from", str(tmp_path / "s" / "results.json"), "--json"]
+    res = CliRunner().invoke(main, [*base, *reuse, "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["lr_sweep"]["config"]["reused_from"].endswith("results.json")
+    assert doc["config"]["scheme_train"] == {
+        s: {"lr": b["lr"], "control_lr_mult": b["control_lr_mult"]} for s, b in swept["best"].items()
+    }
+    other = tmp_path / "other.txt"
+    other.write_text(text.read_text().replace("short", "longer"))
+    mismatch = [*base[: base.index("--data") + 1], str(other), *base[base.index("--data") + 2 :]]
+    res = CliRunner().invoke(main, [*mismatch, *reuse[:2], "--out", str(tmp_path / "m")])
+    assert res.exit_code == 2 and "its sweep ran with data" in res.output, res.output
+
+    for bad, needle, code in (
+        (["--sweep-only"], "only apply with --lr-sweep", 2),
+        (["--lr-sweep", "1e-3,x"], "--lr-sweep", 2),
+        (["--lr-sweep", "1e-3", "--checkpoints", str(tmp_path / "c")], "--checkpoints", 2),
+        (["--lr-sweep", "1e-3", "--sweep-from", str(tmp_path / "s" / "results.json")], "not both", 2),
+        (["--sweep-from", str(text)], "cannot read it as a results.json", 1),  # bad input file
     ):
         res = CliRunner().invoke(main, [*base, *bad, "--out", str(tmp_path / "bad")])
-        assert res.exit_code == 2 and needle in res.output, res.output
+        assert res.exit_code == code and needle in res.output, res.output
+
+
+def test_a_sweep_cut_short_resumes_from_its_runs_log(corpus, tmp_path, monkeypatch):
+    from recurnorm.errors import ConfigError
+
+    log = tmp_path / "runs.jsonl"
+    kw = dict(data=corpus, steps=2, progress=False, model_overrides=TINY, train_overrides=FAST, runs_log=log)
+    first = lr_sweep("shared", "1e-3", **kw)
+    assert len(log.read_text().splitlines()) == 1 + 1  # the fingerprint, then the run
+    trained = []
+    real = loop.train
+    monkeypatch.setattr(loop, "train", lambda *a, **k: trained.append(k["lr"]) or real(*a, **k))
+    again = lr_sweep("shared", "1e-3,2e-3", **kw)  # only the new rate trains
+    assert trained == [2e-3]
+    assert again.runs[0] == first.runs[0] and len(log.read_text().splitlines()) == 1 + 2
+    with pytest.raises(ConfigError, match="another configuration"):
+        lr_sweep("shared", "1e-3", **{**kw, "steps": 3})

@@ -195,6 +195,13 @@ def _print_result(result, as_json: bool) -> None:
 )
 @click.option("--sweep-only", is_flag=True, help="with --lr-sweep: stop after the sweep (its table and plot)")
 @click.option(
+    "--sweep-from",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    metavar="RESULTS.json",
+    help="instead of --lr-sweep: take each scheme's rate from an earlier --lr-sweep run on the same data",
+)
+@click.option(
     "--jobs",
     type=click.IntRange(min=1),
     default=1,
@@ -225,6 +232,7 @@ def roundtrip(
     sweep_steps,
     sweep_seeds,
     sweep_only,
+    sweep_from,
     jobs,
 ):
     """Train each scheme, export it under each quantizer, and measure what the export costs.
@@ -235,12 +243,13 @@ def roundtrip(
     from ..evaluate.roundtrip import roundtrip as run
 
     _set_threads(threads)
-    if lr_sweep is None:
-        extra = [o for o, v in (("--sweep-steps", sweep_steps), ("--sweep-only", sweep_only)) if v]
-        extra += ["--sweep-seeds"] * (sweep_seeds != 1) + ["--control-lr-mult"] * (control_mults != [1.0])
-        if extra:
-            raise click.UsageError(f"{', '.join(extra)} only apply with --lr-sweep")
-    else:
+    sweeping = [o for o, v in (("--sweep-steps", sweep_steps), ("--sweep-only", sweep_only)) if v]
+    sweeping += ["--sweep-seeds"] * (sweep_seeds != 1) + ["--control-lr-mult"] * (control_mults != [1.0])
+    if lr_sweep is None and sweeping:
+        raise click.UsageError(f"{', '.join(sweeping)} only apply with --lr-sweep")
+    if sweep_from is not None and lr_sweep is not None:
+        raise click.UsageError("--sweep-from reuses an earlier sweep: give it or --lr-sweep, not both")
+    if lr_sweep is not None or sweep_from is not None:
         if checkpoints_dir is not None:
             raise click.UsageError(
                 "--checkpoints cannot be used with --lr-sweep (a checkpoint does not record its rate)"
@@ -248,7 +257,7 @@ def roundtrip(
         from ..evaluate.lrsweep import lr_study
 
         result = lr_study(
-            schemes, quants, lr_sweep, control_mults=control_mults, sweep_steps=sweep_steps,
+            schemes, quants, lr_sweep, control_mults=control_mults, sweep_from=sweep_from, sweep_steps=sweep_steps,
             sweep_seeds=sweep_seeds, sweep_only=sweep_only, data=data, tokenizer=tokenizer, preset=preset,
             steps=steps, seeds=seeds, out_dir=out_dir, force=force, progress=not no_progress and not as_json,
             probes=probes, match_bytes=match_bytes, qat=qat or (), qat_steps=qat_steps, jobs=jobs,

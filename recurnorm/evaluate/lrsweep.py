@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
 import time
@@ -31,6 +32,7 @@ from ..train.corpus import Corpus
 FLAT_BPB = 0.02
 SWEEP_PNG = "lr_sweep.png"
 SWEEP_CSV = "lr_sweep.csv"
+SWEEP_RUNS = "lr_sweep_runs.jsonl"  # each sweep run as it ends: a sweep cut short resumes from it
 SWEEP_COLUMNS = ("scheme", "lr", "control_lr_mult", "seeds", "bpb_select", "best", "error")
 
 
@@ -116,8 +118,13 @@ def lr_sweep(
     scheme_options: dict[str, dict] | None = None,
     device: str = "auto",
     progress: bool = True,
+    runs_log: str | os.PathLike | None = None,
 ) -> SweepResult:
     """Train every scheme at every rate (and, where it has step controls, every control multiplier).
+
+    ``runs_log`` (a JSON-lines file) gets each finished run as it ends, so a sweep cut
+    short resumes: the runs already there, made with the same data, preset, length and
+    model, are not trained again.
 
     Each run is scored on the selection half of the validation split only
     (``split_validation``); the choice per scheme is the setting with the lowest
@@ -156,9 +163,15 @@ def lr_sweep(
     dev = resolve_device(device)
     plan = [(seed, s, lr, m) for seed in range(seeds) for s in schemes for lr in rates for m in mults_of[s]]
     bar = tqdm(total=len(plan), unit="run", desc="lr sweep", disable=not progress, dynamic_ncols=True)
+    fingerprint = {"data": str(corpus.source), "preset": preset, "steps": n, "model": base, "train": train_kw}
+    done = _read_runs_log(runs_log, fingerprint) if runs_log is not None else {}
     runs = []
     try:
         for seed, s, lr, m in plan:
+            if (s, lr, m, seed) in done:
+                runs.append(done[(s, lr, m, seed)])
+                bar.update(1)
+                continue
             bar.set_description(f"sweep {s} lr={lr:g} ×{m:g} seed{seed}")
             run = {"scheme": s, "lr": lr, "control_lr_mult": m, "seed": seed, "bpb_select": None, "error": None}
             t_run = time.perf_counter()
@@ -172,6 +185,8 @@ def lr_sweep(
                 run["error"] = failure_text(exc)
             run["train_s"] = round(time.perf_counter() - t_run, 1)
             runs.append(run)
+            if runs_log is not None:
+                _append_run(runs_log, fingerprint, run)
             bar.update(1)
             if run["bpb_select"] is not None:
                 bar.set_postfix(bpb=f"{run['bpb_select']:.3f}")
@@ -198,6 +213,27 @@ def lr_sweep(
         "elapsed_s": round(time.perf_counter() - t0, 1),
     }
     return SweepResult(runs, table, best, config)
+
+
+def _read_runs_log(path: str | os.PathLike, fingerprint: dict) -> dict[tuple, dict]:
+    """The finished runs of an earlier sweep with this fingerprint; ConfigError if it had another."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    if lines and lines[0].get("fingerprint") != json.loads(json.dumps(fingerprint)):
+        raise ConfigError(f"{path} holds sweep runs of another configuration; remove it or use another output folder")
+    return {(r["scheme"], r["lr"], r["control_lr_mult"], r["seed"]): r for r in lines[1:]}
+
+
+def _append_run(path: str | os.PathLike, fingerprint: dict, run: dict) -> None:
+    """One finished run, on its own line (the first line says which configuration the runs belong to)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        if f.tell() == 0:
+            f.write(json.dumps({"fingerprint": fingerprint}, sort_keys=True) + "\n")
+        f.write(json.dumps(run, sort_keys=True) + "\n")
 
 
 def sweep_table(runs: list[dict]) -> list[dict]:
@@ -387,6 +423,35 @@ def plot_sweep(result: SweepResult, path: str | os.PathLike, *, exclusive: bool 
     return atomic_write_bytes(path, buf.getvalue(), exclusive=exclusive)
 
 
+def load_sweep(path: str | os.PathLike) -> SweepResult:
+    """The sweep of an earlier ``--lr-sweep`` run, from its results.json; DataError naming the file."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: cannot read it as a results.json: {exc}") from None
+    sw = doc.get("lr_sweep") if isinstance(doc, dict) else None
+    if not isinstance(sw, dict) or not {"runs", "table", "best", "config"} <= set(sw):
+        raise DataError(f"{path}: holds no lr_sweep (it is written by `recurnorm roundtrip --lr-sweep`)")
+    return SweepResult(sw["runs"], sw["table"], sw["best"], sw["config"])
+
+
+def check_reusable(sweep: SweepResult, schemes: list[str], corpus: Corpus, preset: str, source: str) -> None:
+    """ConfigError unless an earlier sweep chose rates for these schemes on this data, preset and split."""
+    c = sweep.config
+    split = split_validation(corpus)
+    want = {
+        "data": str(corpus.source),
+        "preset": preset,
+        "selection_split": {"val_tokens": list(split.select_range)},
+    }
+    for key, value in want.items():
+        if c.get(key) != value:
+            raise ConfigError(f"{source}: its sweep ran with {key} {c.get(key)!r}, this run has {value!r}")
+    missing = [s for s in schemes if s not in sweep.best]
+    if missing:
+        raise ConfigError(f"{source}: no tuned rate for {', '.join(missing)} (swept: {', '.join(sweep.best)})")
+
+
 @dataclass
 class LRStudyResult:
     """The sweep, and (unless sweep_only) the roundtrip comparison at each scheme's chosen setting."""
@@ -419,9 +484,10 @@ class LRStudyResult:
 def lr_study(
     schemes: str | list[str],
     quants: str | list[str],
-    rates: str | list[float],
+    rates: str | list[float] | None,
     *,
     control_mults: str | list[float] = (1.0,),
+    sweep_from: str | os.PathLike | None = None,
     sweep_steps: int | None = None,
     sweep_seeds: int = 1,
     sweep_only: bool = False,
@@ -442,6 +508,8 @@ def lr_study(
     ``roundtrip`` with every scheme at its chosen setting, reported on the report half of the
     validation split. Writes results.{json,csv,md} (the sweep table in each; results.csv holds
     the comparison's rows, or the sweep table with ``sweep_only``), lr_sweep.csv and lr_sweep.png.
+    ``sweep_from`` (an earlier run's results.json) takes that sweep's choices instead of sweeping
+    again, so a long study can run in stages; it must have swept these schemes on the same data.
     """
     from ..io import atomic_write_json, atomic_write_text, check_writable
     from ..train.data import as_corpus
@@ -461,15 +529,29 @@ def lr_study(
         for name in (SWEEP_CSV, SWEEP_PNG):
             check_writable(Path(out_dir) / name, force=force)
     corpus = as_corpus(data, tokenizer)
-    sweep = lr_sweep(
-        schemes, rates, control_mults=control_mults, data=corpus, preset=preset,
-        steps=sweep_steps or lengths[0], seeds=sweep_seeds, model_overrides=model_overrides,
-        train_overrides=train_overrides, scheme_options=roundtrip_kw.get("scheme_options"),
-        device=roundtrip_kw.get("device", "auto"), progress=progress,
-    )  # fmt: skip
+    if sweep_from is not None:
+        from .roundtrip import resolve_schemes
+
+        if sweep_only:
+            raise ConfigError("sweep_only with sweep_from would do nothing: the sweep is already there")
+        wanted = resolve_schemes(schemes)
+        sweep = load_sweep(sweep_from)
+        check_reusable(sweep, wanted, corpus, preset, str(sweep_from))
+        sweep.best = {s: sweep.best[s] for s in wanted}
+        sweep.config = {**sweep.config, "reused_from": str(sweep_from)}
+    elif rates is None:
+        raise ConfigError("give the rates to sweep, or an earlier sweep to reuse (sweep_from)")
+    else:
+        sweep = lr_sweep(
+            schemes, rates, control_mults=control_mults, data=corpus, preset=preset,
+            steps=sweep_steps or lengths[0], seeds=sweep_seeds, model_overrides=model_overrides,
+            train_overrides=train_overrides, scheme_options=roundtrip_kw.get("scheme_options"),
+            device=roundtrip_kw.get("device", "auto"), progress=progress,
+            runs_log=Path(out_dir) / SWEEP_RUNS if write else None,
+        )  # fmt: skip
     result = LRStudyResult(sweep)
     if not sweep_only:
-        tuned = [s for s in sweep.config["schemes"] if s in sweep.best]
+        tuned = list(sweep.best)  # a scheme whose every setting failed has no rate to compare at
         if not tuned:
             raise ConfigError("every setting of every scheme failed in the sweep; nothing to compare")
         split = split_validation(corpus)
@@ -482,7 +564,7 @@ def lr_study(
             f"report half of the validation split (tokens {split.report_range[0]}–{split.report_range[1]}); "
             f"rates chosen on the other half (tokens {split.select_range[0]}–{split.select_range[1]})"
         )
-        rt.config["untuned"] = [s for s in sweep.config["schemes"] if s not in sweep.best]
+        rt.config["untuned"] = [s for s in sweep.config["schemes"] if s not in sweep.best and sweep_from is None]
         result.roundtrip = rt
     if write:
         out = Path(out_dir)
