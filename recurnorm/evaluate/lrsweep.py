@@ -119,12 +119,15 @@ def lr_sweep(
     device: str = "auto",
     progress: bool = True,
     runs_log: str | os.PathLike | None = None,
+    match_bytes: int | str | None = None,
+    match_quant: str = "int8",
 ) -> SweepResult:
     """Train every scheme at every rate (and, where it has step controls, every control multiplier).
 
     ``runs_log`` (a JSON-lines file) gets each finished run as it ends, so a sweep cut
     short resumes: the runs already there, made with the same data, preset, length and
-    model, are not trained again.
+    model, are not trained again. ``match_bytes`` (with ``match_quant``) sizes the models as
+    roundtrip's ``--match-bytes`` does, so each scheme is tuned at the shape it is compared at.
 
     Each run is scored on the selection half of the validation split only
     (``split_validation``); the choice per scheme is the setting with the lowest
@@ -140,7 +143,7 @@ def lr_sweep(
     from ..train.presets import get_preset
     from .loss import loss
     from .parallel import failure_text
-    from .roundtrip import base_model_config, resolve_schemes
+    from .roundtrip import apply_match, base_model_config, resolve_schemes
 
     t0 = time.perf_counter()
     schemes = resolve_schemes(schemes)
@@ -158,12 +161,13 @@ def lr_sweep(
     base = base_model_config(p, corpus, model_overrides)
     scheme_options = scheme_options or {}
     configs = {s: {**base, "scheme": s, "scheme_options": dict(scheme_options.get(s, {}))} for s in schemes}
+    apply_match(configs, match_bytes, match_quant, None)
     # A scheme without step controls: the multiplier would act on the shared norms only; one value.
     mults_of = {s: (mults if has_step_controls(c) else [1.0]) for s, c in configs.items()}
     dev = resolve_device(device)
     plan = [(seed, s, lr, m) for seed in range(seeds) for s in schemes for lr in rates for m in mults_of[s]]
     bar = tqdm(total=len(plan), unit="run", desc="lr sweep", disable=not progress, dynamic_ncols=True)
-    fingerprint = {"data": str(corpus.source), "preset": preset, "steps": n, "model": base, "train": train_kw}
+    fingerprint = {"data": str(corpus.source), "preset": preset, "steps": n, "models": configs, "train": train_kw}
     done = _read_runs_log(runs_log, fingerprint) if runs_log is not None else {}
     runs = []
     try:
@@ -205,6 +209,8 @@ def lr_sweep(
         "tokenizer": getattr(corpus, "tokenizer", None),
         "train": train_kw,
         "model": base,
+        "models": configs,
+        "match_bytes": match_bytes,
         "selection_split": {"val_tokens": list(split.select_range)},
         "report_split": {"val_tokens": list(split.report_range)},
         "choice": "lowest mean bpb over seeds on the selection half of the validation split",
@@ -435,7 +441,9 @@ def load_sweep(path: str | os.PathLike) -> SweepResult:
     return SweepResult(sw["runs"], sw["table"], sw["best"], sw["config"])
 
 
-def check_reusable(sweep: SweepResult, schemes: list[str], corpus: Corpus, preset: str, source: str) -> None:
+def check_reusable(
+    sweep: SweepResult, schemes: list[str], corpus: Corpus, preset: str, source: str, match_bytes: int | str | None
+) -> None:
     """ConfigError unless an earlier sweep chose rates for these schemes on this data, preset and split."""
     c = sweep.config
     split = split_validation(corpus)
@@ -443,6 +451,7 @@ def check_reusable(sweep: SweepResult, schemes: list[str], corpus: Corpus, prese
         "data": str(corpus.source),
         "preset": preset,
         "selection_split": {"val_tokens": list(split.select_range)},
+        "match_bytes": match_bytes,
     }
     for key, value in want.items():
         if c.get(key) != value:
@@ -536,7 +545,7 @@ def lr_study(
             raise ConfigError("sweep_only with sweep_from would do nothing: the sweep is already there")
         wanted = resolve_schemes(schemes)
         sweep = load_sweep(sweep_from)
-        check_reusable(sweep, wanted, corpus, preset, str(sweep_from))
+        check_reusable(sweep, wanted, corpus, preset, str(sweep_from), roundtrip_kw.get("match_bytes"))
         sweep.best = {s: sweep.best[s] for s in wanted}
         sweep.config = {**sweep.config, "reused_from": str(sweep_from)}
     elif rates is None:
@@ -547,7 +556,8 @@ def lr_study(
             steps=sweep_steps or lengths[0], seeds=sweep_seeds, model_overrides=model_overrides,
             train_overrides=train_overrides, scheme_options=roundtrip_kw.get("scheme_options"),
             device=roundtrip_kw.get("device", "auto"), progress=progress,
-            runs_log=Path(out_dir) / SWEEP_RUNS if write else None,
+            runs_log=Path(out_dir) / SWEEP_RUNS if write else None, match_bytes=roundtrip_kw.get("match_bytes"),
+            match_quant=quants[0],
         )  # fmt: skip
     result = LRStudyResult(sweep)
     if not sweep_only:

@@ -407,18 +407,7 @@ def roundtrip(
     for c in configs.values():
         ModelConfig.from_dict(c)  # ConfigError now, not after the first training
 
-    matches, rank_match = {}, None
-    if isinstance(match_bytes, str):
-        from .matching import match_rank
-
-        rank_match = match_rank(configs, match_bytes, quants[0], quant_options.get(quants[0]))
-        configs["lora"]["scheme_options"]["rank"] = rank_match.rank
-    elif match_bytes is not None:
-        from .matching import match_widths
-
-        matches = match_widths(configs, quants[0], int(match_bytes), quant_options.get(quants[0]))
-        for s, m in matches.items():
-            configs[s]["d_model"] = m.d_model
+    matches, rank_match = apply_match(configs, match_bytes, quants[0], quant_options.get(quants[0]))
 
     dev = resolve_device(device)
     per_job = 1 + len(quants) + len(qat_formats) + ("shuffle" in probes) + ("fragility" in probes) * len(quants)
@@ -522,6 +511,25 @@ def roundtrip(
     if write:
         result.paths = rep.write_outputs(rows, config, out_dir, force=force, aggs=aggs, answers=answers)
     return result
+
+
+def apply_match(configs: dict[str, dict], match_bytes: int | str | None, quant: str, quant_options: dict | None):
+    """(widths, rank match) of --match-bytes, written into configs: a scheme name sets lora's rank
+    to the one whose artifact lands nearest that scheme's, a byte count each scheme's width."""
+    if isinstance(match_bytes, str):
+        from .matching import match_rank
+
+        rank_match = match_rank(configs, match_bytes, quant, quant_options)
+        configs["lora"]["scheme_options"]["rank"] = rank_match.rank
+        return {}, rank_match
+    if match_bytes is not None:
+        from .matching import match_widths
+
+        matches = match_widths(configs, quant, int(match_bytes), quant_options)
+        for s, m in matches.items():
+            configs[s]["d_model"] = m.d_model
+        return matches, None
+    return {}, None
 
 
 def _obtain_model(scheme, seed, steps, seeds, configs, ckpt_root, done, corpus, train_kw, dev, bar, progress):
