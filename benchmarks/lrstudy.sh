@@ -4,7 +4,7 @@
 #   1. the sweep: shared, unique, norm, norm_gate, lora, layerrope, rezero, layerscale,
 #      scalar_gate x AdamW peak rates 5e-4..8e-3 (x control_lr_mult 1 and 10 where a scheme
 #      has step-specific controls) at 600 steps, one seed, chosen on one half of the
-#      validation split;
+#      validation split (lora at the rank whose int8 bytes match norm_gate's, as in lengths.sh);
 #   2. the paired comparison at each scheme's chosen setting, 600 and 2,400 steps, 3 seeds,
 #      int8 and int4, reported on the other half (--sweep-from reuses stage 1).
 #
@@ -35,7 +35,7 @@ sweep() {  # corpus
   [ -f "$OUT/sweep-$1/results.json" ] && return
   echo "=== sweep $1 start $(date -Is)"
   /usr/bin/time -v nice -n 5 "$RECURNORM" roundtrip --schemes "$SCHEMES" \
-    --lr-sweep 5e-4,1e-3,2e-3,4e-3,8e-3 --control-lr-mult 1,10 --sweep-only \
+    --lr-sweep 5e-4,1e-3,2e-3,4e-3,8e-3 --control-lr-mult 1,10 --sweep-only --match-bytes norm_gate \
     --steps 600 --preset sweep --threads 1 --data "$(data_of "$1")" --out "$OUT/sweep-$1" --no-progress
   echo "=== sweep $1 end $(date -Is)"
 }
@@ -45,7 +45,7 @@ compare() {  # corpus
   echo "=== compare $1 start $(date -Is)"
   /usr/bin/time -v nice -n 5 "$RECURNORM" roundtrip --schemes "$SCHEMES" --quants int8,int4 \
     --sweep-from "$OUT/sweep-$1/results.json" --seeds 3 --steps 600,2400 --preset sweep \
-    --probe shuffle --probe fragility --jobs 2 --threads 1 --data "$(data_of "$1")" \
+    --probe shuffle --probe fragility --match-bytes norm_gate --jobs 2 --threads 1 --data "$(data_of "$1")" \
     --out "$OUT/tuned-$1" --force --no-progress
   echo "=== compare $1 end $(date -Is)"
 }
