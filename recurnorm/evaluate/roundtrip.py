@@ -443,7 +443,7 @@ def roundtrip(
                         bar.update(per_job)
                         continue
                     if scheme_train.get(scheme):
-                        source += " at " + ", ".join(f"{k} {v:g}" for k, v in scheme_train[scheme].items())
+                        source += " at " + ", ".join(f"{k} {v}" for k, v in scheme_train[scheme].items())
                     sources[key] = source
                     rows += _measure(
                         model, corpus, scheme=scheme, seed=seed, steps=n, quants=quants, qat_formats=qat_formats,
