@@ -42,6 +42,19 @@ def _steps(_ctx, _param, value: str | None) -> list[int] | None:
         raise click.BadParameter(str(exc)) from None
 
 
+def _floats(_ctx, param, value: str | None) -> list[float] | None:
+    """'5e-4,1e-3' -> [0.0005, 0.001]; a usage error naming the option otherwise."""
+    if value is None:
+        return None
+    from ..errors import ConfigError
+    from ..evaluate.lrsweep import parse_floats
+
+    try:
+        return parse_floats(value, param.opts[0])
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _match_bytes(_ctx, _param, value: str | None) -> int | str | None:
     """A positive byte count, or a scheme name (lora's rank is matched to it)."""
     if value is None:
@@ -164,6 +177,44 @@ def _print_result(result, as_json: bool) -> None:
     help=f"torch CPU threads, at most {MAX_THREADS} (default: torch's choice)",
 )
 @click.option(
+    "--lr-sweep",
+    default=None,
+    callback=_floats,
+    metavar="LR[,LR...]",
+    help="first train every scheme at each of these peak rates, choose each scheme's best on one half "
+    "of the validation split, then compare the schemes at their own rates on the other half; lr_sweep.png",
+)
+@click.option(
+    "--control-lr-mult",
+    "control_mults",
+    default="1",
+    show_default=True,
+    callback=_floats,
+    metavar="M[,M...]",
+    help="with --lr-sweep: also sweep these control_lr_mult values for schemes with step-specific controls",
+)
+@click.option(
+    "--sweep-steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="with --lr-sweep: training steps of the sweep runs (default: the shortest of --steps)",
+)
+@click.option(
+    "--sweep-seeds",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="with --lr-sweep: seeds per sweep setting",
+)
+@click.option("--sweep-only", is_flag=True, help="with --lr-sweep: stop after the sweep (its table and plot)")
+@click.option(
+    "--sweep-from",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    default=None,
+    metavar="RESULTS.json",
+    help="instead of --lr-sweep: take each scheme's rate from an earlier --lr-sweep run on the same data",
+)
+@click.option(
     "--jobs",
     type=click.IntRange(min=1, max=MAX_JOBS),
     default=1,
@@ -189,12 +240,44 @@ def roundtrip(
     qat,
     qat_steps,
     threads,
+    lr_sweep,
+    control_mults,
+    sweep_steps,
+    sweep_seeds,
+    sweep_only,
+    sweep_from,
     jobs,
 ):
-    """Train each scheme, export it under each quantizer, and measure what the export costs."""
+    """Train each scheme, export it under each quantizer, and measure what the export costs.
+
+    With --lr-sweep, each scheme is first tuned: trained at every rate, its best chosen on
+    one half of the validation split; the comparison runs at those rates on the other half.
+    """
     from ..evaluate.roundtrip import roundtrip as run
 
     _set_threads(threads)
+    sweeping = [o for o, v in (("--sweep-steps", sweep_steps), ("--sweep-only", sweep_only)) if v]
+    sweeping += ["--sweep-seeds"] * (sweep_seeds != 1) + ["--control-lr-mult"] * (control_mults != [1.0])
+    if lr_sweep is None and sweeping:
+        raise click.UsageError(f"{', '.join(sweeping)} only apply with --lr-sweep")
+    if sweep_from is not None and lr_sweep is not None:
+        raise click.UsageError("--sweep-from reuses an earlier sweep: give it or --lr-sweep, not both")
+    if lr_sweep is not None or sweep_from is not None:
+        if checkpoints_dir is not None:
+            raise click.UsageError(
+                "--checkpoints cannot be used with --lr-sweep (a checkpoint does not record its rate)"
+            )
+        from ..evaluate.lrsweep import lr_study
+
+        result = lr_study(
+            schemes, quants, lr_sweep, control_mults=control_mults, sweep_from=sweep_from, sweep_steps=sweep_steps,
+            sweep_seeds=sweep_seeds, sweep_only=sweep_only, data=data, tokenizer=tokenizer, preset=preset,
+            steps=steps, seeds=seeds, out_dir=out_dir, force=force, progress=not no_progress and not as_json,
+            probes=probes, match_bytes=match_bytes, qat=qat or (), qat_steps=qat_steps, jobs=jobs,
+        )  # fmt: skip
+        _print_result(result, as_json)
+        _fail_on_failures(result)
+        return
 
     result = run(
         schemes,

@@ -30,6 +30,7 @@ class TrainJob:
     config: dict
     out: str
     steps: int | None = None  # training length (None: train_kw's)
+    train_kw: dict | None = None  # this job's overrides of train_kw (e.g. its own tuned lr)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,9 @@ def _run_job(job: TrainJob, data: Any, tokenizer: str | None, train_kw: dict) ->
     device = _DEVICE
     corpus = as_corpus(data, tokenizer)
     t0 = time.perf_counter()
-    kw = dict(train_kw) if job.steps is None else {**train_kw, "steps": job.steps}
+    kw = {**train_kw, **(job.train_kw or {})}
+    if job.steps is not None:
+        kw["steps"] = job.steps
     result = train(
         ModelConfig.from_dict(job.config),
         corpus,

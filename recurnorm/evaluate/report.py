@@ -808,8 +808,13 @@ def write_outputs(
     force: bool = False,
     aggs: list[dict] | None = None,
     answers: list[dict] | None = None,
+    extra_json: dict | None = None,
+    markdown: str | None = None,
 ) -> dict[str, Path]:
     """Write results.{json,csv,md} and roundtrip.png atomically into out_dir.
+
+    ``extra_json`` adds keys to results.json and ``markdown`` replaces results.md's text
+    (the learning-rate study puts its sweep in both).
 
     With several training lengths, roundtrip.png shows the longest and lengths.png
     the paired Δbpb vs shared against length.
@@ -821,9 +826,17 @@ def write_outputs(
     aggs = aggregate(rows) if aggs is None else aggs
     answers = falsification(rows, aggs) if answers is None else answers
     paths = {
-        "json": atomic_write_json(out / "results.json", results_dict(rows, aggs, answers, config), exclusive=not force),
+        "json": atomic_write_json(
+            out / "results.json",
+            {**results_dict(rows, aggs, answers, config), **(extra_json or {})},
+            exclusive=not force,
+        ),
         "csv": atomic_write_text(out / "results.csv", to_csv(rows), exclusive=not force),
-        "md": atomic_write_text(out / "results.md", to_markdown(rows, aggs, answers, config), exclusive=not force),
+        "md": atomic_write_text(
+            out / "results.md",
+            to_markdown(rows, aggs, answers, config) if markdown is None else markdown,
+            exclusive=not force,
+        ),
     }
     lengths = lengths_of(rows)
     longest = [a for a in aggs if a.get("steps") == lengths[-1]] if lengths else aggs

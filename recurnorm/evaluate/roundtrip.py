@@ -188,7 +188,9 @@ def _step_postfix(bar, steps: int):
     return on_step
 
 
-def _train_in_parallel(jobs, lengths, schemes, seeds, configs, checkpoints_dir, data, corpus, tokenizer, train_kw, bar):
+def _train_in_parallel(
+    jobs, lengths, schemes, seeds, configs, checkpoints_dir, data, corpus, tokenizer, train_kw, bar, scheme_train=None
+):
     """(pretrained {(scheme, seed, steps): JobResult}, temporary folder or None) for --jobs > 1.
 
     Every length's models go into one pool, shortest length first and one seed's schemes
@@ -206,7 +208,14 @@ def _train_in_parallel(jobs, lengths, schemes, seeds, configs, checkpoints_dir, 
     root = Path(checkpoints_dir) if checkpoints_dir is not None else Path(tmp.name)
     multi = len(lengths) > 1
     todo = [
-        TrainJob(s, seed, configs[s], str(checkpoint_root(root, n, multi) / s / f"seed{seed}"), steps=n)
+        TrainJob(
+            s,
+            seed,
+            configs[s],
+            str(checkpoint_root(root, n, multi) / s / f"seed{seed}"),
+            steps=n,
+            train_kw=dict((scheme_train or {}).get(s, {})),
+        )
         for n in sorted(lengths)
         for seed in range(seeds)
         for s in schemes
@@ -230,6 +239,19 @@ def _train_in_parallel(jobs, lengths, schemes, seeds, configs, checkpoints_dir, 
             tmp.cleanup()
         raise
     return done, tmp
+
+
+def check_scheme_train(scheme_train: dict[str, dict] | None, schemes: list[str], train_kw: dict) -> dict[str, dict]:
+    """Per-scheme training overrides, checked: known schemes, known hyper-parameters; ConfigError otherwise."""
+    out = {}
+    for s, kw in (scheme_train or {}).items():
+        if s not in schemes:
+            raise ConfigError(f"scheme_train names {s!r}, which is not among the schemes ({', '.join(schemes)})")
+        unknown = sorted(set(kw) - set(train_kw))
+        if unknown:
+            raise ConfigError(f"scheme_train[{s!r}]: unknown training field(s) {', '.join(unknown)}")
+        out[s] = dict(kw)
+    return out
 
 
 def checkpoint_root(checkpoints_dir: str | os.PathLike, steps: int, multi: bool) -> Path:
@@ -327,6 +349,7 @@ def roundtrip(
     qat: str | list[str] | tuple[str, ...] = (),
     qat_steps: int = 100,
     jobs: int = 1,
+    scheme_train: dict[str, dict] | None = None,
 ) -> RoundtripResult:
     """Train or load every scheme per seed, export under every quantizer, measure, and report.
 
@@ -349,6 +372,9 @@ def roundtrip(
     export under ``train.qat.qat_policy`` (the codes training saw).
     ``jobs`` > 1 trains the models in that many parallel processes first
     (``evaluate.parallel``; one per GPU where there are GPUs), then measures them here.
+    ``scheme_train`` overrides training hyper-parameters per scheme (``{"norm": {"lr": 4e-3}}``:
+    each scheme at its own tuned rate, ``evaluate.lrsweep``); batches and shared initial
+    values depend on the seed only, so the pairing holds at different rates.
     """
     from tqdm import tqdm
 
@@ -374,24 +400,14 @@ def roundtrip(
     train_kw = p.with_overrides(**(train_overrides or {})).train_kwargs()
     train_kw.pop("eval_every", None)
     train_kw.pop("steps", None)  # per length
+    scheme_train = check_scheme_train(scheme_train, schemes, train_kw)
     corpus = as_corpus(data, tokenizer)
     base = base_model_config(p, corpus, model_overrides)
     configs = {s: {**base, "scheme": s, "scheme_options": dict(scheme_options.get(s, {}))} for s in schemes}
     for c in configs.values():
         ModelConfig.from_dict(c)  # ConfigError now, not after the first training
 
-    matches, rank_match = {}, None
-    if isinstance(match_bytes, str):
-        from .matching import match_rank
-
-        rank_match = match_rank(configs, match_bytes, quants[0], quant_options.get(quants[0]))
-        configs["lora"]["scheme_options"]["rank"] = rank_match.rank
-    elif match_bytes is not None:
-        from .matching import match_widths
-
-        matches = match_widths(configs, quants[0], int(match_bytes), quant_options.get(quants[0]))
-        for s, m in matches.items():
-            configs[s]["d_model"] = m.d_model
+    matches, rank_match = apply_match(configs, match_bytes, quants[0], quant_options.get(quants[0]))
 
     dev = resolve_device(device)
     per_job = 1 + len(quants) + len(qat_formats) + ("shuffle" in probes) + ("fragility" in probes) * len(quants)
@@ -406,7 +422,7 @@ def roundtrip(
     sources: dict[str, str] = {}
     failures: list[dict] = []
     pretrained, tmp = _train_in_parallel(
-        jobs, lengths, schemes, seeds, configs, checkpoints_dir, data, corpus, tokenizer, train_kw, bar
+        jobs, lengths, schemes, seeds, configs, checkpoints_dir, data, corpus, tokenizer, train_kw, bar, scheme_train
     )
     multi = len(lengths) > 1
     try:
@@ -415,20 +431,23 @@ def roundtrip(
             ckpt_root = checkpoint_root(checkpoints_dir, n, multi) if checkpoints_dir is not None else None
             for seed in range(seeds):
                 for scheme in schemes:
+                    kw_s = {**kw, **scheme_train.get(scheme, {})}
                     key = f"{scheme}/seed{seed}" + (f"@{n}" if multi else "")
                     model, source, error = _obtain_model(
                         scheme, seed, n, seeds, configs, ckpt_root, pretrained.get((scheme, seed, n)), corpus,
-                        kw, dev, bar, progress,
+                        kw_s, dev, bar, progress,
                     )  # fmt: skip
                     if error is not None:
                         failures.append({"steps": n, "scheme": scheme, "seed": seed, "error": error})
                         sources[key] = f"FAILED: {error}"
                         bar.update(per_job)
                         continue
+                    if scheme_train.get(scheme):
+                        source += " at " + ", ".join(f"{k} {v}" for k, v in scheme_train[scheme].items())
                     sources[key] = source
                     rows += _measure(
                         model, corpus, scheme=scheme, seed=seed, steps=n, quants=quants, qat_formats=qat_formats,
-                        probes=probes, quant_options=quant_options, qat_steps=qat_steps, train_kw=kw, dev=dev,
+                        probes=probes, quant_options=quant_options, qat_steps=qat_steps, train_kw=kw_s, dev=dev,
                         bar=bar, key=key,
                     )  # fmt: skip
     finally:
@@ -460,6 +479,7 @@ def roundtrip(
         ),
         "model": base,
         "scheme_options": {s: c["scheme_options"] for s, c in configs.items() if c["scheme_options"]},
+        "scheme_train": scheme_train,
         "quant_options": quant_options,
         "probes": list(probes),
         "match_bytes": match_bytes,
@@ -491,6 +511,25 @@ def roundtrip(
     if write:
         result.paths = rep.write_outputs(rows, config, out_dir, force=force, aggs=aggs, answers=answers)
     return result
+
+
+def apply_match(configs: dict[str, dict], match_bytes: int | str | None, quant: str, quant_options: dict | None):
+    """(widths, rank match) of --match-bytes, written into configs: a scheme name sets lora's rank
+    to the one whose artifact lands nearest that scheme's, a byte count each scheme's width."""
+    if isinstance(match_bytes, str):
+        from .matching import match_rank
+
+        rank_match = match_rank(configs, match_bytes, quant, quant_options)
+        configs["lora"]["scheme_options"]["rank"] = rank_match.rank
+        return {}, rank_match
+    if match_bytes is not None:
+        from .matching import match_widths
+
+        matches = match_widths(configs, quant, int(match_bytes), quant_options)
+        for s, m in matches.items():
+            configs[s]["d_model"] = m.d_model
+        return matches, None
+    return {}, None
 
 
 def _obtain_model(scheme, seed, steps, seeds, configs, ckpt_root, done, corpus, train_kw, dev, bar, progress):
