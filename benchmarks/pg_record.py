@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from recurnorm.export.policy import EMBEDDING_NAMES, _matches
+from recurnorm.export.policy import EMBEDDING_NAMES, name_matches
 from recurnorm.export.recipes import GATES, role
 
 CLIP = {"embedding": 14.0, "attention": 13.0, "mlp": 11.5, "matrix": 12.85}
@@ -66,7 +66,7 @@ COMPRESSORS = ("brotli", "zpaq")  # and "lrzip": the record's own, slow where me
 
 
 def clip_role(name: str) -> str:
-    return "embedding" if _matches(name, EMBEDDING_NAMES) else role(name)
+    return "embedding" if name_matches(name, EMBEDDING_NAMES) else role(name)
 
 
 @torch.no_grad()
@@ -151,7 +151,7 @@ def quantize(state: dict[str, Tensor], hessians: dict[str, Tensor], small_max: i
             continue
         seen[key] = name
         t = t.detach().cpu().contiguous()
-        if t.is_floating_point() and t.dim() == 2 and _matches(name, GATES) and 32 <= t.numel() <= 8192:
+        if t.is_floating_point() and t.dim() == 2 and name_matches(name, GATES) and 32 <= t.numel() <= 8192:
             s = (t.float().abs().amax(dim=1).clamp_min(1e-10) / 127).to(torch.float16)
             q = torch.clamp(torch.round(t.float() / s.float()[:, None]), -127, 127).to(torch.int8)
             result[name + ".gq"], result[name + ".gs"], meta[name] = q, s, "gate_int8_row"
@@ -186,7 +186,7 @@ def quantize(state: dict[str, Tensor], hessians: dict[str, Tensor], small_max: i
 
 
 def _group(name: str) -> tuple[str, int] | None:
-    if _matches(name, EMBEDDING_NAMES):
+    if name_matches(name, EMBEDDING_NAMES):
         return "embedding", 0
     for key, marks in GROUPS.items():
         if any(m in name for m in marks) and not (key == "mlp_proj" and ".attention." in name):

@@ -174,18 +174,29 @@ def _alloc_policy(policy: ExportPolicy, alloc: dict[str, tuple[str, dict]], plan
 
 
 def _pack(
-    qts: dict[str, QTensor], plan: Plan, policy: ExportPolicy, metadata: dict, effort: str
+    qts: dict[str, QTensor], plan: Plan, policy: ExportPolicy, metadata: dict, effort: str, state: dict | None = None
 ) -> tuple[bytes, dict[str, int]]:
-    """(artifact bytes, packed bytes per stored tensor) through the real packer."""
+    """(artifact bytes, packed bytes per stored tensor) through the real packer; with the
+    (unbanked) state, its stacks put back together as the artifact stores them (without it,
+    each slice is measured as a tensor of its own)."""
     from ..budget.api import pack_qtensors, read_artifact, tensor_stats
-    from .pack import export_metadata
+    from .pack import pack_plan
 
-    data = pack_qtensors(qts, {**metadata, "export": export_metadata(policy, plan)}, effort=effort)
+    if state is not None:
+        data = pack_plan(state, qts, plan, policy, metadata, effort=effort)
+    else:
+        data = pack_qtensors(qts, {**metadata, "export": _export(policy, plan)}, effort=effort)
     per: dict[str, int] = {}
     for r in tensor_stats(read_artifact(data).manifest):  # an LQER factor's bytes are its tensor's
         owner = r.get("lowrank_of", r["name"])
         per[owner] = per.get(owner, 0) + int(r["bytes"])
     return data, per
+
+
+def _export(policy: ExportPolicy, plan: Plan) -> dict:
+    from .pack import export_metadata
+
+    return export_metadata(policy, plan)
 
 
 def default_quantize(state: dict[str, Tensor], policy: ExportPolicy):
@@ -352,7 +363,9 @@ def measure(
     ``embeddings``: the embeddings are candidates too (they keep the policy's format otherwise).
     """
     from ..quant import dequantize
+    from .banks import unbank
 
+    state = unbank(state)  # a stack's slices are candidates of their own
     formats = parse_formats(None) if formats is None else tuple(formats)
     quantize_fn = quantize_fn or default_quantize
     metadata = dict(metadata or {})
@@ -523,7 +536,7 @@ def fit_measured(m: Measured, budget: Budget | int, *, progress: Callable[[str],
         alloc = {n: formats[j] for n, j in zip(names, picks, strict=True)}
         pol = _alloc_policy(policy, {**alloc, **{a: alloc[t] for a, t in aliases.items()}}, plan)
         qts, pplan = quantize_fn(state, pol)
-        data, _ = _pack(qts, pplan, pol, metadata, effort)
+        data, _ = _pack(qts, pplan, pol, metadata, effort, state)
         predicted = fixed_bytes + int(sum(costs_b[i, j] for i, j in enumerate(picks)))
         say(f"fit: predicted {predicted:,} B, measured {len(data):,} B")
         loss = float(sum(losses[i, j] for i, j in enumerate(picks)))

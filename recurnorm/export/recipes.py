@@ -46,8 +46,10 @@ RECORD = {
     "lqer": {"lqer": 4, "lqer_l": "int2", "lqer_r": "int4"},  # LQER_RANK=4, asym int2/int4
     "lqer_top_k": 3,  # LQER_TOP_K=3
 }
-ATTENTION = ("*.attn.*", "*.attention.*", "*self_attn*")
-MLP = ("*.mlp.*", "*.intermediate.*", "*.output.dense.*", "*feed_forward*", "*.ffn.*")
+# A stack's slices (export/banks.py) are named as the record names them (``blocks.{i}.attn.c_q``)
+# when the stack is one of its banks, else ``NAME.i``: ``qo_bank.3`` and ``mlp_up_bank.0`` too.
+ATTENTION = ("*.attn.*", "*.attention.*", "*self_attn*", "*qo_bank.*", "*kv_bank.*", "*attn*bank.*")
+MLP = ("*.mlp.*", "*.intermediate.*", "*.output.dense.*", "*feed_forward*", "*.ffn.*", "*mlp*bank.*")
 GATES = ("*attn_gate_w",)
 RECIPE_REASON = "@pg-record"
 
@@ -92,7 +94,11 @@ class RecordPolicy(ExportPolicy):
         mine = [
             n
             for n, (fmt, _, why) in sorted(plan.items())
-            if why.startswith(RECIPE_REASON) and fmt.startswith("int") and state_dict[n].dim() == 2
+            # the record's candidates are its GPTQ'd matrices: not the int8 gates
+            if why.startswith(RECIPE_REASON)
+            and fmt.startswith("int")
+            and state_dict[n].dim() == 2
+            and "gate" not in why
         ]
         errors: dict[int, tuple[float, str]] = {}
         for n in mine:
