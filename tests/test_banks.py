@@ -49,7 +49,7 @@ def _w(g: torch.Generator, *shape: int, scale: float = 0.05) -> torch.Tensor:
     return x * torch.exp(torch.randn(*shape[:-1], 1, generator=g) * 0.5)  # rows of different scales
 
 
-def record_state(seed: int = 0) -> dict[str, torch.Tensor]:
+def record_state(seed: int = 0, L: int = L, D: int = D, KV: int = KV, H: int = H) -> dict[str, torch.Tensor]:
     """The record's banked state dict at small dims (names as its GPT has them)."""
     g = torch.Generator().manual_seed(seed)
     state = {
@@ -263,3 +263,22 @@ def test_cli_gptq_on_banks_and_hessians_from_a_file(banked_ckpt, tmp_path):
     blind = [*calib[:-1], f"{tests / 'banked_model.py'}:build_blind"]
     r = CliRunner().invoke(main, ["pack", str(banked_ckpt), "-q", "int6", "--gptq", *blind, "-o", str(tmp_path / "b")])
     assert r.exit_code == 2 and "--gptq covers no matrix" in r.output, r.output
+
+
+# ----------------------------------------------------------------- --fit from the record
+
+
+def test_fit_at_the_record_exports_own_size_succeeds_with_defaults():
+    from recurnorm.export.fit import fit_budget, parse_formats
+    from recurnorm.export.pack import pack_state
+
+    # the record's proportions: the embedding ~12% of the weights, controls well under 1%
+    state = record_state(L=4, D=128, KV=64, H=512)
+    record_bytes = len(pack_state(state, small_record()))
+    assert "int6:clip=record" in [f"{f}:clip={o['clip']}" for f, o in parse_formats(None) if "clip" in o]
+    for policy in (ExportPolicy(), small_record()):  # the default policy, and -q @pg-record --fit
+        result = fit_budget(state, policy, record_bytes)
+        assert result.measured_bytes <= record_bytes
+        assert any(n.startswith("blocks.0.attn.c_q") for n in result.allocation)  # slices are candidates
+        got = read_artifact(result.data).qtensors
+        assert got["qo_bank"].shape == (8, 128, 128)
