@@ -282,3 +282,17 @@ def test_fit_at_the_record_exports_own_size_succeeds_with_defaults():
         assert any(n.startswith("blocks.0.attn.c_q") for n in result.allocation)  # slices are candidates
         got = read_artifact(result.data).qtensors
         assert got["qo_bank"].shape == (8, 128, 128)
+
+
+def test_gptq_names_the_matrices_it_leaves_to_rounding():
+    from pg_model import build
+
+    from recurnorm.export.gptq import GPTQExporter
+    from recurnorm.export.ship import gptq_coverage
+
+    torch.manual_seed(0)
+    model = build(None).eval()  # an untied head: tok_emb is only looked up, never multiplied
+    exporter = GPTQExporter(model, np.random.default_rng(0).integers(0, 256, 2048), 512)
+    notes = gptq_coverage(exporter, ExportPolicy(quantizer="int6"), model.state_dict())
+    assert len(notes) == 1 and "GPTQ'd 25 of 26" in notes[0] and "tok_emb.weight" in notes[0], notes
+    assert "no calibration inputs" in notes[0]
