@@ -246,6 +246,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--skip-fit", action="store_true")
+    ap.add_argument("--reuse", action="store_true", help="the cached banked checkpoint instead of training")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(2)
@@ -256,16 +257,19 @@ def main() -> None:
     h = mod.Hyperparameters()
     model = build()
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"record GPT on CPU: {n_params:,} parameters; training {args.steps} steps", file=sys.stderr)
-    t = time.perf_counter()
-    train(model, corpus.train_tokens, args.steps)
-    train_s = time.perf_counter() - t
     CACHE.mkdir(parents=True, exist_ok=True)
     banked = CACHE / "banked.safetensors"
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(banked))
+    t = time.perf_counter()
+    if args.reuse and banked.exists():
+        model.load_state_dict(load_file(str(banked)))
+        model.eval()
+    else:
+        print(f"record GPT on CPU: {n_params:,} parameters; training {args.steps} steps", file=sys.stderr)
+        train(model, corpus.train_tokens, args.steps)
+        save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(banked))
+    train_s = time.perf_counter() - t
     pre = bpb(model, corpus.val_tokens)
 
     # -- the record's own export, run directly
@@ -284,6 +288,9 @@ def main() -> None:
     rec_model = build()
     rec_model.load_state_dict(rec_banked)
     rec_bpb = bpb(rec_model, corpus.val_tokens)
+    print(
+        f"pre {pre:.4f} bpb; record export {record_bytes:,} B in {record_s:.1f} s, {rec_bpb:.4f} bpb", file=sys.stderr
+    )
 
     # -- recurnorm on the banked checkpoint
     env = {
@@ -317,6 +324,7 @@ def main() -> None:
             print(r.stdout[-3000:], r.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"{label}: exit {r.returncode}")
         policy = next((ln for ln in r.stdout.splitlines() if ln.startswith("export policy")), "")
+        print(f"{label}: {out.stat().st_size:,} B in {wall:.1f} s; {policy}", file=sys.stderr, flush=True)
         runs[label] = (
             out,
             wall,

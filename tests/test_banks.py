@@ -296,3 +296,23 @@ def test_gptq_names_the_matrices_it_leaves_to_rounding():
     notes = gptq_coverage(exporter, ExportPolicy(quantizer="int6"), model.state_dict())
     assert len(notes) == 1 and "GPTQ'd 25 of 26" in notes[0] and "tok_emb.weight" in notes[0], notes
     assert "no calibration inputs" in notes[0]
+
+
+def test_calibrated_fit_measures_bank_slices():
+    from recurnorm.export.fit import calibration_loss_fn, fisher_diagonal, fit_budget
+    from recurnorm.export.pack import pack_state
+
+    torch.manual_seed(0)
+    model = BankedLM().eval()
+    windows = [torch.as_tensor(np.random.default_rng(0).integers(0, V, (4, 17)))]
+    fisher = fisher_diagonal(model, windows)
+    assert fisher["blocks.0.attn.c_q.weight"].shape == (D, D) and "qo_bank" not in fisher
+    loss = calibration_loss_fn(model, windows)
+    before = model.qo_bank.detach().clone()
+    assert loss({"blocks.1.attn.c_q.weight": torch.zeros(D, D)}) != loss({})
+    assert torch.equal(model.qo_bank.detach(), before)  # swapped back
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    size = len(pack_state(state, ExportPolicy(quantizer="int6")))
+    for kw in ({"fisher": fisher}, {"loss_fn": loss}):
+        result = fit_budget(state, ExportPolicy(), size, formats=(("int8", {}), ("int5", {})), **kw)
+        assert result.measured_bytes <= size and "blocks.0.attn.c_q.weight" in result.allocation

@@ -271,8 +271,9 @@ def solve(costs: np.ndarray, losses: np.ndarray, capacity: int) -> list[int] | N
 def calibration_loss_fn(model: nn.Module, batches: list[Tensor]) -> LossFn:
     """Mean next-token cross entropy on training-split windows with some weights swapped in."""
     from ..evaluate.factory import summed_loss
+    from .banks import unbank
 
-    params = dict(model.state_dict(keep_vars=False))
+    params = unbank(dict(model.state_dict(keep_vars=False)))  # a stack's slices are views: written in place
 
     @torch.no_grad()
     def fn(replace: dict[str, Tensor]) -> float:
@@ -318,7 +319,9 @@ def fisher_diagonal(model: nn.Module, batches: list[Tensor], micro: int = 1) -> 
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)
-    return {n: a / max(count, 1) for n, a in acc.items()}
+    from .banks import unbank
+
+    return unbank({n: a / max(count, 1) for n, a in acc.items()})  # a stack's slices by their names
 
 
 def fisher_proxy(fisher: Tensor, original: Tensor, approx: Tensor) -> float:
