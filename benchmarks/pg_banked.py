@@ -299,7 +299,48 @@ def main() -> None:
     }
     factory = f"{Path(__file__).resolve()}:build"
     calib = ["--calib-data", "default", "--calib-tokens", str(CALIB_TOKENS), "--model-factory", factory]
-    runs = {}
+    from recurnorm.budget.api import read_artifact
+    from recurnorm.quant import dequantize_all
+
+    rows = []
+    lq = {n for n, m in meta.items() if "lqer" in m}
+
+    def analyse(label, out, wall, policy, shown):
+        data = out.read_bytes()
+        deq = dequantize_all(read_artifact(data).qtensors)
+        ours_flat = mod._unbank_state_dict(
+            {k: v for k, v in deq.items() if not k.endswith((".lqer_l", ".lqer_r"))}, h.num_layers
+        )
+        equal = sum(torch.equal(ours_flat[n].float(), rec_flat[n].float()) for n in rec_flat)
+        equal_non_lqer = sum(torch.equal(ours_flat[n].float(), rec_flat[n].float()) for n in rec_flat if n not in lq)
+        per = {}
+        for n, H in hessians.items():
+            g = group_of(n)
+            W = sd_flat[n].float()
+            a, base = weighted_error(W, ours_flat[n].float(), H)
+            b, _ = weighted_error(W, rec_flat[n].float(), H)
+            acc = per.setdefault(g, [0.0, 0.0, 0.0])
+            acc[0] += a
+            acc[1] += b
+            acc[2] += base
+        m = build()
+        m.load_state_dict({k: v.float() for k, v in deq.items() if k in m.state_dict()})
+        row = {
+            "run": label,
+            "command": shown,
+            "bytes": len(data),
+            "wall_s": round(wall, 1),
+            "bpb": round(bpb(m, corpus.val_tokens), 4),
+            "equal": f"{equal}/{len(rec_flat)}",
+            "equal_non_lqer": f"{equal_non_lqer}/{len(rec_flat) - len(lq)}",
+            "error_vs_record": {
+                g: f"{v[0] / v[2]:.3g} vs {v[1] / v[2]:.3g} ({v[0] / v[1]:.2f}x)" for g, v in per.items()
+            },
+            "policy": policy,
+        }
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+
     cmds = {"@pg-record --gptq": ["-q", "@pg-record", "--gptq"]}
     if not args.skip_fit:
         cmds["--fit record bytes --gptq"] = ["--fit", str(record_bytes), "--gptq", "--fit-sensitivity", "fisher"]
@@ -322,56 +363,18 @@ def main() -> None:
         wall = time.perf_counter() - t
         if r.returncode:
             print(r.stdout[-3000:], r.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"{label}: exit {r.returncode}")
+            print(f"{label}: exit {r.returncode}", file=sys.stderr)
+            continue
         policy = next((ln for ln in r.stdout.splitlines() if ln.startswith("export policy")), "")
         print(f"{label}: {out.stat().st_size:,} B in {wall:.1f} s; {policy}", file=sys.stderr, flush=True)
-        runs[label] = (
+        analyse(
+            label,
             out,
             wall,
             policy,
             " ".join(["recurnorm pack", "banked.safetensors", *extra, *calib[:-1], "pg_banked.py:build"]),
         )
 
-    from recurnorm.budget.api import read_artifact
-    from recurnorm.quant import dequantize_all
-
-    rows = []
-    for label, (out, wall, policy, shown) in runs.items():
-        data = out.read_bytes()
-        deq = dequantize_all(read_artifact(data).qtensors)
-        ours_flat = mod._unbank_state_dict(
-            {k: v for k, v in deq.items() if not k.endswith((".lqer_l", ".lqer_r"))}, h.num_layers
-        )
-        equal = sum(torch.equal(ours_flat[n].float(), rec_flat[n].float()) for n in rec_flat)
-        lq = {n for n, m in meta.items() if "lqer" in m}
-        equal_non_lqer = sum(torch.equal(ours_flat[n].float(), rec_flat[n].float()) for n in rec_flat if n not in lq)
-        per = {}
-        for n, H in hessians.items():
-            g = group_of(n)
-            W = sd_flat[n].float()
-            a, base = weighted_error(W, ours_flat[n].float(), H)
-            b, _ = weighted_error(W, rec_flat[n].float(), H)
-            acc = per.setdefault(g, [0.0, 0.0, 0.0])
-            acc[0] += a
-            acc[1] += b
-            acc[2] += base
-        m = build()
-        m.load_state_dict({k: v.float() for k, v in deq.items() if k in m.state_dict()})
-        rows.append(
-            {
-                "run": label,
-                "command": shown,
-                "bytes": len(data),
-                "wall_s": round(wall, 1),
-                "bpb": round(bpb(m, corpus.val_tokens), 4),
-                "equal": f"{equal}/{len(rec_flat)}",
-                "equal_non_lqer": f"{equal_non_lqer}/{len(rec_flat) - len(lq)}",
-                "error_vs_record": {
-                    g: f"{v[0] / v[2]:.3g} vs {v[1] / v[2]:.3g} ({v[0] / v[1]:.2f}x)" for g, v in per.items()
-                },
-                "policy": policy,
-            }
-        )
     print(
         json.dumps(
             {
