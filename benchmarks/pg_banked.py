@@ -90,7 +90,7 @@ SCALED = {
     "TRAIN_BATCH_TOKENS": "2048",
 }
 SEQ, CALIB_TOKENS = 128, 32768
-GROUPS = ("tok_emb", "c_q", "c_k", "c_v", "proj", "fc", "mlp.proj")
+GROUPS = ("tok_emb", "c_q", "c_k", "c_v", "mlp.proj", "attn.proj", "fc")  # mlp.proj before attn.proj
 
 
 def script_path() -> Path:
