@@ -73,7 +73,7 @@ class LMCase:
         self.state = self.exporter.state
         windows = calibration_windows(self.model, self.corpus.train_tokens, calib_tokens)
         self.loss_fn = calibration_loss_fn(self.model, windows)
-        self.hessians = {f"{k}.weight": v for k, v in self.exporter.hessians.items()}
+        self.hessians = dict(self.exporter.hessians)  # keyed by weight name
         if self.model.head is None:  # the tied embedding is the head: its inputs are final_norm's outputs
             self.hessians["embed.weight"] = _output_hessian(self.model, self.model.final_norm, windows)
         self.metadata = {"config": self.config}
@@ -116,7 +116,7 @@ class MiniLMCase:
         hessian_batches = minilm.batches(tok, minilm.paragraphs("train", n_hessian), 128)
         self.exporter = GPTQExporter(self.model, None, batches=hessian_batches)
         self.state = self.exporter.state
-        self.hessians = {f"{k}.weight": v for k, v in self.exporter.hessians.items()}
+        self.hessians = dict(self.exporter.hessians)  # keyed by weight name
         self.metadata = {"source": "all-MiniLM-L6-v2"}
         work = minilm.load_model()
         params = dict(work.state_dict())

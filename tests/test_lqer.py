@@ -235,7 +235,7 @@ def test_fit_with_lqer_candidates_never_exceeds_its_budget(trained_tiny, tmp_pat
         build_policy("int8"),
         formats=formats,
         loss_fn=calibration_loss_fn(model, windows),
-        hessians={f"{k}.weight": v for k, v in exporter.hessians.items()},
+        hessians=dict(exporter.hessians),
         quantize_fn=exporter.quantize,
     )
     assert m.method.startswith("Hessian proxy")

@@ -6,9 +6,11 @@ embedding tied to the output, and its control tensors (attn_scale, mlp_scale, re
 q_gain, skip_weights); forward(x, y) returns the loss. Every size is an environment variable,
 as in the baseline.
 
-After training, the script packs its own model in-process with the records' recipe (int6
-with a k-sigma clip per row on the matrices, the embedding int8, controls fp32, GPTQ with
-GPTQ=1), counts the code against the cap, refuses to write an artifact over it, and
+After training, the script packs its own model in-process with a recipe after the records'
+(int6 matrices with their clip constants per role, but as recurnorm's `sigma:K`, capped at
+the row's absmax, not the records' SDClip `std:K`; the embedding int8, controls fp32, GPTQ
+with GPTQ=1; `RECIPE=@pg-record` is the 2026-04-27 record's export exactly), counts the
+code against the cap, refuses to write an artifact over it, and
 evaluates the model loaded back through rnpk_load alone (numpy + torch; no recurnorm on the
 evaluation machine). The counted code is submission/train_gpt.py when it exists (`recurnorm
 wrap train_gpt.py --loader` writes it: this program and the loader in one file), else this
@@ -40,8 +42,9 @@ ITERATIONS, LR, SEED = int(E("ITERATIONS", 20000)), float(E("LR", 3e-3)), int(E(
 DATA_PATH, ARTIFACT = E("DATA_PATH", ""), E("ARTIFACT", "final_model.rnpk")
 MAX_BYTES, GPTQ = int(E("MAX_BYTES", 16_000_000)), E("GPTQ", "0") == "1"
 SUBMISSION = E("SUBMISSION", "submission/train_gpt.py")  # the wrapped file: what the challenge counts
-# The records' export (reference: the April 2026 records): k*std(row) clips by role, the embedding
-# at 8 bits. The first matching rule wins; control tensors stay fp32 (recurnorm's convention).
+# After the records' export (the April 2026 records): their clip constants by role, as recurnorm's
+# sigma:K (capped at the row's absmax; the records' own SDClip is std:K, and -q @pg-record the
+# whole record), the embedding at 8 bits. The first matching rule wins; controls stay fp32.
 RECIPE = E(
     "RECIPE",
     "tok_emb.weight=int8:clip=sigma:20,blocks.*.attn.*=int6:clip=sigma:13,"

@@ -163,8 +163,8 @@ def _check_lowrank(t: dict, name: str, before: list, stored: dict[str, int]) -> 
     shape = t["shape"]
     if len(shape) < 2 or t["format"] == "raw":
         raise ArtifactError(f"{where}: a correction needs a float matrix, not shape {shape} format {t['format']}")
-    rows, cols = shape[0], math.prod(shape[1:])
-    left, right = (e["shape"] for e in before)
+    left, right = (e["shape"] for e in before)  # [shape[0], rest], or a stack's [rest, shape[-1]]
+    rows, cols = (shape[0], math.prod(shape[1:])) if left[1:] == shape[:1] else (math.prod(shape[:-1]), shape[-1])
     r = left[0] if len(left) == 2 else 0
     if not (r >= 1 and left == [r, rows] and right == [r, cols]) or any(e["dtype"] != "float32" for e in before):
         raise ArtifactError(f"{where}: factors {left} and {right} are not float32 [r, {rows}] and [r, {cols}]")

@@ -195,10 +195,27 @@ def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_
     "--fit-formats",
     default=None,
     metavar="LIST",
-    help="candidate formats for --fit, comma separated [default: int8,int7,int6,int5,int4]; "
+    help="candidate formats for --fit, comma separated [default: int8,int7,int6:clip=record,int6,int5:clip=record,int5,int4; "
+    "clip=record: the clip the 2026-04-27 record gives the tensor's role, std:13 attention, std:11.5 MLP, "
+    "std:12.85 other]; all: bits x std:K clips x LQER x rate-aware rounding; quick: fewer of those; "
     "add ternary only for a model trained for it",
 )
-@click.option("--gptq", is_flag=True, help="GPTQ codes for the weight matrices (needs --calib-data)")
+@click.option(
+    "--gptq",
+    is_flag=True,
+    help="GPTQ codes for the weight matrices (needs --calib-data or --hessians): Hessians of the inputs "
+    "of every nn.Linear, F.linear or matmul that uses a weight or a slice of one (a tied embedding as "
+    "the head too); the matrices it cannot reach are named, and none is an error",
+)
+@click.option(
+    "--hessians",
+    "hessians_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="with --gptq: a safetensors file of {weight name: H = sum x x^T [in, in]} (your own "
+    "calibration; a bank's slices by the names its unbanking gives) instead of --calib-data",
+)
 @click.option(
     "--calib-data",
     default=None,
@@ -250,6 +267,7 @@ def pack(
     fit_bytes,
     fit_formats,
     gptq,
+    hessians_file,
     calib_data,
     tokenizer,
     calib_tokens,
@@ -293,6 +311,7 @@ def pack(
         fit_bytes=None if fit_bytes is None else budget.with_cap(fit_bytes),
         fit_formats=formats,
         gptq=gptq,
+        hessians_file=hessians_file,
         calib_data=calib_data,
         tokenizer=tokenizer,
         calib_tokens=calib_tokens,

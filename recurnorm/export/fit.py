@@ -40,8 +40,28 @@ from .policy import FIT_RULE, ExportPolicy, Plan, Rule, format_spec
 
 # Candidate formats, widest first. Ternary only where asked (--fit-formats): a model
 # not trained for it loses far more than the bytes are worth.
-DEFAULT_FORMATS = ("int8", "int7", "int6", "int5", "int4")
-CANDIDATE_REASONS = ("weight",)  # (+ "embedding" where the user asks: embeddings=True)
+# ``int6:clip=record``: int6 with the clip the 2026-04-27 Parameter Golf record gives the
+# tensor's role (std:13 attention, std:11.5 MLP, std:12.85 other matrices, std:14 an
+# embedding): a uniform int6 pack of it is that record's export (without its LQER), and int5
+# with the same clips is narrower still, so that a budget the record's own export meets is met
+# with the default candidates even where the policy keeps the embedding in int8 (the record: int7).
+ROLE_CLIP = "record"
+DEFAULT_FORMATS = ("int8", "int7", f"int6:clip={ROLE_CLIP}", "int6", f"int5:clip={ROLE_CLIP}", "int5", "int4")
+# The policy's own weights, and @pg-record's matrices (-q @pg-record --fit starts from the record);
+# (+ "embedding" where the user asks: embeddings=True)
+CANDIDATE_REASONS = ("weight", "@pg-record attention", "@pg-record mlp", "@pg-record matrix")
+
+
+def resolve(name: str, fmt: str, opts: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(format, options) of a candidate for one tensor: ``clip=record`` becomes the clip the
+    record gives the tensor's role."""
+    if opts.get("clip") != ROLE_CLIP:
+        return fmt, opts
+    from .policy import EMBEDDING_NAMES, name_matches
+    from .recipes import RECORD, role
+
+    kind = "embedding" if name_matches(name, EMBEDDING_NAMES) else role(name)
+    return fmt, {**opts, "clip": RECORD[kind][1]["clip"]}
 
 
 def _grid(bits_clips: dict[int, tuple[float, ...]], lqer: tuple[str, ...], rdo: tuple[str, ...] = ()) -> tuple:
@@ -146,21 +166,31 @@ class FitResult:
 
 def parse_formats(text: str | None) -> tuple[tuple[str, dict[str, Any]], ...]:
     """``int8,int6,int4:group=128`` -> validated (format, options), widest first as given; a
-    name of FORMAT_SETS (``all``, ``quick``) stands for its candidates."""
-    from .spec import parse_format
-
+    name of FORMAT_SETS (``all``, ``quick``) stands for its candidates; ``clip=record`` is
+    the record's clip of each tensor's role (ROLE_CLIP)."""
     items = DEFAULT_FORMATS if not text else tuple(s.strip() for s in text.split(","))
     items = tuple(dict.fromkeys(x for item in items for x in FORMAT_SETS.get(item, (item,))))
-    specs = tuple(parse_format(s, "--fit-formats") for s in items)
+    specs = tuple(_parse_candidate(s) for s in items)
     if len(specs) < 1:
         raise ConfigError("--fit-formats needs at least one format")
     return specs
 
 
+def _parse_candidate(text: str) -> tuple[str, dict[str, Any]]:
+    """parse_format, with ``clip=record`` (the record's clip of each tensor's role) allowed."""
+    from .spec import parse_format
+
+    marker = f":clip={ROLE_CLIP}"
+    if marker not in text:
+        return parse_format(text, "--fit-formats")
+    fmt, opts = parse_format(text.replace(marker, ":clip=std:1"), "--fit-formats")  # the rest validated
+    return fmt, {**opts, "clip": ROLE_CLIP}
+
+
 def _uniform_policy(policy: ExportPolicy, names: list[str], fmt: str, opts: dict) -> ExportPolicy:
     from dataclasses import replace
 
-    fit_rules = tuple(Rule(n, fmt, opts, FIT_RULE) for n in names)
+    fit_rules = tuple(Rule(n, *resolve(n, fmt, opts), FIT_RULE) for n in names)
     return replace(policy, rules=fit_rules + policy.rules)
 
 
@@ -169,23 +199,35 @@ def _alloc_policy(policy: ExportPolicy, alloc: dict[str, tuple[str, dict]], plan
     (so that a fit which changes nothing writes the very artifact the policy alone writes)."""
     from dataclasses import replace
 
+    alloc = {n: resolve(n, f, o) for n, (f, o) in alloc.items()}
     fit_rules = tuple(Rule(n, f, o, FIT_RULE) for n, (f, o) in alloc.items() if (f, o) != tuple(plan[n][:2]))
     return replace(policy, rules=fit_rules + policy.rules)
 
 
 def _pack(
-    qts: dict[str, QTensor], plan: Plan, policy: ExportPolicy, metadata: dict, effort: str
+    qts: dict[str, QTensor], plan: Plan, policy: ExportPolicy, metadata: dict, effort: str, state: dict | None = None
 ) -> tuple[bytes, dict[str, int]]:
-    """(artifact bytes, packed bytes per stored tensor) through the real packer."""
+    """(artifact bytes, packed bytes per stored tensor) through the real packer; with the
+    (unbanked) state, its stacks put back together as the artifact stores them (without it,
+    each slice is measured as a tensor of its own)."""
     from ..budget.api import pack_qtensors, read_artifact, tensor_stats
-    from .pack import export_metadata
+    from .pack import pack_plan
 
-    data = pack_qtensors(qts, {**metadata, "export": export_metadata(policy, plan)}, effort=effort)
+    if state is not None:
+        data = pack_plan(state, qts, plan, policy, metadata, effort=effort)
+    else:
+        data = pack_qtensors(qts, {**metadata, "export": _export(policy, plan)}, effort=effort)
     per: dict[str, int] = {}
     for r in tensor_stats(read_artifact(data).manifest):  # an LQER factor's bytes are its tensor's
         owner = r.get("lowrank_of", r["name"])
         per[owner] = per.get(owner, 0) + int(r["bytes"])
     return data, per
+
+
+def _export(policy: ExportPolicy, plan: Plan) -> dict:
+    from .pack import export_metadata
+
+    return export_metadata(policy, plan)
 
 
 def default_quantize(state: dict[str, Tensor], policy: ExportPolicy):
@@ -229,8 +271,9 @@ def solve(costs: np.ndarray, losses: np.ndarray, capacity: int) -> list[int] | N
 def calibration_loss_fn(model: nn.Module, batches: list[Tensor]) -> LossFn:
     """Mean next-token cross entropy on training-split windows with some weights swapped in."""
     from ..evaluate.factory import summed_loss
+    from .banks import unbank
 
-    params = dict(model.state_dict(keep_vars=False))
+    params = unbank(dict(model.state_dict(keep_vars=False)))  # a stack's slices are views: written in place
 
     @torch.no_grad()
     def fn(replace: dict[str, Tensor]) -> float:
@@ -276,7 +319,9 @@ def fisher_diagonal(model: nn.Module, batches: list[Tensor], micro: int = 1) -> 
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)
-    return {n: a / max(count, 1) for n, a in acc.items()}
+    from .banks import unbank
+
+    return unbank({n: a / max(count, 1) for n, a in acc.items()})  # a stack's slices by their names
 
 
 def fisher_proxy(fisher: Tensor, original: Tensor, approx: Tensor) -> float:
@@ -352,7 +397,9 @@ def measure(
     ``embeddings``: the embeddings are candidates too (they keep the policy's format otherwise).
     """
     from ..quant import dequantize
+    from .banks import unbank
 
+    state = unbank(state)  # a stack's slices are candidates of their own
     formats = parse_formats(None) if formats is None else tuple(formats)
     quantize_fn = quantize_fn or default_quantize
     metadata = dict(metadata or {})
@@ -523,7 +570,7 @@ def fit_measured(m: Measured, budget: Budget | int, *, progress: Callable[[str],
         alloc = {n: formats[j] for n, j in zip(names, picks, strict=True)}
         pol = _alloc_policy(policy, {**alloc, **{a: alloc[t] for a, t in aliases.items()}}, plan)
         qts, pplan = quantize_fn(state, pol)
-        data, _ = _pack(qts, pplan, pol, metadata, effort)
+        data, _ = _pack(qts, pplan, pol, metadata, effort, state)
         predicted = fixed_bytes + int(sum(costs_b[i, j] for i, j in enumerate(picks)))
         say(f"fit: predicted {predicted:,} B, measured {len(data):,} B")
         loss = float(sum(losses[i, j] for i, j in enumerate(picks)))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from torch import Tensor
 
 from ..budget.cap import Budget
-from .fit import parse_formats
+from .fit import ROLE_CLIP, parse_formats
 from .policy import FIT_RULE, ExportPolicy, format_spec
 
 # A confirming pack that misses (the estimate was low) scales the next estimates by the miss.
@@ -62,7 +62,10 @@ def over_cap_hint(
     from ..quant import get
     from .pack import _dedupe, pack_state
 
-    specs = parse_formats(None) if formats is None else tuple(formats)
+    # uniform formats: --fit's role candidates (clip=record) are one clip per tensor, not a -q format
+    specs = (
+        tuple(s for s in parse_formats(None) if s[1].get("clip") != ROLE_CLIP) if formats is None else tuple(formats)
+    )
     unique, _ = _dedupe(state)
     measured = {r["name"]: r["bytes"] for r in rows if "alias_of" not in r}
     overhead = artifact_bytes - sum(measured.values())

@@ -7,6 +7,7 @@ each tensor has its format.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,16 +16,23 @@ from torch import Tensor
 
 from ..quant import extras
 from ..quant.qtensor import QTensor
+from .banks import restack, unbank
 from .policy import ExportPolicy, Plan
 
 
-def export_metadata(policy: ExportPolicy, plan: Plan, qtensors: dict[str, QTensor] | None = None) -> dict:
+def export_metadata(
+    policy: ExportPolicy, plan: Plan, qtensors: dict[str, QTensor] | None = None, state: dict | None = None
+) -> dict:
     """The ``export`` metadata entry: the policy line (what the plan chose, tied tensors once)
     and the rule of every tensor."""
-    return {
+    out = {
         "policy": policy.summary(plan, aliases=tied_names(qtensors or {})),
         "rules": {n: reason for n, (_, _, reason) in sorted(plan.items())},
     }
+    banks = getattr(state, "banks", None) if state is not None else None
+    if banks:  # a stack's slices were chosen one by one: inspect shows their rules on its row
+        out["banks"] = {name: list(bank.slices) for name, bank in banks.items()}
+    return out
 
 
 def tied_names(qtensors: dict[str, QTensor]) -> set[str]:
@@ -81,7 +89,9 @@ def export_qtensors(
 def quantize(
     state: dict[str, Tensor], policy: ExportPolicy, replace: dict[str, QTensor] | None = None
 ) -> tuple[dict[str, QTensor], Plan]:
-    """(QTensors, plan): tied tensors share one QTensor; ``replace`` swaps in QTensors (GPTQ)."""
+    """(QTensors, plan) of the state with its stacks split into slices (banks.unbank; restack
+    them with banks.restack): tied tensors share one QTensor; ``replace`` swaps in QTensors (GPTQ)."""
+    state = unbank(state)
     qts = export_qtensors(state, policy=policy, replace=replace)
     return policy.finish(state, qts, policy.plan(state))
 
@@ -96,11 +106,20 @@ def pack_state(
     replace: dict[str, QTensor] | None = None,
 ) -> bytes:
     """Artifact bytes of a state dict under a policy (export rules recorded in the metadata)."""
+    state = unbank(state)
+    qts, plan = quantize(state, policy, replace)
+    return pack_plan(state, qts, plan, policy, metadata, effort=effort, codecs=codecs)
+
+
+def pack_plan(
+    state: dict, qts: dict[str, QTensor], plan: Plan, policy: ExportPolicy, metadata: dict | None, **kw
+) -> bytes:
+    """Artifact bytes of quantized (unbanked) tensors and their plan: stacks put back together,
+    the export record in the metadata."""
     from ..budget.api import pack_qtensors
 
-    qts, plan = quantize(state, policy, replace)
-    meta = {**(metadata or {}), "export": export_metadata(policy, plan, qts)}
-    return pack_qtensors(qts, meta, codecs, effort)
+    meta = {**(metadata or {}), "export": export_metadata(policy, plan, qts, state)}
+    return pack_qtensors(restack(state, qts), meta, kw.get("codecs"), kw.get("effort", "normal"))
 
 
 def checkpoint_policy(
@@ -190,9 +209,16 @@ def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None) -> tuple[
 
     art = read_artifact(data, max_decoded_bytes)  # decode once: proves the round trip, gives bounds
     rows = tensor_stats(art.manifest, art.qtensors)
-    rules = (art.metadata.get("export") or {}).get("rules") or {}
+    export = art.metadata.get("export") or {}
+    rules = dict(export.get("rules") or {})
+    for bank, slices in (export.get("banks") or {}).items():  # a stack: its slices' rules, counted
+        counts = Counter(rules.get(s, "unknown") for s in slices)
+        rules[bank] = "slices: " + "; ".join(f"{r} x{n}" for r, n in counts.items())
     for row in rows:
-        row["rule"] = rules.get(row["name"], "alias" if "alias_of" in row else "unknown (no export record)")
+        fallback = "alias" if "alias_of" in row else "unknown (no export record)"
+        if "lowrank_of" in row:
+            fallback = f"LQER factor of {row['lowrank_of']}"
+        row["rule"] = rules.get(row["name"], fallback)
     return rows, art.metadata
 
 

@@ -11,8 +11,9 @@ Decision order for each tensor (first rule that applies wins):
    (``--keep-float``: it can only keep more bits)
 4. control tensor (norm gains, gates,      -> ``fp32``, or the main quantizer when
    scalars, LayerRoPE, ``spec.``, the         ``quantize_controls`` (fragility probe)
-   Parameter Golf baseline's ``attn_scale``,
-   ``mlp_scale``, ``resid_mix``, ``q_gain``, ``skip_weight``) up to
+   Parameter Golf records' ``attn_scale``,
+   ``mlp_scale``, ``resid_mix``, ``q_gain``, ``skip_weight``, ``skip_gates``,
+   ``parallel_*_lambdas``, ``attn_gate_*``, ``smear_*``) up to
    ``control_max_numel`` elements
 5. embedding (recurnorm ``embed``/``head``, -> ``embedding_format`` (int8 unless the main
    Parameter Golf ``tok_emb``/``lm_head``,     format is a float passthrough)
@@ -65,8 +66,22 @@ RECURNORM_CONTROLS = (
     "*alpha*",
     "*beta*",
 )
-# The Parameter Golf baseline's CONTROL_TENSOR_NAME_PATTERNS (kept fp32 by its export).
-PARAMETER_GOLF_CONTROLS = ("*attn_scale*", "*mlp_scale*", "*resid_mix*", "*q_gain*", "*skip_weight*")
+# The Parameter Golf records' CONTROL_TENSOR_NAME_PATTERNS (kept in float by their exports;
+# the 2026-04-27 record's 16, plural spellings included by the globs).
+PARAMETER_GOLF_CONTROLS = (
+    "*attn_scale*",
+    "*mlp_scale*",
+    "*resid_mix*",
+    "*q_gain*",
+    "*skip_weight*",
+    "*skip_gates*",
+    "*parallel_post_lambdas*",
+    "*parallel_resid_lambdas*",
+    "*attn_gate_proj*",
+    "*attn_gate_w*",
+    "*smear_gate*",
+    "*smear_lambda*",
+)
 HUGGING_FACE_CONTROLS = ("*layernorm*", "*layer_norm*", "*ln_f.*", "*ln_1.*", "*ln_2.*")
 CONTROL_PATTERNS = RECURNORM_CONTROLS + PARAMETER_GOLF_CONTROLS + HUGGING_FACE_CONTROLS
 # Step-specific *matrices* (LoRA adapters, unique blocks) are weights, not controls.
@@ -314,7 +329,9 @@ class ExportPolicy:
 
     def check_rules(self, state_dict: dict[str, Tensor], source: str = "the checkpoint") -> None:
         """ConfigError (usage) naming each rule or --keep-float pattern that changes no tensor."""
-        problems = self.rule_problems(state_dict)
+        from .banks import unbank
+
+        problems = self.rule_problems(unbank(state_dict))  # a rule may name a stack's slices
         if problems:
             raise ConfigError(f"{source}: " + "; ".join(problems))
 

@@ -12,12 +12,14 @@ its README's command line), decided tensor by tensor in its order:
 5. MLP matrices (``.mlp.``)                      -> int6, clip ``std:11.5``
 6. other matrices                                -> int6, clip ``std:12.85``
 
-then LQER (rank 4) on the 3 quantized matrices of largest ``‖W − Ŵ‖``. ``std:K`` is the
+then LQER (rank 4) on the 3 quantized matrices (not the gates) of largest ``‖W − Ŵ‖``. The
+record's banks (``qo_bank`` ...) are decided slice by slice under the names its own unbanking
+gives them (export/banks.py), so the banked checkpoint gets the unbanked one's export. ``std:K`` is the
 record's SDClip bit for bit (scale = K·std(row)/qmax in fp16, `quant/intn.py`); with
 ``--gptq`` the codes are GPTQ's, as in the record. Where recurnorm differs, by design:
 its LQER factors are recurnorm's int2/int4 formats on ``[r, n]`` rows (the record: an
-int2 A with one scale and an int4 B in groups of 64), and the record also GPTQs its tied
-embedding against the head's inputs, which recurnorm's ``--gptq`` leaves to rounding.
+int2 A with one scale and an int4 B in groups of 64). ``--gptq`` GPTQs the tied embedding
+against the head's inputs, as the record does, where the forward uses it as the head.
 Roles are read from the name as the record does (``.attn.``, ``.mlp.``), plus the
 spellings of recurnorm (``.attn.``, ``.mlp.``) and Hugging Face BERT/GPT models
 (``.attention.``, ``.intermediate.``, ``.output.dense``, ``self_attn``).
@@ -46,8 +48,10 @@ RECORD = {
     "lqer": {"lqer": 4, "lqer_l": "int2", "lqer_r": "int4"},  # LQER_RANK=4, asym int2/int4
     "lqer_top_k": 3,  # LQER_TOP_K=3
 }
-ATTENTION = ("*.attn.*", "*.attention.*", "*self_attn*")
-MLP = ("*.mlp.*", "*.intermediate.*", "*.output.dense.*", "*feed_forward*", "*.ffn.*")
+# A stack's slices (export/banks.py) are named as the record names them (``blocks.{i}.attn.c_q``)
+# when the stack is one of its banks, else ``NAME.i``: ``qo_bank.3`` and ``mlp_up_bank.0`` too.
+ATTENTION = ("*.attn.*", "*.attention.*", "*self_attn*", "*qo_bank.*", "*kv_bank.*", "*attn*bank.*")
+MLP = ("*.mlp.*", "*.intermediate.*", "*.output.dense.*", "*feed_forward*", "*.ffn.*", "*mlp*bank.*")
 GATES = ("*attn_gate_w",)
 RECIPE_REASON = "@pg-record"
 
@@ -92,7 +96,11 @@ class RecordPolicy(ExportPolicy):
         mine = [
             n
             for n, (fmt, _, why) in sorted(plan.items())
-            if why.startswith(RECIPE_REASON) and fmt.startswith("int") and state_dict[n].dim() == 2
+            # the record's candidates are its GPTQ'd matrices: not the int8 gates
+            if why.startswith(RECIPE_REASON)
+            and fmt.startswith("int")
+            and state_dict[n].dim() == 2
+            and "gate" not in why
         ]
         errors: dict[int, tuple[float, str]] = {}
         for n in mine:

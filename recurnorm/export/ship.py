@@ -86,20 +86,74 @@ def ship(
     calib_data: str | None = None,
     tokenizer: str | None = None,
     model_factory=None,
+    hessians_file: str | Path | None = None,
     **kw,
 ) -> Packed:
     """Pack a checkpoint under a policy; with GPTQ codes and/or formats chosen by --fit
-    (``fit_bytes``: a cap, or a Budget counting code and loader too)."""
-    if gptq and calib_data is None:
-        raise ConfigError("--gptq needs --calib-data (its training split calibrates the Hessians)")
-    need_model = gptq or (fit_bytes is not None and calib_data is not None)
+    (``fit_bytes``: a cap, or a Budget counting code and loader too; ``hessians_file``: a
+    safetensors file of {weight name: H} to GPTQ with instead of calibrating)."""
+    hessians_given = None
+    if hessians_file is not None:
+        if not gptq:
+            raise ConfigError("--hessians FILE only applies with --gptq")
+        hessians_given = load_hessians(hessians_file)
+    elif gptq and calib_data is None:
+        raise ConfigError("--gptq needs --calib-data (its training split calibrates the Hessians) or --hessians FILE")
+    need_model = (gptq and hessians_given is None) or (fit_bytes is not None and calib_data is not None)
     src = load_source(ckpt, model_factory, need_model)
     if need_model and src.model is None:
         raise ConfigError(
             f"{'--gptq' if gptq else '--calib-data'}: {src.why_no_model}; pass --model-factory MODULE:FUNCTION"
         )
     tokens = _train_tokens(calib_data, tokenizer) if calib_data is not None else None
-    return ship_source(src, policy, fit_bytes=fit_bytes, gptq=gptq, train_tokens=tokens, calib_label=calib_data, **kw)
+    label = calib_data if hessians_file is None else Path(hessians_file).name
+    return ship_source(
+        src,
+        policy,
+        fit_bytes=fit_bytes,
+        gptq=gptq,
+        train_tokens=tokens,
+        calib_label=label,
+        hessians_given=hessians_given,
+        **kw,
+    )
+
+
+def load_hessians(path: str | Path) -> dict:
+    """{weight name: H [in, in]} from a safetensors file (a competitor's own calibration)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        found = load_file(str(path))
+    except (OSError, SafetensorError) as exc:
+        raise ConfigError(f"--hessians {path}: not a readable safetensors file ({exc})") from None
+    for name, H in found.items():
+        if H.dim() != 2 or H.shape[0] != H.shape[1] or not H.is_floating_point():
+            raise ConfigError(f"--hessians {path}: tensor {name!r} is {list(H.shape)} {H.dtype}, not a square float H")
+    return {n: H.float() for n, H in found.items()}
+
+
+def gptq_coverage(exporter, policy: ExportPolicy, state: dict) -> list[str]:
+    """Notes on the matrices --gptq leaves to rounding (and why); ConfigError when it covers none."""
+    from .banks import unbank
+
+    flat = unbank(state)
+    done, missed = exporter.coverage(policy.plan(flat), flat)
+    if not done:
+        shown = "; ".join(f"{n}: {why}" for n, why in list(missed.items())[:3])
+        raise ConfigError(
+            "--gptq covers no matrix the policy quantizes"
+            + (f" ({shown}{'; ...' if len(missed) > 3 else ''})" if missed else "")
+            + ": the model's forward uses no weight through F.linear, matmul or nn.Linear, or the names differ"
+        )
+    if not missed:
+        return []
+    whys: dict[str, list[str]] = {}
+    for n, why in missed.items():
+        whys.setdefault(why, []).append(n)
+    parts = [f"{len(ns)} {why} ({', '.join(ns[:4])}{', ...' if len(ns) > 4 else ''})" for why, ns in whys.items()]
+    return [f"--gptq: GPTQ'd {len(done)} of {len(done) + len(missed)} quantized matrices; rounded: " + "; ".join(parts)]
 
 
 def ship_model(model, policy: ExportPolicy | str, *, name: str = "model", config: dict | None = None, **kw) -> Packed:
@@ -127,8 +181,10 @@ def ship_source(
     sensitivity: str = "direct",
     fit_embeddings: bool = False,
     progress: Callable[[str], None] | None = None,
+    hessians_given: dict | None = None,
 ) -> Packed:
-    """Pack a Source under a policy: rules checked against its names, then GPTQ and --fit as asked."""
+    """Pack a Source under a policy: rules checked against its names, then GPTQ and --fit as asked
+    (``hessians_given``: {weight name: H} to GPTQ with, instead of calibrating the model)."""
     from .gptq import DEFAULT_CALIB_TOKENS, GPTQExporter
 
     policy.check_rules(src.state, str(src.path))
@@ -137,27 +193,33 @@ def ship_source(
     metadata = {"quant": policy.quantizer, "source": src.path.name}
     if config is not None:
         metadata["config"] = config
-    if (gptq or train_tokens is not None and fit_bytes is not None) and src.model is None:
+    if (gptq and hessians_given is None or train_tokens is not None and fit_bytes is not None) and src.model is None:
         raise ConfigError(f"{src.path}: GPTQ and calibrated --fit need the model to run")
-    if gptq and train_tokens is None:
+    if gptq and train_tokens is None and hessians_given is None:
         raise ConfigError("GPTQ needs training tokens to calibrate its Hessians")
     if gptq and config is not None and config.get("qat"):
         raise ConfigError("--gptq: a QAT checkpoint ships the codes its training saw; GPTQ would change them")
     quantize_fn = None
     if gptq:
         n_tokens = calib_tokens or DEFAULT_CALIB_TOKENS
-        exporter = GPTQExporter(src.model, train_tokens, n_tokens, seq_len=seq_len)
+        if hessians_given is None:
+            exporter = GPTQExporter(src.model, train_tokens, n_tokens, seq_len=seq_len, progress=progress)
+            metadata["gptq"] = {"calib_data": str(calib_label or "train_tokens"), "calib_tokens": n_tokens}
+        else:
+            exporter = GPTQExporter(None, None, hessians=hessians_given, progress=progress)
+            metadata["gptq"] = {"hessians": str(calib_label)}
+        notes += gptq_coverage(exporter, policy, src.state)
         quantize_fn = exporter.quantize
-        metadata["gptq"] = {"calib_data": str(calib_label or "train_tokens"), "calib_tokens": n_tokens}
     if fit_bytes is None:
         if quantize_fn is None:
             data = pack_state(src.state, policy, metadata, effort=effort)
         else:
-            from ..budget.api import pack_qtensors
-            from .pack import export_metadata
+            from .banks import unbank
+            from .pack import pack_plan
 
-            qts, plan = quantize_fn(src.state, policy)
-            data = pack_qtensors(qts, {**metadata, "export": export_metadata(policy, plan, qts)}, effort=effort)
+            state = unbank(src.state)
+            qts, plan = quantize_fn(state, policy)
+            data = pack_plan(state, qts, plan, policy, metadata, effort=effort)
         rows, meta = packed_rows(data)
         return Packed(data, rows, policy, meta, notes, state=src.state)
 
@@ -176,11 +238,15 @@ def ship_source(
         else:
             loss_fn = calibration_loss_fn(src.model, windows)
         if sensitivity == "hessian":
-            from ..quant.gptq import collect_hessians
-            from .gptq import linear_layers
+            from ..evaluate.factory import run_forward
+            from .banks import unbank
+            from .gptq import collect_all_hessians
 
-            found = exporter.hessians if gptq else collect_hessians(src.model, windows, linear_layers(src.model))
-            hessians = {f"{k}.weight": v for k, v in found.items()}
+            hessians = (
+                exporter.hessians
+                if gptq
+                else collect_all_hessians(src.model, windows, unbank(src.state), run_forward, progress)
+            )
     else:
         notes.append("fit: no --calib-data: sensitivities are a weight-space proxy, not measured Δloss")
     result = fit_budget(

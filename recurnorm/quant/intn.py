@@ -57,7 +57,8 @@ class IntN(GridQuantizer):
         "clip_search": "true: try clip ratios 1.00..0.50 per group, keep the least squared error",
         "asymmetric": "true: codes 0..2^N-1 with an integer zero point per group",
         "clip_percentile": "P in (50, 100]: clip each group at the P-th percentile of |w|",
-        "clip": "sigma:K: clip each group at K standard deviations (the records' k*std(row))",
+        "clip": "std:K: the Parameter Golf records' SDClip exactly, scale K*std(row)/qmax; "
+        "sigma:K: recurnorm's clip at K standard deviations of each group, capped at its absmax",
     }
 
     def check_options(self) -> None:

@@ -27,6 +27,7 @@ What differs from the Parameter Golf record that uses it (openai/parameter-golf,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -126,12 +127,22 @@ def apply(W: Tensor, L: Tensor, R: Tensor) -> Tensor:
     return out
 
 
+def matrix_view(shape: tuple[int, ...], left_cols: int | None = None) -> tuple[int, int]:
+    """(rows, cols) a correction of a tensor of this shape is laid on: ``[shape[0], rest]``, or
+    for a stack of matrices (>= 3 dims, export/banks.py) ``[rest, shape[-1]]`` when its left
+    factor says so (its length is the rows)."""
+    rows, cols = rows_layout(shape)
+    if len(shape) > 2 and left_cols is not None and left_cols != rows:
+        return math.prod(shape[:-1]), shape[-1]
+    return rows, cols
+
+
 def apply_to(t: Tensor, qt: QTensor) -> Tensor:
     """The dequantized tensor t (float32, qt's shape) with qt's correction added."""
     from .registry import dequantize
 
-    rows, cols = rows_layout(tuple(qt.shape))
     L, R = (dequantize(f) for f in qt.lowrank)
+    rows, cols = matrix_view(tuple(qt.shape), L.shape[-1])
     if L.shape != (L.shape[0], rows) or R.shape != (L.shape[0], cols):
         raise QuantError(f"lqer factors {list(L.shape)} and {list(R.shape)} do not fit a [{rows}, {cols}] matrix")
     return apply(t.reshape(rows, cols), L, R).reshape(t.shape)
