@@ -77,12 +77,14 @@ def _check_qtensor(name: str, qt: QTensor, check: bool = True) -> None:
 
 
 def pack_qtensors(
-    qtensors: dict[str, QTensor],
+    qtensors,
     metadata: dict | None = None,
     codecs=None,
     effort: str = "normal",
     *,
     check: bool = True,
+    jobs: int = 1,
+    sink=None,
 ) -> bytes:
     """Entropy-pack QTensors into artifact bytes; one QTensor under two names is stored once.
 
@@ -92,6 +94,10 @@ def pack_qtensors(
     artifact: it is never larger.
     check: refuse (QuantError) names, shapes and values that readers refuse; False only to
     forge such artifacts (tests/hostile_corpus.py).
+    jobs: tensors coded at once (threads); the bytes are the same for any number.
+    qtensors may be a mapping that makes each QTensor when asked (a checkpoint streamed: no
+    tied names); with sink (a binary file), the payload goes there tensor by tensor, in
+    order, and the header and manifest come back (write them, then the payload).
     """
     if effort not in EFFORTS:
         raise QuantError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
@@ -101,13 +107,64 @@ def pack_qtensors(
         fmt.dumps(metadata)
     except (TypeError, ValueError) as exc:
         raise QuantError(f"metadata is not JSON-serializable: {exc}") from None
-    efforts = ("normal", "max") if effort == "max" else (effort,)
-    return min((_pack(qtensors, metadata, codecs, e, check) for e in efforts), key=len)
+    if effort == "max" and sink is None:
+        return min((_pack(qtensors, metadata, codecs, e, check, jobs) for e in ("normal", "max")), key=len)
+    return _pack(qtensors, metadata, codecs, effort, check, jobs, sink)
 
 
-def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, check: bool) -> bytes:
+def _pack(qtensors, metadata: dict, codecs, effort: str, check: bool, jobs: int = 1, sink=None) -> bytes:
     first_name: dict[int, str] = {}
-    entries, aliases = [], []
+    stored, aliases = [], []
+    tied = isinstance(qtensors, dict)  # (a mapping that makes QTensors as asked holds no tied names)
+    # Sorted names: the artifact must not depend on the dict's insertion order.
+    for name in sorted(qtensors):
+        if not isinstance(name, str):
+            raise QuantError(f"tensor name {name!r} is not a string")
+        why = check and validate.name_problem(name)
+        if why:
+            raise QuantError(f"tensor {name!r}: {why}: rename it")
+        if tied and id(qtensors[name]) in first_name:
+            aliases.append({"name": name, "alias_of": first_name[id(qtensors[name])]})
+            continue
+        first_name[id(qtensors[name]) if tied else len(first_name)] = name
+        stored.append(name)
+    entries, sha, offset, chunks = [], hashlib.sha256(), 0, []
+    # Tensor by tensor, in order (jobs at once): each tensor's streams are written before the next's.
+    for done in _ordered(lambda n: _encode_tensor(n, qtensors[n], qtensors, codecs, effort, check), stored, jobs):
+        for entry, coded in done:
+            for kind, stream in entry["streams"].items():
+                codec, params, data = coded[kind]
+                entry["streams"][kind] = {"codec": codec, "params": params, "offset": offset, **stream}
+                entry["streams"][kind]["length"] = len(data)
+                sha.update(data)
+                offset += len(data)
+                chunks.append(data) if sink is None else sink.write(data)
+            entries.append(entry)
+    manifest = {"format": "rnpk", "version": fmt.VERSION, "metadata": metadata, "tensors": entries + aliases}
+    return fmt.write_container(manifest, chunks, (offset, sha.hexdigest()))
+
+
+def _ordered(fn, items: list, jobs: int):
+    """fn of each item, in order, with at most jobs running (each holds a tensor) in threads:
+    the coders' numpy and C loops let go of the interpreter."""
+    if jobs <= 1:
+        yield from map(fn, items)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(jobs) as pool:
+        running: deque = deque()
+        for item in items:
+            running.append(pool.submit(fn, item))
+            if len(running) >= jobs:
+                yield running.popleft().result()
+        while running:
+            yield running.popleft().result()
+
+
+def _encode_tensor(name: str, qt: QTensor, names, codecs, effort: str, check: bool) -> list[tuple[dict, dict]]:
+    """(manifest entry, {kind: (codec, params, bytes)}) of a stored tensor, its LQER factors first."""
     items: list[tuple[np.ndarray, StreamContext]] = []
     # Tensors whose rows are predicted: their codes as they are race the residuals and parents.
     unpredicted: dict[str, tuple[np.ndarray, StreamContext]] = {}
@@ -150,48 +207,29 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
             "streams": streams,
         }
 
-    # Sorted names: the artifact must not depend on the dict's insertion order.
-    for name in sorted(qtensors):
-        qt = qtensors[name]
-        if not isinstance(name, str):
-            raise QuantError(f"tensor name {name!r} is not a string")
-        why = check and validate.name_problem(name)
-        if why:
-            raise QuantError(f"tensor {name!r}: {why}: rename it")
-        if id(qt) in first_name:
-            aliases.append({"name": name, "alias_of": first_name[id(qt)]})
-            continue
-        first_name[id(qt)] = name
-        if qt.lowrank is None:
-            entries.append(entry(name, qt))
-            continue
-        # The factors first, so that a reader has them when it reaches the tensor.
-        names = (f"{name}.lqer_l", f"{name}.lqer_r")
-        clash = [n for n in names if n in qtensors]
+    if not isinstance(qt, QTensor):
+        raise QuantError(f"tensor {name}: expected a QTensor, got {type(qt).__name__}")
+    if qt.lowrank is None:
+        entries = [entry(name, qt)]
+    else:  # the factors first, so that a reader has them when it reaches the tensor
+        factors = (f"{name}.lqer_l", f"{name}.lqer_r")
+        clash = [n for n in factors if n in names]
         if clash:
             raise QuantError(f"tensor {name}: its lqer factor name {clash[0]!r} is taken by another tensor")
-        entries += [entry(n, f) for n, f in zip(names, qt.lowrank, strict=True)]
-        entries.append({**entry(name, qt), "lowrank": list(names)})
-    # All streams are encoded together: codecs search the whole model in one go.
+        entries = [entry(n, f) for n, f in zip(factors, qt.lowrank, strict=True)]
+        entries.append({**entry(name, qt), "lowrank": list(factors)})
     encoded = race.encode_all(items + list(unpredicted.values()), codecs)
     alone, encoded = dict(zip(unpredicted, encoded[len(items) :], strict=True)), iter(encoded[: len(items)])
-    chunks: list[bytes] = []
-    offset = 0
-    for entry in entries:
-        coded = {kind: next(encoded) for kind in entry["streams"]}
-        plain = alone.get(entry["name"])  # (the sample or the search can be wrong: the race decides)
+    out = []
+    for e in entries:
+        coded = {kind: next(encoded) for kind in e["streams"]}
+        plain = alone.get(e["name"])  # (the sample or the search can be wrong: the race decides)
         if plain is not None and len(plain[2]) <= len(coded["codes"][2]) + len(coded["parents"][2]):
             coded["codes"] = plain
-            del coded["parents"], entry["streams"]["parents"]
-            kept = entry["streams"]["codes"]
-            kept["sha256"] = _sha(unpredicted[entry["name"]][0], kept["dtype"])
-        for kind, stream in entry["streams"].items():
-            codec, params, data = coded[kind]
-            entry["streams"][kind] = {"codec": codec, "params": params, "offset": offset, "length": len(data), **stream}
-            chunks.append(data)
-            offset += len(data)
-    manifest = {"format": "rnpk", "version": fmt.VERSION, "metadata": metadata, "tensors": entries + aliases}
-    return fmt.write_container(manifest, chunks)
+            del coded["parents"], e["streams"]["parents"]
+            e["streams"]["codes"]["sha256"] = _sha(unpredicted[e["name"]][0], e["streams"]["codes"]["dtype"])
+        out.append((e, coded))
+    return out
 
 
 def _decode_stream(
@@ -209,7 +247,8 @@ def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact
     """Validate and decode artifact bytes (ArtifactError on anything wrong).
 
     max_decoded_bytes: refuse artifacts whose tensors decode to more than this many bytes
-    (default validate.DEFAULT_MAX_DECODED_BYTES, 1 GiB), checked before decoding.
+    (default validate.default_max_decoded_bytes: 64 a stored byte, from 1 GiB up to the
+    machine's memory), checked before decoding.
     """
     manifest, payload = fmt.read_container(data, max_decoded_bytes)
     qtensors: dict[str, QTensor] = {}
@@ -361,14 +400,13 @@ def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -
     than its decoded bytes allow (no stream is longer than its raw form plus the manifest)."""
     import stat
 
-    decoded = validate.DEFAULT_MAX_DECODED_BYTES if max_decoded_bytes is None else max_decoded_bytes
-    limit = decoded + fmt.MAX_MANIFEST_BYTES + fmt.HEADER_SIZE
     path = Path(path)
     try:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode):
             raise ArtifactError(f"{path} is not a regular file")
-        if st.st_size > limit:
+        decoded = max_decoded_bytes  # (the default grows with the file: no size it refuses)
+        if decoded is not None and st.st_size > decoded + fmt.MAX_MANIFEST_BYTES + fmt.HEADER_SIZE:
             raise ArtifactError(
                 f"{path}: {st.st_size:,} bytes, more than an artifact decoding to at most {decoded:,} bytes can hold"
             )

@@ -37,7 +37,6 @@ LOWRANK_FLAG = 4
 MAX_JSON_DEPTH = 64
 MAX_CONFIG_DEPTH = MAX_JSON_DEPTH - 4  # config.json, under the manifest's {"metadata": {"config": ...}}
 MAX_NDIM = 16
-MAX_TOTAL_ELEMENTS = 1 << 28  # 268M weights: far above what 16 MB can hold; bounds decode memory
 MAX_TENSORS = 1 << 20
 STREAM_KINDS = ("scales", "zeros", "parents", "codes")  # the order they are written and read in
 
@@ -47,13 +46,16 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def write_container(manifest: dict, payload: bytes | list[bytes]) -> bytes:
+def write_container(manifest: dict, payload: bytes | list[bytes], length_sha: tuple[int, str] | None = None) -> bytes:
     """Header + manifest (with payload length and hash filled in, in its shortest portable
-    form: raw, deflate or lzma) + payload (or its parts: joined once, with the header)."""
+    form: raw, deflate or lzma) + payload (or its parts: joined once, with the header).
+    length_sha: the payload's, when given (its parts may be written elsewhere already)."""
     manifest, parts, sha = dict(manifest), payload if isinstance(payload, list) else [payload], hashlib.sha256()
-    for part in parts:
-        sha.update(part)
-    manifest["payload_length"], manifest["payload_sha256"] = sum(map(len, parts)), sha.hexdigest()
+    if length_sha is None:
+        for part in parts:
+            sha.update(part)
+        length_sha = sum(map(len, parts)), sha.hexdigest()
+    manifest["payload_length"], manifest["payload_sha256"] = length_sha
     raw = dumps(manifest)
     _check_writable(manifest, raw)
     m, flags = compress.smallest(raw)
@@ -115,7 +117,7 @@ def json_depth(obj: Any, limit: int) -> int:
 def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[dict, memoryview]:
     """Check header, checksums and the manifest's structure; return (manifest, payload).
 
-    max_decoded_bytes: refuse artifacts whose tensors decode to more (default 1 GiB)."""
+    max_decoded_bytes: refuse artifacts whose tensors decode to more (default: validate's rule)."""
     data = memoryview(data)
     if len(data) < HEADER_SIZE:
         raise ArtifactError(f"truncated artifact: {len(data)} bytes, header needs {HEADER_SIZE}")

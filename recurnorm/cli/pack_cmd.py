@@ -23,8 +23,9 @@ DECODED_OPTION = click.option(
     "--max-decoded-bytes",
     type=CAP,
     default=None,
-    help="refuse artifacts whose tensors decode to more bytes than this [default: 1 GiB]; "
-    "checked before decoding, so a small hostile file cannot take the machine's memory",
+    help="refuse artifacts whose tensors decode to more bytes than this [default: 64 x the "
+    "artifact's bytes, at least 1 GiB, at most the machine's memory]; checked before decoding, "
+    "so a small hostile file cannot take the machine's memory",
 )
 
 
@@ -223,6 +224,7 @@ def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_
     "(for --gptq and --fit): forward(x) -> logits or forward(x, y) -> mean loss, its context "
     "length in model.seq_len (or block_size, max_seq_len, train_seq_len); imports and runs that code",
 )
+@DECODED_OPTION
 def pack(
     ckpt,
     quant,
@@ -246,6 +248,7 @@ def pack(
     fit_sensitivity,
     fit_embeddings,
     model_factory,
+    max_decoded_bytes,
 ):
     """Quantize and entropy-pack any checkpoint into one .rnpk artifact.
 
@@ -290,6 +293,7 @@ def pack(
         sensitivity=fit_sensitivity,
         fit_embeddings=fit_embeddings,
         progress=progress,
+        max_decoded_bytes=max_decoded_bytes,
     )
     data, rows = packed.data, packed.rows
     if not as_json:
@@ -543,7 +547,7 @@ def inspect(
         raise ArtifactError(f"{target}: not a recurnorm artifact (bad magic)")
     else:
         policy = policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
-        packed = pack_checkpoint(target, policy)
+        packed = pack_checkpoint(target, policy, max_decoded_bytes=max_decoded_bytes)
         data, rows, metadata, notes = packed.data, packed.rows, packed.metadata, packed.notes
     cap = budget.report(len(data), rows)
     if not as_json:

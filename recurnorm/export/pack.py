@@ -196,15 +196,33 @@ def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None) -> tuple[
     return rows, art.metadata
 
 
-def packed_rows(data: bytes) -> tuple[list[dict], dict]:
-    """rows_with_rules of an artifact just packed here. Its readers' refusal is then this
-    input's limit, not a corrupt file: QuantError (exit 1), never ArtifactError (exit 4)."""
+def packed_rows(data: bytes, max_decoded_bytes: int | None = None) -> tuple[list[dict], dict]:
+    """rows_with_rules of an artifact just packed here, under verify's decoded-bytes rule. Its
+    readers' refusal is then this input's limit, not a corrupt file: QuantError (exit 1), never
+    ArtifactError (exit 4)."""
     from ..errors import ArtifactError, QuantError
 
     try:
-        return rows_with_rules(data)
+        return rows_with_rules(data, max_decoded_bytes)
     except ArtifactError as exc:
         raise QuantError(f"the packed artifact would not pass verify: {exc}") from None
+
+
+def check_decoded_limit(state: dict, max_decoded_bytes: int | None = None) -> None:
+    """QuantError before any work when the artifact of state would decode to more than readers
+    allow: each tensor takes at least its elements x max(its itemsize, 4 when float: formats
+    dequantize through float32), tied names again. The default allows at most the machine's
+    memory (validate.default_max_decoded_bytes); the rest of its rule is checked after packing."""
+    from ..budget.validate import default_max_decoded_bytes
+    from ..errors import QuantError
+
+    limit = default_max_decoded_bytes(1 << 62) if max_decoded_bytes is None else max_decoded_bytes
+    need = sum(t.numel() * max(t.element_size(), 4 * t.is_floating_point()) for t in state.values())
+    if need > limit:
+        raise QuantError(
+            f"its artifact would decode to at least {need:,} bytes, more than the {limit:,} readers allow "
+            "(--max-decoded-bytes raises the limit)"
+        )
 
 
 def load_state(ckpt: str | Path) -> tuple[dict, dict | None, list[str]]:
@@ -233,19 +251,21 @@ def pack_checkpoint(
     state=None,
     config=None,
     extra_metadata: dict | None = None,
+    max_decoded_bytes: int | None = None,
 ) -> Packed:
     """Pack a checkpoint (dir, .safetensors, .pt/.pth/.bin) under a policy."""
     ckpt = Path(ckpt)
     notes: list[str] = []
     if state is None:
         state, config, notes = load_state(ckpt)
+    check_decoded_limit(state, max_decoded_bytes)
     policy.check_rules(state, str(ckpt))
     policy, config = checkpoint_policy(policy, config, str(ckpt))
     metadata = {"quant": policy.quantizer, "source": ckpt.name, **(extra_metadata or {})}
     if config is not None:
         metadata["config"] = config
     data = pack_state(state, policy, metadata, effort=effort, replace=replace)
-    rows, metadata = packed_rows(data)
+    rows, metadata = packed_rows(data, max_decoded_bytes)
     return Packed(data, rows, policy, metadata, notes, state=state)
 
 

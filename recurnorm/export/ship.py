@@ -13,7 +13,7 @@ from pathlib import Path
 from ..budget.cap import Budget
 from ..errors import ConfigError
 from .fit import fit_budget
-from .pack import Packed, checkpoint_policy, load_state, pack_state, packed_rows
+from .pack import Packed, check_decoded_limit, checkpoint_policy, load_state, pack_state, packed_rows
 from .policy import ExportPolicy
 
 # --fit's calibration windows. Direct sensitivities run (formats x candidate tensors) passes over
@@ -127,10 +127,13 @@ def ship_source(
     sensitivity: str = "direct",
     fit_embeddings: bool = False,
     progress: Callable[[str], None] | None = None,
+    max_decoded_bytes: int | None = None,
 ) -> Packed:
-    """Pack a Source under a policy: rules checked against its names, then GPTQ and --fit as asked."""
+    """Pack a Source under a policy: rules checked against its names, then GPTQ and --fit as asked.
+    max_decoded_bytes: what verify allows the artifact to decode to (checked first, and after)."""
     from .gptq import DEFAULT_CALIB_TOKENS, GPTQExporter
 
+    check_decoded_limit(src.state, max_decoded_bytes)
     policy.check_rules(src.state, str(src.path))
     policy, config = checkpoint_policy(policy, src.config, str(src.path))
     notes = list(src.notes)
@@ -158,7 +161,7 @@ def ship_source(
 
             qts, plan = quantize_fn(src.state, policy)
             data = pack_qtensors(qts, {**metadata, "export": export_metadata(policy, plan, qts)}, effort=effort)
-        rows, meta = packed_rows(data)
+        rows, meta = packed_rows(data, max_decoded_bytes)
         return Packed(data, rows, policy, meta, notes, state=src.state)
 
     loss_fn = fisher = hessians = None
@@ -197,5 +200,5 @@ def ship_source(
         embeddings=fit_embeddings,
         progress=progress,
     )
-    rows, meta = packed_rows(result.data)
+    rows, meta = packed_rows(result.data, max_decoded_bytes)
     return Packed(result.data, rows, result.policy, meta, notes, fit=result, state=src.state)
