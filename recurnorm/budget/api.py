@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import mmap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -250,23 +251,42 @@ def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact
     (default validate.default_max_decoded_bytes: 64 a stored byte, from 1 GiB up to the
     machine's memory), checked before decoding.
     """
-    manifest, payload = fmt.read_container(data, max_decoded_bytes)
+    manifest, tensors = iter_artifact(data, max_decoded_bytes)
     qtensors: dict[str, QTensor] = {}
     aliases: dict[str, str] = {}
-    for t in manifest["tensors"]:
+    for entries, qt in tensors:
+        t = entries[-1]
         if "alias_of" in t:
             aliases[t["name"]] = t["alias_of"]
-            qtensors[t["name"]] = qtensors[t["alias_of"]]
+        qtensors[t["name"]] = qtensors[t["alias_of"]] if "alias_of" in t else qt
+    return Artifact(manifest, manifest.get("metadata", {}), qtensors, aliases)
+
+
+def iter_artifact(data: bytes, max_decoded_bytes: int | None = None):
+    """(manifest, its tensors decoded one at a time): the artifact validated as read_artifact
+    does, then ([entries], QTensor) per stored tensor in manifest order (an LQER tensor's two
+    factor entries before its own; the factors on its QTensor) and ([alias entry], None).
+    Pages of a memory-mapped artifact are let go as they are read."""
+    manifest, payload = fmt.read_container(data, max_decoded_bytes)
+    return manifest, _decoded(manifest, payload)
+
+
+def _decoded(manifest: dict, payload: memoryview):
+    factor_names = {n for t in manifest["tensors"] for n in t.get("lowrank", ())}
+    factors: dict[str, tuple[dict, QTensor]] = {}
+    for t in manifest["tensors"]:
+        if "alias_of" in t:
+            yield [t], None
             continue
-        st = t["streams"]
-        dec = {}
+        st, dec = t["streams"], {}
         for kind in fmt.STREAM_KINDS:
             if kind in st:
                 dec[kind] = _decode_stream(payload, st[kind], kind, t, dec.get("scales"), manifest["version"])
+        fmt.release(payload)
         if "parents" in dec:  # (validate checked: [rows, 2], and the codes are the tensor's [rows, cols])
             m = dec["codes"].reshape(t["shape"][0], -1)
             dec["codes"] = parents.restore(m, dec["parents"], f"tensor {t['name']!r}").reshape(dec["codes"].shape)
-        qtensors[t["name"]] = QTensor(
+        qt = QTensor(
             format=t["format"],
             shape=tuple(t["shape"]),
             dtype=t["dtype"],
@@ -275,10 +295,14 @@ def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact
             zeros=dec.get("zeros"),
             params=t["params"],
         )
-        validate.check_decoded(t["name"], qtensors[t["name"]])
+        validate.check_decoded(t["name"], qt)
+        if t["name"] in factor_names:
+            factors[t["name"]] = (t, qt)
+            continue
+        ents = [factors[n][0] for n in t.get("lowrank", ())] + [t]
         if "lowrank" in t:  # its factors were decoded just before it (validate checked the order)
-            qtensors[t["name"]].lowrank = tuple(qtensors.pop(n) for n in t["lowrank"])
-    return Artifact(manifest, manifest.get("metadata", {}), qtensors, aliases)
+            qt.lowrank = tuple(factors.pop(n)[1] for n in t["lowrank"])
+        yield ents, qt
 
 
 # ----------------------------------------------------------------- statistics
@@ -321,6 +345,15 @@ def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> 
             row["overhead"] = (row["codes_bytes"] / bound - 1.0) if bound > 0 else None
         rows.append(row)
     return rows
+
+
+def decoded_stats(data: bytes, max_decoded_bytes: int | None = None) -> tuple[dict, list[dict]]:
+    """(manifest, tensor_stats rows) of artifact bytes, decoded one tensor at a time."""
+    manifest, tensors = iter_artifact(data, max_decoded_bytes)
+    rows: list[dict] = []
+    for entries, qt in tensors:
+        rows += tensor_stats({"tensors": entries}, None if qt is None else {entries[-1]["name"]: qt})
+    return manifest, rows
 
 
 def _codec_label(s: dict) -> str:
@@ -376,27 +409,27 @@ def verify_bytes(data: bytes, budget=None, path: str = "<bytes>", max_decoded_by
 
     budget = budget or Budget()
     try:
-        art = read_artifact(data, max_decoded_bytes)
+        manifest, rows = decoded_stats(data, max_decoded_bytes)
     except ArtifactError as exc:
         return VerifyReport(path, False, ArtifactError.exit_code, str(exc))
+    metadata = manifest.get("metadata", {})
     if budget.loader is not None:  # the loader counted must be able to read it, too
         from .loader import loader_problem
 
-        problem = loader_problem(data, art.manifest)
+        problem = loader_problem(data, manifest)
         if problem:
             return VerifyReport(
                 path, False, ArtifactError.exit_code, f"not readable by the standalone loader: {problem}"
             )
-    rows = tensor_stats(art.manifest, art.qtensors)
     try:
         cap = budget.check(len(data), rows)
     except OverCapError as exc:
-        return VerifyReport(path, False, OverCapError.exit_code, str(exc), exc.report, rows, art.metadata)
-    return VerifyReport(path, True, 0, "valid and under the cap", cap, rows, art.metadata)
+        return VerifyReport(path, False, OverCapError.exit_code, str(exc), exc.report, rows, metadata)
+    return VerifyReport(path, True, 0, "valid and under the cap", cap, rows, metadata)
 
 
 def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -> bytes:
-    """An artifact file's bytes: regular files only (not /dev/zero or a FIFO), and no larger
+    """An artifact file's bytes, memory-mapped: regular files only (not /dev/zero or a FIFO), and no larger
     than its decoded bytes allow (no stream is longer than its raw form plus the manifest)."""
     import stat
 
@@ -410,8 +443,8 @@ def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -
             raise ArtifactError(
                 f"{path}: {st.st_size:,} bytes, more than an artifact decoding to at most {decoded:,} bytes can hold"
             )
-        with open(path, "rb") as f:
-            return f.read(st.st_size + 1)  # read(n) allocates n bytes up front: the size, not the limit
+        with open(path, "rb") as f:  # mapped: pages are read as decoding reaches them, and let go
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
     except OSError as exc:
         raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}") from None
 

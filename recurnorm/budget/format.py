@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import struct
 from typing import Any
 
@@ -150,7 +151,11 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
     plen = manifest.get("payload_length")
     if not is_int(plen) or plen != len(payload):
         raise ArtifactError(f"truncated or padded artifact: payload is {len(payload)} bytes, manifest says {plen}")
-    if hashlib.sha256(payload).hexdigest() != manifest.get("payload_sha256"):
+    sha = hashlib.sha256()
+    for i in range(0, len(payload), 1 << 26):  # (a mapped file's pages let go as they are hashed)
+        sha.update(payload[i : i + (1 << 26)])
+        release(payload)
+    if sha.hexdigest() != manifest.get("payload_sha256"):
         raise ArtifactError("payload checksum mismatch (corrupt artifact)")
     from . import validate  # it reads this module's limits
 
@@ -158,6 +163,13 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
     if bool(flags & LOWRANK_FLAG) != has_lowrank(manifest):
         raise ArtifactError("header flag for lqer corrections disagrees with the manifest")
     return manifest, payload
+
+
+def release(data: memoryview) -> None:
+    """Let go of the pages of a memory-mapped artifact this process has read (the file keeps
+    them: they come back when read again), so reading holds the tensor at hand, not the file."""
+    if isinstance(data.obj, mmap.mmap) and len(data.obj):
+        data.obj.madvise(mmap.MADV_DONTNEED)
 
 
 def has_lowrank(manifest: dict) -> bool:

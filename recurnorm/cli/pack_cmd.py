@@ -344,21 +344,33 @@ def unpack(artifact, out, force, max_decoded_bytes):
     """Decode an artifact to dequantized weights (+ config.json beside them)."""
     from ..budget import api, safetensors_out
     from ..io import atomic_write_json, atomic_write_stream, check_distinct, check_writable
-    from ..quant import dequantize_all
+    from ..quant import registry as quant_registry
+    from ..quant.registry import dequantize
 
     check_writable(out, force, [artifact])
-    art = api.read_artifact(api.read_artifact_file(artifact, max_decoded_bytes), max_decoded_bytes)
-    config = art.metadata.get("config")
+    manifest, tensors = api.iter_artifact(api.read_artifact_file(artifact, max_decoded_bytes), max_decoded_bytes)
+    config = manifest.get("metadata", {}).get("config")
     cfg_path = out.with_name("config.json")
     if config is not None:
         check_distinct({"-o": out, "the config.json written beside it": cfg_path})
         check_writable(cfg_path, force, [artifact])
-    tensors = dequantize_all(art.qtensors)
-    # Written from the tensors' memory (tied names get their own copy in the file, not in RAM).
-    atomic_write_stream(out, lambda f: safetensors_out.write(f, tensors), exclusive=not force)
+    # Tensor by tensor into the file (a tied name gets its own copy in the file, not in RAM).
+    entries = {t["name"]: t for t in manifest["tensors"]}
+    stored = {n: entries[t.get("alias_of", n)] for n, t in entries.items() if n not in factors_of(manifest)}
+    specs = {n: (quant_registry.torch_dtype(t["dtype"]), t["shape"]) for n, t in stored.items()}
+    names: dict[str, list[str]] = {}  # stored tensor -> its names (with its aliases)
+    for n, t in stored.items():
+        names.setdefault(t["name"], []).append(n)
+    decoded = ((names[e[-1]["name"]], dequantize(qt, original_dtype=True)) for e, qt in tensors if qt is not None)
+    atomic_write_stream(out, lambda f: safetensors_out.write_each(f, specs, decoded), exclusive=not force)
     if config is not None:
         atomic_write_json(cfg_path, config, exclusive=not force)
-    click.echo(f"wrote {out} ({len(tensors)} tensors){' and ' + str(cfg_path) if config is not None else ''}")
+    click.echo(f"wrote {out} ({len(specs)} tensors){' and ' + str(cfg_path) if config is not None else ''}")
+
+
+def factors_of(manifest: dict) -> set[str]:
+    """The names of LQER factor entries (stored beside their tensor, not tensors of the model)."""
+    return {n for t in manifest["tensors"] for n in t.get("lowrank", ())}
 
 
 OUT_FILE = click.Path(dir_okay=False, path_type=Path)

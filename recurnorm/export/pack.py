@@ -186,14 +186,14 @@ class Packed:
 
 def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None) -> tuple[list[dict], dict]:
     """(tensor_stats rows with each tensor's ``rule``, metadata) of artifact bytes."""
-    from ..budget.api import read_artifact, tensor_stats
+    from ..budget.api import decoded_stats
 
-    art = read_artifact(data, max_decoded_bytes)  # decode once: proves the round trip, gives bounds
-    rows = tensor_stats(art.manifest, art.qtensors)
-    rules = (art.metadata.get("export") or {}).get("rules") or {}
+    manifest, rows = decoded_stats(data, max_decoded_bytes)  # decode once: proves the round trip, gives bounds
+    metadata = manifest.get("metadata", {})
+    rules = (metadata.get("export") or {}).get("rules") or {}
     for row in rows:
         row["rule"] = rules.get(row["name"], "alias" if "alias_of" in row else "unknown (no export record)")
-    return rows, art.metadata
+    return rows, metadata
 
 
 def packed_rows(data: bytes, max_decoded_bytes: int | None = None) -> tuple[list[dict], dict]:
