@@ -127,6 +127,23 @@ def atomic_write_stream(
     path = Path(path)
     tmp = None
     try:
+        fd, tmp = temp_beside(path)
+        try:
+            with os.fdopen(fd, "wb+") as f:
+                write(f)
+        except OSError as exc:
+            raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
+        publish(tmp, path, exclusive=exclusive)
+    except BaseException:
+        _discard(tmp)
+        raise
+    return path
+
+
+def temp_beside(path: str | os.PathLike) -> tuple[int, str]:
+    """(fd, name) of a new temp file in path's folder (made if missing), for publish()."""
+    path = Path(path)
+    try:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
@@ -134,10 +151,17 @@ def atomic_write_stream(
         clean_stale_temps(path)
         # Marker, pid and token in the name: the next write can tell a killed write's
         # leftovers, and nothing else.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
+        return tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+    except OSError as exc:
+        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def publish(tmp: str, path: str | os.PathLike, *, exclusive: bool = False) -> Path:
+    """Give a finished temp file (temp_beside's) its name: synced, with the mode a plain open()
+    gives; removed on failure. exclusive: never replace an existing file (OutputExistsError)."""
+    path = Path(path)
+    try:
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         # mkstemp creates 0600; give the file the mode a plain open() would.
         os.chmod(tmp, 0o666 & ~_umask())
@@ -151,9 +175,6 @@ def atomic_write_stream(
     except OSError as exc:
         _discard(tmp)
         raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        _discard(tmp)
-        raise
     return path
 
 

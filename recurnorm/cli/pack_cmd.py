@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -225,6 +226,12 @@ def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_
     "length in model.seq_len (or block_size, max_seq_len, train_seq_len); imports and runs that code",
 )
 @DECODED_OPTION
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="tensors coded at once (the same bytes for any number) [default: the cores available]",
+)
 def pack(
     ckpt,
     quant,
@@ -249,6 +256,7 @@ def pack(
     fit_embeddings,
     model_factory,
     max_decoded_bytes,
+    jobs,
 ):
     """Quantize and entropy-pack any checkpoint into one .rnpk artifact.
 
@@ -257,11 +265,12 @@ def pack(
     gates, scales; LayerNorm, layer_norm, ln_f) fp32, small vectors fp16 (a float -q
     format keeps them in it); `inspect` shows the rule that chose each tensor's format.
     A wrapper prefix on every name (`_orig_mod.`, `module.`) is stripped, and said.
+    A .safetensors checkpoint is read, coded and written tensor by tensor (--jobs at once).
     """
-    from ..budget import Budget, report
+    from ..budget import Budget
     from ..export import ship
     from ..export.fit import parse_formats
-    from ..io import atomic_write_bytes, check_writable
+    from ..io import _discard, check_writable
 
     if fit_bytes is not None and max_bytes is not None and fit_bytes > max_bytes:
         raise click.UsageError(
@@ -294,7 +303,26 @@ def pack(
         fit_embeddings=fit_embeddings,
         progress=progress,
         max_decoded_bytes=max_decoded_bytes,
+        out=out,
+        jobs=jobs or len(os.sched_getaffinity(0)),
     )
+    try:
+        _finish_pack(ckpt, packed, out, budget, fit_bytes, force, as_json, effort, progress)
+    finally:
+        if packed.temp is not None:
+            _discard(packed.temp)  # (published: gone already)
+
+
+# Over the cap, the hint packs the checkpoint again in memory, at several formats: a streamed
+# one past this size is not (minutes, and the memory streaming saved); the error says the cap.
+HINT_MAX_CHECKPOINT_BYTES = 1 << 28
+
+
+def _finish_pack(ckpt, packed, out, budget, fit_bytes, force, as_json, effort, progress) -> None:
+    """Check the cap, then write the artifact (or publish its temp file) and the report."""
+    from ..budget import report
+    from ..io import atomic_write_bytes, publish
+
     data, rows = packed.data, packed.rows
     if not as_json:
         say_notes(packed.notes, budget)
@@ -302,14 +330,18 @@ def pack(
         cap = budget.check(len(data), rows)
     except OverCapError as exc:
         # Refuse to write: show where the bytes go, and what would fit, so the user can act.
-        hint = None
-        if fit_bytes is None:
+        hint, state = None, packed.state
+        if state is None and sum(f.stat().st_size for f in _inputs(ckpt) if f.is_file()) <= HINT_MAX_CHECKPOINT_BYTES:
+            from ..export.pack import load_state
+
+            state = load_state(ckpt)[0]
+        if fit_bytes is None and state is not None:
             from ..export.hint import over_cap_hint
 
             if progress:
                 progress("over the cap: estimating what would fit")
             meta = {k: v for k, v in packed.metadata.items() if k != "export"}
-            hint = over_cap_hint(packed.state, packed.policy, budget, rows, len(data), metadata=meta, effort=effort)
+            hint = over_cap_hint(state, packed.policy, budget, rows, len(data), metadata=meta, effort=effort)
         if as_json:
             _echo_json({**exc.report, "policy": packed.policy_line, **(hint.to_dict() if hint else {"hint": None})})
         else:
@@ -319,7 +351,10 @@ def pack(
         raise OverCapError(
             f"not written: {exc}" + (f"; {hint.text.removeprefix('hint: ')}" if hint else ""), exc.report
         ) from None
-    atomic_write_bytes(out, data, exclusive=not force)  # no-clobber as the file appears, too
+    if packed.temp is not None:
+        publish(packed.temp, out, exclusive=not force)
+    else:
+        atomic_write_bytes(out, data, exclusive=not force)  # no-clobber as the file appears, too
     cap["path"] = str(out)
     cap["policy"] = packed.policy_line
     if packed.fit is not None:

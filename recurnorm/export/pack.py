@@ -176,7 +176,8 @@ class Packed:
     metadata: dict
     notes: list[str] = field(default_factory=list)
     fit: Any = None  # a fit.FitResult when --fit chose the formats
-    state: dict | None = None  # the tensors packed (the over-cap hint re-uses them)
+    state: dict | None = None  # the tensors packed (the over-cap hint re-uses them); None: streamed
+    temp: str | None = None  # streamed: the artifact's temp file beside the output (data maps it)
 
     @property
     def policy_line(self) -> str:
@@ -233,13 +234,17 @@ def load_state(ckpt: str | Path) -> tuple[dict, dict | None, list[str]]:
 
     state, config = load_checkpoint_state(ckpt)
     state, stripped = strip_wrapper_prefixes(state)
-    notes = []
-    if stripped:
-        notes.append(
-            f"stripped the wrapper prefix {''.join(stripped)!r} from every tensor name "
-            "(torch.compile / DataParallel); the artifact holds the plain names"
-        )
-    return state, config, notes
+    return state, config, strip_wrapper_note(stripped)
+
+
+def strip_wrapper_note(stripped: list[str]) -> list[str]:
+    """The note that says which wrapper prefixes were stripped (none: no note)."""
+    if not stripped:
+        return []
+    return [
+        f"stripped the wrapper prefix {''.join(stripped)!r} from every tensor name "
+        "(torch.compile / DataParallel); the artifact holds the plain names"
+    ]
 
 
 def pack_checkpoint(

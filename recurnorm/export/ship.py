@@ -86,12 +86,22 @@ def ship(
     calib_data: str | None = None,
     tokenizer: str | None = None,
     model_factory=None,
+    out: str | Path | None = None,
+    jobs: int = 1,
     **kw,
 ) -> Packed:
     """Pack a checkpoint under a policy; with GPTQ codes and/or formats chosen by --fit
-    (``fit_bytes``: a cap, or a Budget counting code and loader too)."""
+    (``fit_bytes``: a cap, or a Budget counting code and loader too).
+
+    out: where the artifact will go: a .safetensors checkpoint packed as it is (no --fit or
+    GPTQ, effort normal) is then streamed, tensor by tensor (``jobs`` at once), into a temp
+    file beside it (Packed.temp, which Packed.data maps; io.publish gives it its name)."""
     if gptq and calib_data is None:
         raise ConfigError("--gptq needs --calib-data (its training split calibrates the Hessians)")
+    if out is not None and not gptq and fit_bytes is None and kw.get("effort", "normal") == "normal":
+        packed = _ship_streamed(ckpt, policy, Path(out), jobs, kw.get("max_decoded_bytes"))
+        if packed is not None:
+            return packed
     need_model = gptq or (fit_bytes is not None and calib_data is not None)
     src = load_source(ckpt, model_factory, need_model)
     if need_model and src.model is None:
@@ -100,6 +110,39 @@ def ship(
         )
     tokens = _train_tokens(calib_data, tokenizer) if calib_data is not None else None
     return ship_source(src, policy, fit_bytes=fit_bytes, gptq=gptq, train_tokens=tokens, calib_label=calib_data, **kw)
+
+
+def _ship_streamed(ckpt, policy: ExportPolicy, out: Path, jobs: int, max_decoded_bytes: int | None) -> Packed | None:
+    """ship() of a checkpoint read tensor by tensor (stream.py), or None where it cannot be."""
+    import mmap
+    import os
+
+    from ..io import _discard, temp_beside
+    from .stream import open_streamed, pack_streamed, streams
+
+    streamed = open_streamed(ckpt)
+    if streamed is None:
+        return None
+    _, _, state, config, notes = streamed
+    policy.check_rules(state, str(ckpt))
+    policy, config = checkpoint_policy(policy, config, str(ckpt))
+    if not streams(policy):
+        return None
+    check_decoded_limit(state, max_decoded_bytes)  # before any work
+    metadata = {"quant": policy.quantizer, "source": Path(ckpt).name}
+    if config is not None:
+        metadata["config"] = config
+    fd, tmp = temp_beside(out)
+    try:
+        with os.fdopen(fd, "wb+") as f:
+            pack_streamed(streamed, policy, metadata, f, out.parent, jobs=jobs)
+            f.flush()
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        rows, meta = packed_rows(data, max_decoded_bytes)
+    except BaseException:
+        _discard(tmp)
+        raise
+    return Packed(data, rows, policy, meta, notes, temp=tmp)
 
 
 def ship_model(model, policy: ExportPolicy | str, *, name: str = "model", config: dict | None = None, **kw) -> Packed:
