@@ -3,7 +3,7 @@ user runs them, with ZipNN side by side.
 
 The checkpoint: 22 layers, 2048 wide, 5632-wide MLP, 4 KV heads of 64, 32000 vocabulary, untied
 head (1.1B weights, 2.2 GB of bf16), Gaussian weights of std 0.02 (norms at 1), written once to
-~/.cache/recurnorm-bench/ (never into the repository), tensor by tensor. Each command runs in a
+~/.cache/recurnorm-bench/scale/ (never into the repository), tensor by tensor. Each command runs in a
 child under /usr/bin/time: wall seconds, CPU seconds (user + system) and peak RSS. bf16 is lossless:
 the unpacked file must be the checkpoint, byte for byte; int8 and int4 must pack, verify and
 unpack. Every quantizer packs with each --jobs; the artifacts must be identical. ZipNN (`pip
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-CACHE = Path(os.path.expanduser("~/.cache/recurnorm-bench"))
+CACHE = Path(os.path.expanduser("~/.cache/recurnorm-bench/scale"))  # (not where hashes.py looks for real ones)
 
 
 def shapes(layers: int, width: int = 2048, mlp: int = 5632, vocab: int = 32000, kv: int = 256) -> dict:
