@@ -135,8 +135,7 @@ def _pack(qtensors, metadata: dict, codecs, effort: str, check: bool, jobs: int 
         for entry, coded in done:
             for kind, stream in entry["streams"].items():
                 codec, params, data = coded[kind]
-                entry["streams"][kind] = {"codec": codec, "params": params, "offset": offset, **stream}
-                entry["streams"][kind]["length"] = len(data)
+                stream.update(codec=codec, params=params, offset=offset, length=len(data))
                 sha.update(data)
                 offset += len(data)
                 chunks.append(data) if sink is None else sink.write(data)
@@ -146,22 +145,17 @@ def _pack(qtensors, metadata: dict, codecs, effort: str, check: bool, jobs: int 
 
 
 def _ordered(fn, items: list, jobs: int):
-    """fn of each item, in order, with at most jobs running (each holds a tensor) in threads:
-    the coders' numpy and C loops let go of the interpreter."""
-    if jobs <= 1:
-        yield from map(fn, items)
-        return
-    from collections import deque
+    """fn of each item, in order, at most jobs at a time (each holds a tensor), in threads: the
+    coders' numpy and C loops let go of the interpreter."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(jobs) as pool:
-        running: deque = deque()
+        running: list = []
         for item in items:
             running.append(pool.submit(fn, item))
             if len(running) >= jobs:
-                yield running.popleft().result()
-        while running:
-            yield running.popleft().result()
+                yield running.pop(0).result()
+        yield from (f.result() for f in running)
 
 
 def _encode_tensor(name: str, qt: QTensor, names, codecs, effort: str, check: bool) -> list[tuple[dict, dict]]:

@@ -60,11 +60,10 @@ def write_each(f: BinaryIO, specs: dict, tensors) -> None:
         t = t.detach().cpu().contiguous().reshape(-1)
         data = t.view(torch.uint8).numpy() if t.numel() else b""  # bool and bfloat16 too: the raw bytes
         for name in names:
-            if header[name]["dtype"] != _DTYPES[t.dtype] or header[name]["data_offsets"][1] - header[name][
-                "data_offsets"
-            ][0] != len(data):
+            (a, b), dtype = header[name]["data_offsets"], header[name]["dtype"]
+            if dtype != _DTYPES[t.dtype] or b - a != len(data):
                 raise ValueError(f"tensor {name!r}: {t.dtype} of {len(data)} bytes, not as declared")
-            f.seek(start + header[name]["data_offsets"][0])
+            f.seek(start + a)
             for i in range(0, len(data), _CHUNK):
                 f.write(memoryview(data[i : i + _CHUNK]))
     f.seek(start + offset)
