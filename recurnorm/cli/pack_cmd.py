@@ -304,7 +304,7 @@ def pack(
         progress=progress,
         max_decoded_bytes=max_decoded_bytes,
         out=out,
-        jobs=jobs or len(os.sched_getaffinity(0)),
+        jobs=jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1),
     )
     try:
         _finish_pack(ckpt, packed, out, budget, fit_bytes, force, as_json, effort, progress)
