@@ -95,10 +95,9 @@ def pack_qtensors(
     artifact: it is never larger.
     check: refuse (QuantError) names, shapes and values that readers refuse; False only to
     forge such artifacts (tests/hostile_corpus.py).
-    jobs: tensors coded at once (threads); the bytes are the same for any number.
-    qtensors may be a mapping that makes each QTensor when asked (a checkpoint streamed: no
-    tied names); with sink (a binary file), the payload goes there tensor by tensor, in
-    order, and the header and manifest come back (write them, then the payload).
+    jobs: tensors coded at once (the same bytes for any number). qtensors may make each QTensor
+    as asked (no tied names); with sink (a file), the payload goes there tensor by tensor and the
+    header and manifest come back (written first, then the payload).
     """
     if effort not in EFFORTS:
         raise QuantError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
@@ -257,10 +256,9 @@ def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact
 
 
 def iter_artifact(data: bytes, max_decoded_bytes: int | None = None):
-    """(manifest, its tensors decoded one at a time): the artifact validated as read_artifact
-    does, then ([entries], QTensor) per stored tensor in manifest order (an LQER tensor's two
-    factor entries before its own; the factors on its QTensor) and ([alias entry], None).
-    Pages of a memory-mapped artifact are let go as they are read."""
+    """(manifest, its tensors decoded one at a time, after read_artifact's checks): ([entries],
+    QTensor) per stored tensor (an LQER tensor's factor entries first, the factors on its
+    QTensor), ([alias entry], None) per alias. A mapped file's pages are let go as read."""
     manifest, payload = fmt.read_container(data, max_decoded_bytes)
     return manifest, _decoded(manifest, payload)
 

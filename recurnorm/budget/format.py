@@ -166,8 +166,8 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
 
 
 def release(data: memoryview) -> None:
-    """Let go of the pages of a memory-mapped artifact this process has read (the file keeps
-    them: they come back when read again), so reading holds the tensor at hand, not the file."""
+    """Let go of the pages of a memory-mapped artifact read so far (read again from the file
+    if needed): reading holds the tensor at hand, not the file."""
     if isinstance(data.obj, mmap.mmap) and len(data.obj):
         data.obj.madvise(mmap.MADV_DONTNEED)
 

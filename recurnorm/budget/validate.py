@@ -21,8 +21,8 @@ from . import format as fmt
 from .codecs import DTYPES
 
 DEFAULT_MAX_DECODED_BYTES = 1 << 30  # the least the default allows (a few KB of hostile artifact get this)
-# The default grows with the artifact: int4 packs ~9-12 float32 bytes a stored byte, ternary
-# ~25; a forged one declares 2^40 a stream. No more than the machine's memory.
+# The default grows with the artifact: int4 of a TinyLlama-shaped model decodes to 8 float32 bytes
+# a stored byte, ternary ~25; a forged one declares 2^40 a stream. No more than the machine's memory.
 DECODED_PER_STORED_BYTE = 64
 MAX_NAME_CHARS = 4096  # tensor names are dotted paths; nothing legitimate comes close
 FLOAT_STAGE_BYTES = 4  # quantized formats dequantize through float32, whatever the output dtype
