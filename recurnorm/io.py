@@ -253,14 +253,9 @@ def atomic_write_many(
 def _write_temp(path: Path, write: Callable[[BinaryIO], object]) -> str:
     """A finished temp file beside path (its name: marker, pid and token, so that the next
     write can tell a killed write's leftovers, and nothing else)."""
+    fd, tmp = temp_beside(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise WriteError(f"cannot write {path}: a parent of it is a file, not a folder") from None
-    clean_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb+") as f:  # wb+: a streamed writer may read back what it placed
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -270,6 +265,46 @@ def _write_temp(path: Path, write: Callable[[BinaryIO], object]) -> str:
         _discard(tmp)
         raise
     return tmp
+
+
+def temp_beside(path: str | os.PathLike) -> tuple[int, str]:
+    """(fd, name) of a new temp file in path's folder (made if missing), for publish(): its
+    name (marker, pid and token) lets the next write tell a killed write's leftovers."""
+    path = Path(path)
+    try:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise WriteError(f"cannot write {path}: a parent of it is a file, not a folder") from None
+        clean_stale_temps(path)
+        return tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+    except OSError as exc:
+        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def publish(tmp: str, path: str | os.PathLike, *, exclusive: bool = False) -> Path:
+    """Give a finished temp file (temp_beside's, filled by a streamed pack) its name: synced, with
+    the mode a plain open() gives; removed on failure. exclusive: never replace an existing file."""
+    path = Path(path)
+    try:
+        check_replaceable(path)  # as the file is published: not a node that appeared since
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        if exclusive:
+            _publish_exclusive(tmp, path)
+        else:
+            os.replace(tmp, path)
+    except OutputExistsError:  # (a FileExistsError: said as it is)
+        _discard(tmp)
+        raise
+    except OSError as exc:
+        _discard(tmp)
+        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        _discard(tmp)
+        raise
+    return path
 
 
 def _publish_exclusive(tmp: str, path: Path) -> None:

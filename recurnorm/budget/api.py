@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import mmap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,12 +78,14 @@ def _check_qtensor(name: str, qt: QTensor, check: bool = True) -> None:
 
 
 def pack_qtensors(
-    qtensors: dict[str, QTensor],
+    qtensors,
     metadata: dict | None = None,
     codecs=None,
     effort: str = "normal",
     *,
     check: bool = True,
+    jobs: int = 1,
+    sink=None,
 ) -> bytes:
     """Entropy-pack QTensors into artifact bytes; one QTensor under two names is stored once.
 
@@ -92,6 +95,9 @@ def pack_qtensors(
     artifact: it is never larger.
     check: refuse (QuantError) names, shapes and values that readers refuse; False only to
     forge such artifacts (tests/hostile_corpus.py).
+    jobs: tensors coded at once (the same bytes for any number). qtensors may make each QTensor
+    as asked (no tied names); with sink (a file), the payload goes there tensor by tensor and the
+    header and manifest come back (written first, then the payload).
     """
     if effort not in EFFORTS:
         raise QuantError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
@@ -101,13 +107,58 @@ def pack_qtensors(
         fmt.dumps(metadata)
     except (TypeError, ValueError) as exc:
         raise QuantError(f"metadata is not JSON-serializable: {exc}") from None
-    efforts = ("normal", "max") if effort == "max" else (effort,)
-    return min((_pack(qtensors, metadata, codecs, e, check) for e in efforts), key=len)
+    if effort == "max" and sink is None:
+        return min((_pack(qtensors, metadata, codecs, e, check, jobs) for e in ("normal", "max")), key=len)
+    return _pack(qtensors, metadata, codecs, effort, check, jobs, sink)
 
 
-def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, check: bool) -> bytes:
+def _pack(qtensors, metadata: dict, codecs, effort: str, check: bool, jobs: int = 1, sink=None) -> bytes:
     first_name: dict[int, str] = {}
-    entries, aliases = [], []
+    stored, aliases = [], []
+    tied = isinstance(qtensors, dict)  # (a mapping that makes QTensors as asked holds no tied names)
+    # Sorted names: the artifact must not depend on the dict's insertion order.
+    for name in sorted(qtensors):
+        if not isinstance(name, str):
+            raise QuantError(f"tensor name {name!r} is not a string")
+        why = check and validate.name_problem(name)
+        if why:
+            raise QuantError(f"tensor {name!r}: {why}: rename it")
+        if tied and id(qtensors[name]) in first_name:
+            aliases.append({"name": name, "alias_of": first_name[id(qtensors[name])]})
+            continue
+        first_name[id(qtensors[name]) if tied else len(first_name)] = name
+        stored.append(name)
+    entries, sha, offset, chunks = [], hashlib.sha256(), 0, []
+    # Tensor by tensor, in order (jobs at once): each tensor's streams are written before the next's.
+    for done in _ordered(lambda n: _encode_tensor(n, qtensors[n], qtensors, codecs, effort, check), stored, jobs):
+        for entry, coded in done:
+            for kind, stream in entry["streams"].items():
+                codec, params, data = coded[kind]
+                stream.update(codec=codec, params=params, offset=offset, length=len(data))
+                sha.update(data)
+                offset += len(data)
+                chunks.append(data) if sink is None else sink.write(data)
+            entries.append(entry)
+    manifest = {"format": "rnpk", "version": fmt.VERSION, "metadata": metadata, "tensors": entries + aliases}
+    return fmt.write_container(manifest, chunks, (offset, sha.hexdigest()))
+
+
+def _ordered(fn, items: list, jobs: int):
+    """fn of each item, in order, at most jobs at a time (each holds a tensor), in threads: the
+    coders' numpy and C loops let go of the interpreter."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(jobs) as pool:
+        running: list = []
+        for item in items:
+            running.append(pool.submit(fn, item))
+            if len(running) >= jobs:
+                yield running.pop(0).result()
+        yield from (f.result() for f in running)
+
+
+def _encode_tensor(name: str, qt: QTensor, names, codecs, effort: str, check: bool) -> list[tuple[dict, dict]]:
+    """(manifest entry, {kind: (codec, params, bytes)}) of a stored tensor, its LQER factors first."""
     items: list[tuple[np.ndarray, StreamContext]] = []
     # Tensors whose rows are predicted: their codes as they are race the residuals and parents.
     unpredicted: dict[str, tuple[np.ndarray, StreamContext]] = {}
@@ -150,48 +201,29 @@ def _pack(qtensors: dict[str, QTensor], metadata: dict, codecs, effort: str, che
             "streams": streams,
         }
 
-    # Sorted names: the artifact must not depend on the dict's insertion order.
-    for name in sorted(qtensors):
-        qt = qtensors[name]
-        if not isinstance(name, str):
-            raise QuantError(f"tensor name {name!r} is not a string")
-        why = check and validate.name_problem(name)
-        if why:
-            raise QuantError(f"tensor {name!r}: {why}: rename it")
-        if id(qt) in first_name:
-            aliases.append({"name": name, "alias_of": first_name[id(qt)]})
-            continue
-        first_name[id(qt)] = name
-        if qt.lowrank is None:
-            entries.append(entry(name, qt))
-            continue
-        # The factors first, so that a reader has them when it reaches the tensor.
-        names = (f"{name}.lqer_l", f"{name}.lqer_r")
-        clash = [n for n in names if n in qtensors]
+    if not isinstance(qt, QTensor):
+        raise QuantError(f"tensor {name}: expected a QTensor, got {type(qt).__name__}")
+    if qt.lowrank is None:
+        entries = [entry(name, qt)]
+    else:  # the factors first, so that a reader has them when it reaches the tensor
+        factors = (f"{name}.lqer_l", f"{name}.lqer_r")
+        clash = [n for n in factors if n in names]
         if clash:
             raise QuantError(f"tensor {name}: its lqer factor name {clash[0]!r} is taken by another tensor")
-        entries += [entry(n, f) for n, f in zip(names, qt.lowrank, strict=True)]
-        entries.append({**entry(name, qt), "lowrank": list(names)})
-    # All streams are encoded together: codecs search the whole model in one go.
+        entries = [entry(n, f) for n, f in zip(factors, qt.lowrank, strict=True)]
+        entries.append({**entry(name, qt), "lowrank": list(factors)})
     encoded = race.encode_all(items + list(unpredicted.values()), codecs)
     alone, encoded = dict(zip(unpredicted, encoded[len(items) :], strict=True)), iter(encoded[: len(items)])
-    chunks: list[bytes] = []
-    offset = 0
-    for entry in entries:
-        coded = {kind: next(encoded) for kind in entry["streams"]}
-        plain = alone.get(entry["name"])  # (the sample or the search can be wrong: the race decides)
+    out = []
+    for e in entries:
+        coded = {kind: next(encoded) for kind in e["streams"]}
+        plain = alone.get(e["name"])  # (the sample or the search can be wrong: the race decides)
         if plain is not None and len(plain[2]) <= len(coded["codes"][2]) + len(coded["parents"][2]):
             coded["codes"] = plain
-            del coded["parents"], entry["streams"]["parents"]
-            kept = entry["streams"]["codes"]
-            kept["sha256"] = _sha(unpredicted[entry["name"]][0], kept["dtype"])
-        for kind, stream in entry["streams"].items():
-            codec, params, data = coded[kind]
-            entry["streams"][kind] = {"codec": codec, "params": params, "offset": offset, "length": len(data), **stream}
-            chunks.append(data)
-            offset += len(data)
-    manifest = {"format": "rnpk", "version": fmt.VERSION, "metadata": metadata, "tensors": entries + aliases}
-    return fmt.write_container(manifest, chunks)
+            del coded["parents"], e["streams"]["parents"]
+            e["streams"]["codes"]["sha256"] = _sha(unpredicted[e["name"]][0], e["streams"]["codes"]["dtype"])
+        out.append((e, coded))
+    return out
 
 
 def _decode_stream(
@@ -209,25 +241,44 @@ def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact
     """Validate and decode artifact bytes (ArtifactError on anything wrong).
 
     max_decoded_bytes: refuse artifacts whose tensors decode to more than this many bytes
-    (default validate.DEFAULT_MAX_DECODED_BYTES, 1 GiB), checked before decoding.
+    (default validate.default_max_decoded_bytes: 64 a stored byte, from 1 GiB up to the
+    machine's memory), checked before decoding.
     """
-    manifest, payload = fmt.read_container(data, max_decoded_bytes)
+    manifest, tensors = iter_artifact(data, max_decoded_bytes)
     qtensors: dict[str, QTensor] = {}
     aliases: dict[str, str] = {}
-    for t in manifest["tensors"]:
+    for entries, qt in tensors:
+        t = entries[-1]
         if "alias_of" in t:
             aliases[t["name"]] = t["alias_of"]
-            qtensors[t["name"]] = qtensors[t["alias_of"]]
+        qtensors[t["name"]] = qtensors[t["alias_of"]] if "alias_of" in t else qt
+    return Artifact(manifest, manifest.get("metadata", {}), qtensors, aliases)
+
+
+def iter_artifact(data: bytes, max_decoded_bytes: int | None = None):
+    """(manifest, its tensors decoded one at a time, after read_artifact's checks): ([entries],
+    QTensor) per stored tensor (an LQER tensor's factor entries first, the factors on its
+    QTensor), ([alias entry], None) per alias. A mapped file's pages are let go as read."""
+    manifest, payload = fmt.read_container(data, max_decoded_bytes)
+    return manifest, _decoded(manifest, payload)
+
+
+def _decoded(manifest: dict, payload: memoryview):
+    factor_names = {n for t in manifest["tensors"] for n in t.get("lowrank", ())}
+    factors: dict[str, tuple[dict, QTensor]] = {}
+    for t in manifest["tensors"]:
+        if "alias_of" in t:
+            yield [t], None
             continue
-        st = t["streams"]
-        dec = {}
+        st, dec = t["streams"], {}
         for kind in fmt.STREAM_KINDS:
             if kind in st:
                 dec[kind] = _decode_stream(payload, st[kind], kind, t, dec.get("scales"), manifest["version"])
+        fmt.release(payload)
         if "parents" in dec:  # (validate checked: [rows, 2], and the codes are the tensor's [rows, cols])
             m = dec["codes"].reshape(t["shape"][0], -1)
             dec["codes"] = parents.restore(m, dec["parents"], f"tensor {t['name']!r}").reshape(dec["codes"].shape)
-        qtensors[t["name"]] = QTensor(
+        qt = QTensor(
             format=t["format"],
             shape=tuple(t["shape"]),
             dtype=t["dtype"],
@@ -236,10 +287,14 @@ def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact
             zeros=dec.get("zeros"),
             params=t["params"],
         )
-        validate.check_decoded(t["name"], qtensors[t["name"]])
+        validate.check_decoded(t["name"], qt)
+        if t["name"] in factor_names:
+            factors[t["name"]] = (t, qt)
+            continue
+        ents = [factors[n][0] for n in t.get("lowrank", ())] + [t]
         if "lowrank" in t:  # its factors were decoded just before it (validate checked the order)
-            qtensors[t["name"]].lowrank = tuple(qtensors.pop(n) for n in t["lowrank"])
-    return Artifact(manifest, manifest.get("metadata", {}), qtensors, aliases)
+            qt.lowrank = tuple(factors.pop(n)[1] for n in t["lowrank"])
+        yield ents, qt
 
 
 # ----------------------------------------------------------------- statistics
@@ -282,6 +337,15 @@ def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> 
             row["overhead"] = (row["codes_bytes"] / bound - 1.0) if bound > 0 else None
         rows.append(row)
     return rows
+
+
+def decoded_stats(data: bytes, max_decoded_bytes: int | None = None) -> tuple[dict, list[dict]]:
+    """(manifest, tensor_stats rows) of artifact bytes, decoded one tensor at a time."""
+    manifest, tensors = iter_artifact(data, max_decoded_bytes)
+    rows: list[dict] = []
+    for entries, qt in tensors:
+        rows += tensor_stats({"tensors": entries}, None if qt is None else {entries[-1]["name"]: qt})
+    return manifest, rows
 
 
 def _codec_label(s: dict) -> str:
@@ -337,43 +401,42 @@ def verify_bytes(data: bytes, budget=None, path: str = "<bytes>", max_decoded_by
 
     budget = budget or Budget()
     try:
-        art = read_artifact(data, max_decoded_bytes)
+        manifest, rows = decoded_stats(data, max_decoded_bytes)
     except ArtifactError as exc:
         return VerifyReport(path, False, exc.exit_code, str(exc))
+    metadata = manifest.get("metadata", {})
     if budget.loader is not None:  # the loader counted must be able to read it, too
         from .loader import loader_problem
 
-        problem = loader_problem(data, art.manifest)
+        problem = loader_problem(data, manifest)
         if problem:
             return VerifyReport(
                 path, False, ArtifactError.exit_code, f"not readable by the standalone loader: {problem}"
             )
-    rows = tensor_stats(art.manifest, art.qtensors)
     try:
         cap = budget.check(len(data), rows)
     except OverCapError as exc:
-        return VerifyReport(path, False, OverCapError.exit_code, str(exc), exc.report, rows, art.metadata)
-    return VerifyReport(path, True, 0, "valid and under the cap", cap, rows, art.metadata)
+        return VerifyReport(path, False, OverCapError.exit_code, str(exc), exc.report, rows, metadata)
+    return VerifyReport(path, True, 0, "valid and under the cap", cap, rows, metadata)
 
 
 def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -> bytes:
-    """An artifact file's bytes: regular files only (not /dev/zero or a FIFO), and no larger
+    """An artifact file's bytes, memory-mapped: regular files only (not /dev/zero or a FIFO), and no larger
     than its decoded bytes allow (no stream is longer than its raw form plus the manifest)."""
     import stat
 
-    decoded = validate.DEFAULT_MAX_DECODED_BYTES if max_decoded_bytes is None else max_decoded_bytes
-    limit = decoded + fmt.MAX_MANIFEST_BYTES + fmt.HEADER_SIZE
     path = Path(path)
     try:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode):
             raise ArtifactError(f"{path} is not a regular file")
-        if st.st_size > limit:
+        decoded = max_decoded_bytes  # (the default grows with the file: no size it refuses)
+        if decoded is not None and st.st_size > decoded + fmt.MAX_MANIFEST_BYTES + fmt.HEADER_SIZE:
             raise ArtifactError(
                 f"{path}: {st.st_size:,} bytes, more than an artifact decoding to at most {decoded:,} bytes can hold"
             )
-        with open(path, "rb") as f:
-            return f.read(st.st_size + 1)  # read(n) allocates n bytes up front: the size, not the limit
+        with open(path, "rb") as f:  # mapped: pages are read as decoding reaches them, and let go
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
     except OSError as exc:
         raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}") from None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import struct
 from typing import Any
 
@@ -37,7 +38,6 @@ LOWRANK_FLAG = 4
 MAX_JSON_DEPTH = 64
 MAX_CONFIG_DEPTH = MAX_JSON_DEPTH - 4  # config.json, under the manifest's {"metadata": {"config": ...}}
 MAX_NDIM = 16
-MAX_TOTAL_ELEMENTS = 1 << 28  # 268M weights: far above what 16 MB can hold; bounds decode memory
 MAX_TENSORS = 1 << 20
 STREAM_KINDS = ("scales", "zeros", "parents", "codes")  # the order they are written and read in
 
@@ -47,13 +47,16 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def write_container(manifest: dict, payload: bytes | list[bytes]) -> bytes:
+def write_container(manifest: dict, payload: bytes | list[bytes], length_sha: tuple[int, str] | None = None) -> bytes:
     """Header + manifest (with payload length and hash filled in, in its shortest portable
-    form: raw, deflate or lzma) + payload (or its parts: joined once, with the header)."""
+    form: raw, deflate or lzma) + payload (or its parts: joined once, with the header).
+    length_sha: the payload's, when given (its parts may be written elsewhere already)."""
     manifest, parts, sha = dict(manifest), payload if isinstance(payload, list) else [payload], hashlib.sha256()
-    for part in parts:
-        sha.update(part)
-    manifest["payload_length"], manifest["payload_sha256"] = sum(map(len, parts)), sha.hexdigest()
+    if length_sha is None:
+        for part in parts:
+            sha.update(part)
+        length_sha = sum(map(len, parts)), sha.hexdigest()
+    manifest["payload_length"], manifest["payload_sha256"] = length_sha
     raw = dumps(manifest)
     _check_writable(manifest, raw)
     m, flags = compress.smallest(raw)
@@ -115,7 +118,7 @@ def json_depth(obj: Any, limit: int) -> int:
 def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[dict, memoryview]:
     """Check header, checksums and the manifest's structure; return (manifest, payload).
 
-    max_decoded_bytes: refuse artifacts whose tensors decode to more (default 1 GiB)."""
+    max_decoded_bytes: refuse artifacts whose tensors decode to more (default: validate's rule)."""
     data = memoryview(data)
     if len(data) < HEADER_SIZE:
         raise ArtifactError(f"truncated artifact: {len(data)} bytes, header needs {HEADER_SIZE}")
@@ -148,7 +151,11 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
     plen = manifest.get("payload_length")
     if not is_int(plen) or plen != len(payload):
         raise ArtifactError(f"truncated or padded artifact: payload is {len(payload)} bytes, manifest says {plen}")
-    if hashlib.sha256(payload).hexdigest() != manifest.get("payload_sha256"):
+    sha = hashlib.sha256()
+    for i in range(0, len(payload), 1 << 26):  # (a mapped file's pages let go as they are hashed)
+        sha.update(payload[i : i + (1 << 26)])
+        release(payload)
+    if sha.hexdigest() != manifest.get("payload_sha256"):
         raise ArtifactError("payload checksum mismatch (corrupt artifact)")
     from . import validate  # it reads this module's limits
 
@@ -156,6 +163,13 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
     if bool(flags & LOWRANK_FLAG) != has_lowrank(manifest):
         raise ArtifactError("header flag for lqer corrections disagrees with the manifest")
     return manifest, payload
+
+
+def release(data: memoryview) -> None:
+    """Let go of the pages of a memory-mapped artifact read so far (read again from the file
+    if needed): reading holds the tensor at hand, not the file."""
+    if isinstance(data.obj, mmap.mmap) and len(data.obj):
+        data.obj.madvise(mmap.MADV_DONTNEED)
 
 
 def has_lowrank(manifest: dict) -> bool:

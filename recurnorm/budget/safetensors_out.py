@@ -10,6 +10,7 @@ written twice without cloning. Files read back with `safetensors.torch.load_file
 from __future__ import annotations
 
 import json
+import math
 import struct
 import sys
 from typing import BinaryIO
@@ -36,21 +37,33 @@ _CHUNK = 64 << 20  # bytes per write: a contiguous tensor is never copied whole
 
 def write(f: BinaryIO, tensors: dict[str, torch.Tensor]) -> None:
     """Serialize tensors (names sorted) to the open binary file f."""
+    write_each(f, {n: (t.dtype, list(t.shape)) for n, t in tensors.items()}, (([n], t) for n, t in tensors.items()))
+
+
+def write_each(f: BinaryIO, specs: dict, tensors) -> None:
+    """The file of tensors made one at a time: specs {name: (torch dtype, shape)} make the
+    header, then each (names, tensor) of `tensors` is written at its names' places (the file
+    f must be seekable; places never written are zeros)."""
     if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
         raise NotImplementedError("writing safetensors needs a little-endian machine")
     header, offset = {}, 0
-    names = sorted(tensors)
-    for name in names:
-        t = tensors[name]
-        nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+    for name in sorted(specs):
+        dtype, shape = specs[name]
+        nbytes = math.prod(shape) * dtype.itemsize
+        header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     head = json.dumps(header, separators=(",", ":")).encode("utf-8")
     head += b" " * (-len(head) % 8)
     f.write(struct.pack("<Q", len(head)) + head)
-    for name in names:
-        t = tensors[name].detach().cpu().contiguous().reshape(-1)
-        if t.numel():
-            data = t.view(torch.uint8).numpy()  # bool and bfloat16 too: the raw bytes
-            for start in range(0, len(data), _CHUNK):
-                f.write(memoryview(data[start : start + _CHUNK]))
+    start = f.tell()
+    for names, t in tensors:
+        t = t.detach().cpu().contiguous().reshape(-1)
+        data = t.view(torch.uint8).numpy() if t.numel() else b""  # bool and bfloat16 too: the raw bytes
+        for name in names:
+            (a, b), dtype = header[name]["data_offsets"], header[name]["dtype"]
+            if dtype != _DTYPES[t.dtype] or b - a != len(data):
+                raise ValueError(f"tensor {name!r}: {t.dtype} of {len(data)} bytes, not as declared")
+            f.seek(start + a)
+            for i in range(0, len(data), _CHUNK):
+                f.write(memoryview(data[i : i + _CHUNK]))
+    f.seek(start + offset)

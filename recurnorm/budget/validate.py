@@ -11,6 +11,7 @@ Every failure is an ArtifactError naming the tensor and field.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from ..errors import ArtifactError, DecodedLimitError, QuantError
@@ -19,7 +20,10 @@ from . import codecs as codecs_mod
 from . import format as fmt
 from .codecs import DTYPES
 
-DEFAULT_MAX_DECODED_BYTES = 1 << 30
+DEFAULT_MAX_DECODED_BYTES = 1 << 30  # the least the default allows (a few KB of hostile artifact get this)
+# The default grows with the artifact: int4 of a TinyLlama-shaped model decodes to 8 float32 bytes
+# a stored byte, ternary ~25; a forged one declares 2^40 a stream. No more than the machine's memory.
+DECODED_PER_STORED_BYTE = 64
 MAX_NAME_CHARS = 4096  # tensor names are dotted paths; nothing legitimate comes close
 FLOAT_STAGE_BYTES = 4  # quantized formats dequantize through float32, whatever the output dtype
 # A rans stream's frequency tables (k x nsym^tuple entries) are decoded before its codes, and
@@ -91,12 +95,20 @@ def output_itemsize(dtype: str, where: str) -> int:
         raise ArtifactError(f"{where}: unsupported tensor dtype {_short(dtype)}") from None
 
 
+def default_max_decoded_bytes(stored_bytes: int) -> int:
+    """The decoded bytes readers allow an artifact of stored_bytes when the caller sets no limit."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = DEFAULT_MAX_DECODED_BYTES
+    return max(DEFAULT_MAX_DECODED_BYTES, min(DECODED_PER_STORED_BYTE * stored_bytes, memory))
+
+
 def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
     """Check every field before anything is decoded; the decoded bytes the artifact needs.
 
-    max_decoded_bytes: the limit on those bytes (default DEFAULT_MAX_DECODED_BYTES).
+    max_decoded_bytes: the limit on those bytes (default: default_max_decoded_bytes of the payload).
     """
-    limit = DEFAULT_MAX_DECODED_BYTES if max_decoded_bytes is None else max_decoded_bytes
     version = manifest.get("version")
     if manifest.get("format") != "rnpk" or not fmt.is_int(version) or version not in fmt.READ_VERSIONS:
         raise ArtifactError("manifest format/version fields are wrong")
@@ -106,9 +118,10 @@ def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
     if not isinstance(tensors, list) or len(tensors) > fmt.MAX_TENSORS:
         raise ArtifactError(f"manifest tensors must be a list of at most {fmt.MAX_TENSORS:,} entries")
     plen = manifest["payload_length"]
+    limit = default_max_decoded_bytes(plen) if max_decoded_bytes is None else max_decoded_bytes
     stored: dict[str, int] = {}  # name -> decoded bytes
     names: set[str] = set()
-    total_elements = total_bytes = 0
+    total_bytes = 0
     n_aliases = 0
     for i, t in enumerate(tensors):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
@@ -133,14 +146,11 @@ def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
                 raise ArtifactError(f"{n_aliases:,} aliases for {len(stored):,} stored tensors")
             total_bytes += stored[target]  # unpack writes a copy per name
         else:
-            nbytes, elements = _check_tensor(t, name, plen)
+            nbytes = _check_tensor(t, name, plen)
             if "lowrank" in t:
                 _check_lowrank(t, name, tensors[max(i - 2, 0) : i], stored)
             stored[name] = nbytes
             total_bytes += nbytes
-            total_elements += elements
-            if total_elements > fmt.MAX_TOTAL_ELEMENTS:
-                raise ArtifactError(f"tensor {name!r}: declared sizes exceed {fmt.MAX_TOTAL_ELEMENTS} elements")
         if total_bytes > limit:
             raise (ArtifactError if max_decoded_bytes is None else DecodedLimitError)(  # caller's limit: exit 3
                 f"tensor {name!r}: decoding needs more than {limit:,} bytes (--max-decoded-bytes raises the limit)"
@@ -172,8 +182,8 @@ def _check_lowrank(t: dict, name: str, before: list, stored: dict[str, int]) -> 
         del stored[n]
 
 
-def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
-    """(decoded bytes, stream elements) of one stored tensor entry, after checking every field."""
+def _check_tensor(t: dict, name: str, plen: int) -> int:
+    """The decoded bytes of one stored tensor entry, after checking every field."""
     where = f"tensor {name!r}"
     shape = _shape(t.get("shape"), where)
     numel = math.prod(shape)
@@ -191,7 +201,7 @@ def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
     streams = t.get("streams")
     if not isinstance(streams, dict) or "codes" not in streams or set(streams) - set(fmt.STREAM_KINDS):
         raise ArtifactError(f"{where}: streams must hold codes (and scales/zeros/parents)")
-    stream_bytes = elements = tables = 0
+    stream_bytes = tables = 0
     shapes: dict[str, tuple[int, ...]] = {}
     for kind in [k for k in fmt.STREAM_KINDS if k in streams]:
         s = streams[kind]
@@ -210,7 +220,6 @@ def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
             raise ArtifactError(f"{swhere}: bytes [{off}, {off}+{length}) outside the payload")
         sshape = shapes[kind] = _shape(s.get("shape"), swhere)
         n = math.prod(sshape)
-        elements += n
         stream_bytes += n * DTYPES[dtype].itemsize
         tables += _table_entries(codec, s["params"])
         if codec == "raw" and length != n * DTYPES[dtype].itemsize:
@@ -239,7 +248,7 @@ def _check_tensor(t: dict, name: str, plen: int) -> tuple[int, int]:
     if why:
         raise ArtifactError(f"{where}: {why}")
     stage = out_size if t["format"] == "raw" else max(out_size, FLOAT_STAGE_BYTES)
-    return max(numel * stage, stream_bytes) + 8 * G + TABLE_ENTRY_BYTES * tables, elements
+    return max(numel * stage, stream_bytes) + 8 * G + TABLE_ENTRY_BYTES * tables
 
 
 def _table_entries(codec: str, params: dict) -> int:

@@ -25,8 +25,9 @@ DECODED_OPTION = click.option(
     "--max-decoded-bytes",
     type=CAP,
     default=None,
-    help="refuse artifacts whose tensors decode to more bytes than this [default: 1 GiB]; "
-    "checked before decoding, so a small hostile file cannot take the machine's memory",
+    help="refuse artifacts whose tensors decode to more bytes than this [default: 64 x the "
+    "artifact's bytes, at least 1 GiB, at most the machine's memory]; checked before decoding, "
+    "so a small hostile file cannot take the machine's memory",
 )
 
 
@@ -250,6 +251,13 @@ def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_
     "(for --gptq and --fit): forward(x) -> logits or forward(x, y) -> mean loss, its context "
     "length in model.seq_len (or block_size, max_seq_len, train_seq_len); imports and runs that code",
 )
+@DECODED_OPTION
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="tensors coded at once (the same bytes for any number) [default: the cores available]",
+)
 def pack(
     ckpt,
     quant,
@@ -274,6 +282,8 @@ def pack(
     fit_sensitivity,
     fit_embeddings,
     model_factory,
+    max_decoded_bytes,
+    jobs,
 ):
     """Quantize and entropy-pack any checkpoint into one .rnpk artifact.
 
@@ -282,11 +292,12 @@ def pack(
     gates, scales; LayerNorm, layer_norm, ln_f) fp32, small vectors fp16 (a float -q
     format keeps them in it); `inspect` shows the rule that chose each tensor's format.
     A wrapper prefix on every name (`_orig_mod.`, `module.`) is stripped, and said.
+    A .safetensors checkpoint is read, coded and written tensor by tensor (--jobs at once).
     """
-    from ..budget import Budget, report
+    from ..budget import Budget
     from ..export import ship
     from ..export.fit import parse_formats
-    from ..io import atomic_write_bytes, check_writable
+    from ..io import _discard, check_writable
 
     if fit_bytes is not None and max_bytes is not None and fit_bytes > max_bytes:
         raise click.UsageError(
@@ -319,7 +330,27 @@ def pack(
         sensitivity=fit_sensitivity,
         fit_embeddings=fit_embeddings,
         progress=progress,
+        max_decoded_bytes=max_decoded_bytes,
+        out=out,
+        jobs=jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1),
     )
+    try:
+        _finish_pack(ckpt, packed, out, budget, fit_bytes, force, as_json, effort, progress)
+    finally:
+        if packed.temp is not None:
+            _discard(packed.temp)  # (published: gone already)
+
+
+# Over the cap, the hint packs the checkpoint again in memory, at several formats: a streamed
+# one past this size is not (minutes, and the memory streaming saved); the error says the cap.
+HINT_MAX_CHECKPOINT_BYTES = 1 << 28
+
+
+def _finish_pack(ckpt, packed, out, budget, fit_bytes, force, as_json, effort, progress) -> None:
+    """Check the cap, then write the artifact (or publish its temp file) and the report."""
+    from ..budget import report
+    from ..io import atomic_write_bytes, publish
+
     data, rows = packed.data, packed.rows
     if not as_json:
         say_notes(packed.notes, budget)
@@ -327,14 +358,18 @@ def pack(
         cap = budget.check(len(data), rows)
     except OverCapError as exc:
         # Refuse to write: show where the bytes go, and what would fit, so the user can act.
-        hint = None
-        if fit_bytes is None:
+        hint, state = None, packed.state
+        if state is None and sum(f.stat().st_size for f in _inputs(ckpt) if f.is_file()) <= HINT_MAX_CHECKPOINT_BYTES:
+            from ..export.pack import load_state
+
+            state = load_state(ckpt)[0]
+        if fit_bytes is None and state is not None:
             from ..export.hint import over_cap_hint
 
             if progress:
                 progress("over the cap: estimating what would fit")
             meta = {k: v for k, v in packed.metadata.items() if k != "export"}
-            hint = over_cap_hint(packed.state, packed.policy, budget, rows, len(data), metadata=meta, effort=effort)
+            hint = over_cap_hint(state, packed.policy, budget, rows, len(data), metadata=meta, effort=effort)
         if as_json:
             _echo_json({**exc.report, "policy": packed.policy_line, **(hint.to_dict() if hint else {"hint": None})})
         else:
@@ -344,7 +379,10 @@ def pack(
         raise OverCapError(
             f"not written: {exc}" + (f"; {hint.text.removeprefix('hint: ')}" if hint else ""), exc.report
         ) from None
-    atomic_write_bytes(out, data, exclusive=not force)  # no-clobber as the file appears, too
+    if packed.temp is not None:
+        publish(packed.temp, out, exclusive=not force)
+    else:
+        atomic_write_bytes(out, data, exclusive=not force)  # no-clobber as the file appears, too
     cap["path"] = str(out)
     cap["policy"] = packed.policy_line
     if packed.fit is not None:
@@ -369,24 +407,36 @@ def unpack(artifact, out, force, max_decoded_bytes):
     """Decode an artifact to dequantized weights (+ config.json beside them)."""
     from ..budget import api, safetensors_out
     from ..io import atomic_write_many, check_distinct, check_writable
-    from ..quant import dequantize_all
+    from ..quant import registry as quant_registry
+    from ..quant.registry import dequantize
 
     check_writable(out, force, [artifact])
-    art = api.read_artifact(api.read_artifact_file(artifact, max_decoded_bytes), max_decoded_bytes)
-    config = art.metadata.get("config")
+    manifest, tensors = api.iter_artifact(api.read_artifact_file(artifact, max_decoded_bytes), max_decoded_bytes)
+    config = manifest.get("metadata", {}).get("config")
     cfg_path = out.with_name("config.json")
     if config is not None:
         check_distinct({"-o": out, "the config.json written beside it": cfg_path})
         check_writable(cfg_path, force, [artifact])
-    tensors = dequantize_all(art.qtensors)
-    # Written from the tensors' memory (tied names get their own copy in the file, not in RAM);
+    # Tensor by tensor into the file (a tied name gets its own copy in the file, not in RAM);
     # both files to temp names first, then renamed: a failure leaves the old pair as it was.
-    parts = [(out, lambda f: safetensors_out.write(f, tensors))]
+    entries = {t["name"]: t for t in manifest["tensors"]}
+    stored = {n: entries[t.get("alias_of", n)] for n, t in entries.items() if n not in factors_of(manifest)}
+    specs = {n: (quant_registry.torch_dtype(t["dtype"]), t["shape"]) for n, t in stored.items()}
+    names: dict[str, list[str]] = {}  # stored tensor -> its names (with its aliases)
+    for n, t in stored.items():
+        names.setdefault(t["name"], []).append(n)
+    decoded = ((names[e[-1]["name"]], dequantize(qt, original_dtype=True)) for e, qt in tensors if qt is not None)
+    parts = [(out, lambda f: safetensors_out.write_each(f, specs, decoded))]
     if config is not None:
         text = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8")
         parts.append((cfg_path, lambda f: f.write(text)))
     atomic_write_many(parts, exclusive=not force)
-    echo(f"wrote {out} ({len(tensors)} tensors){' and ' + str(cfg_path) if config is not None else ''}")
+    echo(f"wrote {out} ({len(specs)} tensors){' and ' + str(cfg_path) if config is not None else ''}")
+
+
+def factors_of(manifest: dict) -> set[str]:
+    """The names of LQER factor entries (stored beside their tensor, not tensors of the model)."""
+    return {n for t in manifest["tensors"] for n in t.get("lowrank", ())}
 
 
 OUT_FILE = click.Path(dir_okay=False, path_type=Path)
@@ -577,7 +627,7 @@ def inspect(
         raise ArtifactError(f"{target}: not a recurnorm artifact (bad magic)")
     else:
         policy = policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
-        packed = pack_checkpoint(target, policy)
+        packed = pack_checkpoint(target, policy, max_decoded_bytes=max_decoded_bytes)
         data, rows, metadata, notes = packed.data, packed.rows, packed.metadata, packed.notes
     cap = budget.report(len(data), rows)
     if not as_json:

@@ -127,19 +127,7 @@ def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
         raise CheckpointError(f"{path}: expected a directory, .safetensors, .pt, .pth or .bin")
     if not state:
         raise CheckpointError(f"{path}: holds no tensors")
-    if len(state) > MAX_PACK_TENSORS:  # before any tensor is quantized (20,000 took 33 s and 1.6 GB)
-        raise CheckpointError(
-            f"{path}: {len(state):,} tensors; an artifact holds at most {MAX_PACK_TENSORS:,} (its manifest, "
-            f"~300-600 bytes an entry, at most {fmt.MAX_MANIFEST_BYTES:,} bytes)"
-        )
-    # Names alone can fill the manifest: every stored entry takes its name and ~270 bytes
-    # more, and at least half the entries are stored (an alias per stored tensor at most).
-    least = sum(len(json.dumps(name)) for name in state) + MIN_ENTRY_BYTES * len(state) // 2
-    if least > fmt.MAX_MANIFEST_BYTES:
-        raise CheckpointError(
-            f"{path}: its {len(state):,} tensor names would make a manifest of over {least:,} bytes; "
-            f"an artifact's holds at most {fmt.MAX_MANIFEST_BYTES:,}"
-        )
+    check_pack_limits(state, path)
     _check_dtypes(state, path)
     return state, config
 
@@ -200,6 +188,24 @@ def _read_config(cfg_path: Path) -> dict:
 # 8 MiB a manifest may hold; refusing more from the count alone costs nothing.
 MAX_PACK_TENSORS = 16_384
 MIN_ENTRY_BYTES = 200  # a stored tensor's manifest entry without its name: at least this
+
+
+def check_pack_limits(state: dict, path) -> None:
+    """CheckpointError when the tensor count or names alone would overflow an artifact's
+    manifest: checked from the names, before any tensor is read or quantized."""
+    if len(state) > MAX_PACK_TENSORS:  # before any tensor is quantized (20,000 took 33 s and 1.6 GB)
+        raise CheckpointError(
+            f"{path}: {len(state):,} tensors; an artifact holds at most {MAX_PACK_TENSORS:,} (its manifest, "
+            f"~300-600 bytes an entry, at most {fmt.MAX_MANIFEST_BYTES:,} bytes)"
+        )
+    # Names alone can fill the manifest: every stored entry takes its name and ~270 bytes
+    # more, and at least half the entries are stored (an alias per stored tensor at most).
+    least = sum(len(json.dumps(name)) for name in state) + MIN_ENTRY_BYTES * len(state) // 2
+    if least > fmt.MAX_MANIFEST_BYTES:
+        raise CheckpointError(
+            f"{path}: its {len(state):,} tensor names would make a manifest of over {least:,} bytes; "
+            f"an artifact's holds at most {fmt.MAX_MANIFEST_BYTES:,}"
+        )
 
 
 def _check_keys_and_layouts(state: dict, path: Path) -> None:

@@ -195,7 +195,8 @@ class Packed:
     metadata: dict
     notes: list[str] = field(default_factory=list)
     fit: Any = None  # a fit.FitResult when --fit chose the formats
-    state: dict | None = None  # the tensors packed (the over-cap hint re-uses them)
+    state: dict | None = None  # the tensors packed (the over-cap hint re-uses them); None: streamed
+    temp: str | None = None  # streamed: the artifact's temp file beside the output (data maps it)
 
     @property
     def policy_line(self) -> str:
@@ -205,11 +206,11 @@ class Packed:
 
 def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None) -> tuple[list[dict], dict]:
     """(tensor_stats rows with each tensor's ``rule``, metadata) of artifact bytes."""
-    from ..budget.api import read_artifact, tensor_stats
+    from ..budget.api import decoded_stats
 
-    art = read_artifact(data, max_decoded_bytes)  # decode once: proves the round trip, gives bounds
-    rows = tensor_stats(art.manifest, art.qtensors)
-    export = art.metadata.get("export") or {}
+    manifest, rows = decoded_stats(data, max_decoded_bytes)  # decode once: proves the round trip, gives bounds
+    metadata = manifest.get("metadata", {})
+    export = metadata.get("export") or {}
     rules = dict(export.get("rules") or {})
     for bank, slices in (export.get("banks") or {}).items():  # a stack: its slices' rules, counted
         counts = Counter(rules.get(s, "unknown") for s in slices)
@@ -219,18 +220,36 @@ def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None) -> tuple[
         if "lowrank_of" in row:
             fallback = f"LQER factor of {row['lowrank_of']}"
         row["rule"] = rules.get(row["name"], fallback)
-    return rows, art.metadata
+    return rows, metadata
 
 
-def packed_rows(data: bytes) -> tuple[list[dict], dict]:
-    """rows_with_rules of an artifact just packed here. Its readers' refusal is then this
-    input's limit, not a corrupt file: QuantError (exit 1), never ArtifactError (exit 4)."""
+def packed_rows(data: bytes, max_decoded_bytes: int | None = None) -> tuple[list[dict], dict]:
+    """rows_with_rules of an artifact just packed here, under verify's decoded-bytes rule. Its
+    readers' refusal is then this input's limit, not a corrupt file: QuantError (exit 1), never
+    ArtifactError (exit 4)."""
     from ..errors import ArtifactError, QuantError
 
     try:
-        return rows_with_rules(data)
+        return rows_with_rules(data, max_decoded_bytes)
     except ArtifactError as exc:
         raise QuantError(f"the packed artifact would not pass verify: {exc}") from None
+
+
+def check_decoded_limit(state: dict, max_decoded_bytes: int | None = None) -> None:
+    """QuantError before any work when the artifact of state would decode to more than readers
+    allow: each tensor takes at least its elements x max(its itemsize, 4 when float: formats
+    dequantize through float32), tied names again. The default allows at most the machine's
+    memory (validate.default_max_decoded_bytes); the rest of its rule is checked after packing."""
+    from ..budget.validate import default_max_decoded_bytes
+    from ..errors import QuantError
+
+    limit = default_max_decoded_bytes(1 << 62) if max_decoded_bytes is None else max_decoded_bytes
+    need = sum(t.numel() * max(t.element_size(), 4 * t.is_floating_point()) for t in state.values())
+    if need > limit:
+        raise QuantError(
+            f"its artifact would decode to at least {need:,} bytes, more than the {limit:,} readers allow "
+            "(--max-decoded-bytes raises the limit)"
+        )
 
 
 def load_state(ckpt: str | Path) -> tuple[dict, dict | None, list[str]]:
@@ -241,13 +260,17 @@ def load_state(ckpt: str | Path) -> tuple[dict, dict | None, list[str]]:
 
     state, config = load_checkpoint_state(ckpt)
     state, stripped = strip_wrapper_prefixes(state)
-    notes = []
-    if stripped:
-        notes.append(
-            f"stripped the wrapper prefix {''.join(stripped)!r} from every tensor name "
-            "(torch.compile / DataParallel); the artifact holds the plain names"
-        )
-    return state, config, notes
+    return state, config, strip_wrapper_note(stripped)
+
+
+def strip_wrapper_note(stripped: list[str]) -> list[str]:
+    """The note that says which wrapper prefixes were stripped (none: no note)."""
+    if not stripped:
+        return []
+    return [
+        f"stripped the wrapper prefix {''.join(stripped)!r} from every tensor name "
+        "(torch.compile / DataParallel); the artifact holds the plain names"
+    ]
 
 
 def pack_checkpoint(
@@ -259,19 +282,21 @@ def pack_checkpoint(
     state=None,
     config=None,
     extra_metadata: dict | None = None,
+    max_decoded_bytes: int | None = None,
 ) -> Packed:
     """Pack a checkpoint (dir, .safetensors, .pt/.pth/.bin) under a policy."""
     ckpt = Path(ckpt)
     notes: list[str] = []
     if state is None:
         state, config, notes = load_state(ckpt)
+    check_decoded_limit(state, max_decoded_bytes)
     policy.check_rules(state, str(ckpt))
     policy, config = checkpoint_policy(policy, config, str(ckpt))
     metadata = {"quant": policy.quantizer, "source": ckpt.name, **(extra_metadata or {})}
     if config is not None:
         metadata["config"] = config
     data = pack_state(state, policy, metadata, effort=effort, replace=replace)
-    rows, metadata = packed_rows(data)
+    rows, metadata = packed_rows(data, max_decoded_bytes)
     return Packed(data, rows, policy, metadata, notes, state=state)
 
 

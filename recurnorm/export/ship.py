@@ -13,7 +13,7 @@ from pathlib import Path
 from ..budget.cap import Budget
 from ..errors import ConfigError
 from .fit import fit_budget
-from .pack import Packed, checkpoint_policy, load_state, pack_state, packed_rows
+from .pack import Packed, check_decoded_limit, checkpoint_policy, load_state, pack_state, packed_rows
 from .policy import ExportPolicy
 
 # --fit's calibration windows. Direct sensitivities run (formats x candidate tensors) passes over
@@ -87,11 +87,17 @@ def ship(
     tokenizer: str | None = None,
     model_factory=None,
     hessians_file: str | Path | None = None,
+    out: str | Path | None = None,
+    jobs: int = 1,
     **kw,
 ) -> Packed:
     """Pack a checkpoint under a policy; with GPTQ codes and/or formats chosen by --fit
     (``fit_bytes``: a cap, or a Budget counting code and loader too; ``hessians_file``: a
-    safetensors file of {weight name: H} to GPTQ with instead of calibrating)."""
+    safetensors file of {weight name: H} to GPTQ with instead of calibrating).
+
+    out: where the artifact will go: a .safetensors checkpoint packed as it is (no --fit or
+    GPTQ, effort normal, no stacked matrices) is then streamed, tensor by tensor (``jobs`` at
+    once), into a temp file beside it (Packed.temp, which Packed.data maps; io.publish names it)."""
     hessians_given = None
     if hessians_file is not None:
         if not gptq:
@@ -99,6 +105,10 @@ def ship(
         hessians_given = load_hessians(hessians_file)
     elif gptq and calib_data is None:
         raise ConfigError("--gptq needs --calib-data (its training split calibrates the Hessians) or --hessians FILE")
+    if out is not None and not gptq and fit_bytes is None and kw.get("effort", "normal") == "normal":
+        packed = _ship_streamed(ckpt, policy, Path(out), jobs, kw.get("max_decoded_bytes"))
+        if packed is not None:
+            return packed
     need_model = (gptq and hessians_given is None) or (fit_bytes is not None and calib_data is not None)
     src = load_source(ckpt, model_factory, need_model)
     if need_model and src.model is None:
@@ -156,6 +166,42 @@ def gptq_coverage(exporter, policy: ExportPolicy, state: dict) -> list[str]:
     return [f"--gptq: GPTQ'd {len(done)} of {len(done) + len(missed)} quantized matrices; rounded: " + "; ".join(parts)]
 
 
+def _ship_streamed(ckpt, policy: ExportPolicy, out: Path, jobs: int, max_decoded_bytes: int | None) -> Packed | None:
+    """ship() of a checkpoint read tensor by tensor (stream.py), or None where it cannot be."""
+    import mmap
+    import os
+
+    from ..io import _discard, temp_beside
+    from .banks import is_stack
+    from .stream import open_streamed, pack_streamed, streams
+
+    streamed = open_streamed(ckpt)
+    if streamed is None:
+        return None
+    _, _, state, config, notes = streamed
+    if any(is_stack(t) for t in state.values()):  # banks are sliced and restacked in memory
+        return None
+    policy.check_rules(state, str(ckpt))
+    policy, config = checkpoint_policy(policy, config, str(ckpt))
+    if not streams(policy):
+        return None
+    check_decoded_limit(state, max_decoded_bytes)  # before any work
+    metadata = {"quant": policy.quantizer, "source": Path(ckpt).name}
+    if config is not None:
+        metadata["config"] = config
+    fd, tmp = temp_beside(out)
+    try:
+        with os.fdopen(fd, "wb+") as f:
+            pack_streamed(streamed, policy, metadata, f, out.parent, jobs=jobs)
+            f.flush()
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        rows, meta = packed_rows(data, max_decoded_bytes)
+    except BaseException:
+        _discard(tmp)
+        raise
+    return Packed(data, rows, policy, meta, notes, temp=tmp)
+
+
 def ship_model(model, policy: ExportPolicy | str, *, name: str = "model", config: dict | None = None, **kw) -> Packed:
     """Pack a model in memory, as a training script does at its end (``policy``: an
     ExportPolicy or a -q string; ``train_tokens=`` and ``gptq=True`` for GPTQ codes,
@@ -182,11 +228,14 @@ def ship_source(
     fit_embeddings: bool = False,
     progress: Callable[[str], None] | None = None,
     hessians_given: dict | None = None,
+    max_decoded_bytes: int | None = None,
 ) -> Packed:
     """Pack a Source under a policy: rules checked against its names, then GPTQ and --fit as asked
-    (``hessians_given``: {weight name: H} to GPTQ with, instead of calibrating the model)."""
+    (``hessians_given``: {weight name: H} to GPTQ with, instead of calibrating the model;
+    ``max_decoded_bytes``: what verify allows the artifact to decode to, checked first and after)."""
     from .gptq import DEFAULT_CALIB_TOKENS, GPTQExporter
 
+    check_decoded_limit(src.state, max_decoded_bytes)
     policy.check_rules(src.state, str(src.path))
     policy, config = checkpoint_policy(policy, src.config, str(src.path))
     notes = list(src.notes)
@@ -220,7 +269,7 @@ def ship_source(
             state = unbank(src.state)
             qts, plan = quantize_fn(state, policy)
             data = pack_plan(state, qts, plan, policy, metadata, effort=effort)
-        rows, meta = packed_rows(data)
+        rows, meta = packed_rows(data, max_decoded_bytes)
         return Packed(data, rows, policy, meta, notes, state=src.state)
 
     loss_fn = fisher = hessians = None
@@ -263,5 +312,5 @@ def ship_source(
         embeddings=fit_embeddings,
         progress=progress,
     )
-    rows, meta = packed_rows(result.data)
+    rows, meta = packed_rows(result.data, max_decoded_bytes)
     return Packed(result.data, rows, result.policy, meta, notes, fit=result, state=src.state)

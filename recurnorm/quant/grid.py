@@ -133,7 +133,8 @@ class GridQuantizer(Quantizer):
     ) -> QTensor:
         """A QTensor from codes [G, L] and per-group scales; padding codes are set to 0."""
         numel = math.prod(shape)
-        codes = codes_GxL.to(torch.int64).reshape(-1).clone()
+        # int32 holds every grid's codes (int64 and a clone took 16 bytes a weight at once)
+        codes = codes_GxL.to(torch.int32, copy=True).reshape(-1)
         codes[numel:] = 0  # trailing padding is zeros by contract
         return QTensor(
             format=self.name,

@@ -1,0 +1,176 @@
+"""Scale: a TinyLlama-shaped bf16 checkpoint through `recurnorm pack`, `verify` and `unpack`, as a
+user runs them, with ZipNN side by side.
+
+The checkpoint: 22 layers, 2048 wide, 5632-wide MLP, 4 KV heads of 64, 32000 vocabulary, untied
+head (1.1B weights, 2.2 GB of bf16), Gaussian weights of std 0.02 (norms at 1), written once to
+~/.cache/recurnorm-bench/scale/ (never into the repository), tensor by tensor. Each command runs in a
+child under /usr/bin/time: wall seconds, CPU seconds (user + system) and peak RSS. bf16 is lossless:
+the unpacked file must be the checkpoint, byte for byte; int8 and int4 must pack, verify and
+unpack. Every quantizer packs with each --jobs; the artifacts must be identical. ZipNN (`pip
+install --target DIR zipnn`, DIR on PYTHONPATH for this run only; never a dependency) compresses
+and decompresses the same file's bytes as bf16 with threads = each --jobs, in 32 MiB pieces (zipnn 0.5.4 round-trips
+buffers of 64 MiB and more wrong), timed around its calls alone.
+
+MB/s are of the checkpoint's bytes (2.2 GB) per wall second. The machine may be shared: the load
+average is printed with each row.
+
+    nice -n 10 python benchmarks/scale.py [--layers 22] [--quants bf16,int8,int4] [--jobs 1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CACHE = Path(os.path.expanduser("~/.cache/recurnorm-bench/scale"))  # (not where hashes.py looks for real ones)
+
+
+def shapes(layers: int, width: int = 2048, mlp: int = 5632, vocab: int = 32000, kv: int = 256) -> dict:
+    out = {"model.embed_tokens.weight": [vocab, width], "lm_head.weight": [vocab, width], "model.norm.weight": [width]}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out |= {p + "input_layernorm.weight": [width], p + "post_attention_layernorm.weight": [width]}
+        out |= {p + f"self_attn.{n}_proj.weight": [width if n in "qo" else kv, width] for n in "qkvo"}
+        out |= {p + f"mlp.{n}_proj.weight": [mlp, width] for n in ("gate", "up")}
+        out[p + "mlp.down_proj.weight"] = [width, mlp]
+    return out
+
+
+def make_checkpoint(path: Path, layers: int) -> None:
+    """Write the synthetic checkpoint one tensor at a time (recurnorm's safetensors writer)."""
+    import torch
+
+    from recurnorm.budget import safetensors_out
+
+    specs = {n: (torch.bfloat16, s) for n, s in shapes(layers).items()}
+    g = torch.Generator().manual_seed(0)
+
+    def tensors():
+        for name in sorted(specs):
+            s = specs[name][1]
+            yield [name], (torch.ones(s) if len(s) == 1 else torch.randn(s, generator=g) * 0.02).bfloat16()
+
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        safetensors_out.write_each(f, specs, tensors())
+    tmp.rename(path)
+
+
+def timed(cmd: list[str], env: dict | None = None) -> dict:
+    """Run cmd under /usr/bin/time: wall s, cpu s, peak RSS MB; raises if it fails."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as t:
+        start = time.perf_counter()
+        r = subprocess.run(
+            ["/usr/bin/time", "-o", t.name, "-f", "%U %S %M", *cmd], capture_output=True, text=True, env=env
+        )
+        wall = time.perf_counter() - start
+        if r.returncode != 0:
+            raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-2000:]}")
+        user, system, rss = t.read().split()[-3:]
+    return {"wall": wall, "cpu": float(user) + float(system), "rss_mb": int(rss) / 1024, "load": os.getloadavg()[0]}
+
+
+def sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+ZIPNN = """
+import sys, time
+from zipnn import ZipNN
+z = ZipNN(bytearray_dtype="bfloat16", threads=int(sys.argv[2]))
+n = tc = td = 0
+with open(sys.argv[1], "rb") as f:
+    while piece := f.read(1 << 25):  # (zipnn 0.5.4 round-trips wrong from 64 MiB buffers on)
+        t = time.perf_counter(); c = z.compress(piece); tc += time.perf_counter() - t
+        t = time.perf_counter(); d = z.decompress(c); td += time.perf_counter() - t
+        assert bytes(d) == piece
+        n += len(c)
+print(n, tc, td)
+"""
+
+
+def row(what: str, r: dict, mb: float, extra: str = "") -> None:
+    print(
+        f"| {what} | {r['wall']:.1f} | {mb / r['wall']:.0f} | {r['cpu']:.1f} | {r['rss_mb']:,.0f} | {r['load']:.1f} | {extra} |",
+        flush=True,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=22)
+    ap.add_argument("--quants", default="bf16,int8,int4")
+    ap.add_argument("--jobs", default="1,2")
+    ap.add_argument("--no-zipnn", action="store_true")
+    args = ap.parse_args()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    ckpt = CACHE / f"tinyllama-shaped-{args.layers}.safetensors"
+    if not ckpt.exists():
+        make_checkpoint(ckpt, args.layers)
+    size = ckpt.stat().st_size
+    mb = size / 1e6
+    largest = max(4 * __import__("math").prod(s) for s in shapes(args.layers).values())
+    print(f"checkpoint {ckpt} ({size:,} bytes); largest tensor as fp32 {largest:,} bytes")
+    print(f"RSS target: 2 x that + 1 GB = {(2 * largest + (1 << 30)) / (1 << 20):,.0f} MB")
+    print("| run | wall s | MB/s | cpu s | peak RSS MB | load | result |\n|---|---|---|---|---|---|---|")
+    cli = [sys.executable, "-m", "recurnorm.cli.main"]
+    jobs = [int(j) for j in args.jobs.split(",")]
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        tmp = Path(tmp)
+        for q in args.quants.split(","):
+            arts = {}
+            for j in jobs:
+                arts[j] = tmp / f"{q}-{j}.rnpk"
+                r = timed(
+                    [
+                        *cli,
+                        "pack",
+                        str(ckpt),
+                        "-q",
+                        q,
+                        "--max-bytes",
+                        str(10**11),
+                        "--jobs",
+                        str(j),
+                        "-o",
+                        str(arts[j]),
+                        "--json",
+                    ]
+                )
+                row(f"pack -q {q} --jobs {j}", r, mb, f"{arts[j].stat().st_size:,} bytes")
+            same = len({sha(a) for a in arts.values()}) == 1
+            print(f"| --jobs {', '.join(map(str, jobs))} give the same bytes | | | | | | {same} |")
+            art = arts[jobs[0]]
+            r = timed([*cli, "verify", str(art), "--max-bytes", str(10**11)])
+            row(f"verify -q {q}", r, mb, "ok")
+            out = tmp / f"{q}.safetensors"
+            r = timed([*cli, "unpack", str(art), "-o", str(out)])
+            exact = sha(out) == sha(ckpt) if q == "bf16" else ""
+            row(f"unpack -q {q}", r, mb, f"bit for bit: {exact}" if q == "bf16" else "ok")
+            out.unlink()
+            for a in arts.values():
+                a.unlink()
+        if not args.no_zipnn:
+            for j in jobs:
+                r = subprocess.run([sys.executable, "-c", ZIPNN, str(ckpt), str(j)], capture_output=True, text=True)
+                if r.returncode != 0:
+                    print(f"zipnn: not run ({r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode})")
+                    break
+                n, tc, td = r.stdout.split()
+                print(
+                    f"| zipnn threads={j}: {int(n):,} bytes | compress {tc} s ({mb / float(tc):.0f} MB/s) | decompress {td} s ({mb / float(td):.0f} MB/s) | load {os.getloadavg()[0]:.1f} |"
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Pack a .safetensors checkpoint tensor by tensor, in memory bounded by its largest tensors.
+
+Each tensor is read from the file when its turn comes, quantized and coded, and its streams
+are written to a spool file before the next is read (with --jobs N, N tensors at a time); the
+header and manifest, which hold the payload's length and hash, go first in the artifact and
+the spool after them. The artifact is the one `pack_state` makes of the whole state dict, byte
+for byte: the same plan, tensor order and coding (a safetensors file holds no tied tensors).
+What needs every tensor at once (--fit, --gptq, a recipe's LQER on its worst tensors, effort
+max's two passes, a PyTorch .pt) takes that path instead.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from ..budget.safetensors_out import _DTYPES
+from ..quant import extras
+from .policy import ExportPolicy
+
+DTYPES = {v: k for k, v in _DTYPES.items()}  # safetensors' names -> torch dtypes
+
+
+class SafetensorsFile:
+    """A .safetensors file's tensors, read one at a time (the library checks the header first)."""
+
+    def __init__(self, path: Path, header: dict, start: int) -> None:
+        self.path, self.header, self.start = path, header, start
+
+    @classmethod
+    def open(cls, path: Path) -> SafetensorsFile | None:
+        """The file, or None when a dtype is one only the library's reader names (its error then)."""
+        from safetensors import safe_open
+
+        from ..errors import CheckpointError
+
+        try:
+            with safe_open(str(path), "pt"):  # offsets, sizes and the header's JSON: checked here
+                pass
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+        except Exception as exc:
+            raise CheckpointError(f"{path}: cannot read safetensors: {exc}") from None
+        header.pop("__metadata__", None)
+        if any(h["dtype"] not in DTYPES for h in header.values()):
+            return None
+        return cls(path, header, 8 + n)
+
+    def meta(self) -> dict[str, torch.Tensor]:
+        """Every tensor's name, dtype and shape, without data (what the export policy plans from)."""
+        return {n: torch.empty(h["shape"], dtype=DTYPES[h["dtype"]], device="meta") for n, h in self.header.items()}
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """One tensor, read from the file into memory of its own (no mapping: it goes when dropped)."""
+        h = self.header[name]
+        t = torch.empty(h["shape"], dtype=DTYPES[h["dtype"]])
+        if t.numel():
+            with open(self.path, "rb") as f:
+                f.seek(self.start + h["data_offsets"][0])
+                f.readinto(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        return t
+
+
+class Quantized(Mapping):
+    """The QTensors of a streamed checkpoint: each read and quantized when asked for."""
+
+    def __init__(self, src: SafetensorsFile, names: dict[str, str], plan: dict) -> None:
+        self.src, self.names, self.plan = src, names, plan
+
+    def __getitem__(self, name: str):
+        fmt, options, _ = self.plan[name]
+        return extras.quantize(self.src.tensor(self.names[name]), fmt, options, name)
+
+    def __iter__(self):
+        return iter(self.plan)
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+
+def open_streamed(ckpt: str | Path):
+    """(file, {plain name: name in the file}, meta state, config, notes) of a checkpoint that
+    can be streamed (a .safetensors file, or a folder's model.safetensors), else None."""
+    from .load import _check_dtypes, _check_safetensors_header, _read_config, check_pack_limits
+    from .pack import strip_wrapper_note
+    from .policy import strip_wrapper_prefixes
+
+    path = Path(ckpt)
+    path = path / "model.safetensors" if path.is_dir() else path
+    if path.suffix != ".safetensors" or not path.is_file():
+        return None
+    _check_safetensors_header(path)
+    src = SafetensorsFile.open(path)
+    if src is None:
+        return None
+    meta = src.meta()
+    original = {id(t): n for n, t in meta.items()}
+    state, stripped = strip_wrapper_prefixes(meta)
+    check_pack_limits(state, path)
+    _check_dtypes(state, path)
+    cfg = path.parent / "config.json"
+    config = _read_config(cfg) if cfg.exists() else None
+    return src, {n: original[id(t)] for n, t in state.items()}, state, config, strip_wrapper_note(stripped)
+
+
+def pack_streamed(streamed, policy: ExportPolicy, metadata: dict, out, spool_dir: Path, *, jobs: int = 1) -> None:
+    """Write the artifact of a streamed checkpoint to the binary file out (see the module); the
+    payload waits in an unnamed file in spool_dir (the output's folder: room for it)."""
+    from ..budget.api import pack_qtensors
+    from .pack import export_metadata
+
+    src, names, state, _, _ = streamed
+    plan = policy.plan(state)
+    meta = {**metadata, "export": export_metadata(policy, plan)}
+    with tempfile.TemporaryFile(dir=spool_dir) as spool:
+        out.write(pack_qtensors(Quantized(src, names, plan), meta, jobs=jobs, sink=spool))
+        spool.seek(0)
+        shutil.copyfileobj(spool, out, 1 << 24)
+
+
+def streams(policy: ExportPolicy) -> bool:
+    """Whether a policy decides each tensor alone (no step that needs them all)."""
+    return type(policy).finish is ExportPolicy.finish

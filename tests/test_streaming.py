@@ -1,0 +1,135 @@
+"""Checkpoints of any size: pack streams a .safetensors file tensor by tensor (the same bytes
+as packing it in memory, for any --jobs), readers bound decode memory by --max-decoded-bytes
+alone (no element wall), and older format versions still read."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+
+from recurnorm.budget import api, validate
+from recurnorm.budget import format as fmt
+from recurnorm.cli.main import main
+from recurnorm.errors import ArtifactError
+from recurnorm.export.pack import pack_checkpoint
+from recurnorm.export.spec import build_policy
+
+
+def _run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama") / "hf"
+    d.mkdir()
+    g = torch.Generator().manual_seed(0)
+    sd = {
+        "model.embed_tokens.weight": (torch.randn(600, 64, generator=g) * 0.02).bfloat16(),
+        "model.layers.0.mlp.up_proj.weight": (torch.randn(160, 64, generator=g) * 0.05).bfloat16(),
+        "model.layers.0.self_attn.q_proj.weight": (torch.randn(64, 64, generator=g) * 0.05).bfloat16(),
+        "model.layers.0.input_layernorm.weight": torch.ones(64, dtype=torch.bfloat16),
+        "model.norm.weight": torch.randn(64, generator=g),
+        "position_ids": torch.arange(256),
+    }
+    save_file({f"_orig_mod.{k}": v for k, v in sd.items()}, d / "model.safetensors")
+    (d / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    return d, sd
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4", "bf16", "int6:lqer=2"])
+def test_streamed_pack_is_the_in_memory_artifact_for_any_jobs(ckpt, tmp_path, quant):
+    d, _ = ckpt
+    outs = []
+    for jobs in (1, 2):
+        out = tmp_path / f"j{jobs}.rnpk"
+        r = _run("pack", d, "-q", quant, "--jobs", jobs, "-o", out)
+        assert r.exit_code == 0, r.output
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    assert outs[0] == pack_checkpoint(d, build_policy(quant)).data  # (the whole state dict in memory)
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
+
+
+def test_unpack_writes_each_tensor_as_unpacking_all_at_once(ckpt, tmp_path):
+    d, sd = ckpt
+    art, out = tmp_path / "a.rnpk", tmp_path / "w.safetensors"
+    assert _run("pack", d, "-q", "bf16", "-o", art).exit_code == 0
+    assert _run("unpack", art, "-o", out).exit_code == 0
+    back = load_file(out)
+    assert set(back) == set(sd) and all(torch.equal(back[k], v) for k, v in sd.items())  # bf16 is lossless
+    from recurnorm.budget import safetensors_out
+
+    whole = tmp_path / "whole.safetensors"
+    with open(whole, "wb") as f:  # the writer of a whole state dict gives the same file
+        safetensors_out.write(f, api.unpack(art.read_bytes()))
+    assert whole.read_bytes() == out.read_bytes()
+
+
+def test_the_decoded_limit_is_checked_before_packing(ckpt, tmp_path):
+    d, _ = ckpt
+    r = CliRunner().invoke(
+        main, ["pack", str(d), "-q", "int8", "-o", str(tmp_path / "a.rnpk"), "--max-decoded-bytes", "1000"]
+    )
+    assert r.exit_code != 0 and "--max-decoded-bytes" in r.output and "at least" in r.output
+    assert not (tmp_path / "a.rnpk").exists()
+
+
+def test_the_default_limit_grows_with_the_artifact():
+    assert validate.default_max_decoded_bytes(1000) == 1 << 30  # a few KB of hostile file: 1 GiB
+    assert validate.default_max_decoded_bytes(1 << 30) > 1 << 30
+    assert validate.default_max_decoded_bytes(1 << 50) < 1 << 50  # no more than the machine has
+
+
+def _artifact_of_version_1(data: bytes) -> bytes:
+    """A format-1 artifact of the same tensors (raw manifest, flags 0): what earlier packers wrote."""
+    manifest, payload = fmt.split_container(data)
+    manifest["version"] = 1
+    raw = fmt.dumps(manifest)
+    return fmt.HEADER.pack(fmt.MAGIC, 1, 0, len(raw), hashlib.sha256(raw).digest()) + raw + payload
+
+
+def test_versions_1_and_2_still_read(ckpt):
+    d, sd = ckpt
+    v2 = pack_checkpoint(d, build_policy("bf16")).data
+    v1 = _artifact_of_version_1(api.pack_qtensors(api.read_artifact(v2).qtensors, codecs=("deflate", "raw")))
+    for data, version in ((v2, 2), (v1, 1)):
+        assert fmt.HEADER.unpack_from(data)[1] == version
+        assert api.verify_bytes(data).ok
+        back = api.unpack(data)
+        assert all(torch.equal(back[k], v) for k, v in sd.items())
+
+
+@pytest.mark.slow  # ~1.1 GB of weights through pack, verify and unpack
+def test_a_checkpoint_past_2_28_weights_packs_verifies_and_unpacks_bit_for_bit(tmp_path):
+    n = (1 << 26) + 1000  # five tensors: 2^28 weights and more (the old wall), 640 MB of bf16
+    ones = torch.ones(n, dtype=torch.bfloat16)
+    save_file({f"w{i}": ones * i for i in range(5)}, tmp_path / "big.safetensors")
+    del ones
+    art, out = tmp_path / "big.rnpk", tmp_path / "back.safetensors"
+    limit = 5 * n * 4 + (1 << 20)  # bf16 decodes through 4 bytes a weight
+    r = _run(
+        "pack",
+        tmp_path / "big.safetensors",
+        "-q",
+        "bf16",
+        "-o",
+        art,
+        "--max-bytes",
+        10**9,
+        "--max-decoded-bytes",
+        limit,
+    )
+    assert r.exit_code == 0, r.output
+    assert _run("verify", art, "--max-bytes", 10**9, "--max-decoded-bytes", limit).exit_code == 0
+    with pytest.raises(ArtifactError, match="--max-decoded-bytes"):  # the default: 1 GiB for a small file
+        api.read_artifact(api.read_artifact_file(art))
+    assert _run("unpack", art, "-o", out, "--max-decoded-bytes", limit).exit_code == 0
+    back = load_file(out)
+    assert sorted(back) == [f"w{i}" for i in range(5)]
+    assert all(back[f"w{i}"].shape == (n,) and bool((back[f"w{i}"] == i).all()) for i in range(5))
