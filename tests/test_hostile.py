@@ -14,9 +14,9 @@ from recurnorm.budget import format as fmt
 from recurnorm.budget import read_artifact, validate, verify_bytes
 from recurnorm.errors import ArtifactError
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork, /proc and RLIMIT_AS")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork, /proc and RLIMIT_DATA")
 
-MEM = 1 << 30  # what a child may add to its address space
+MEM = 1 << 30  # what a child may add to its memory (RLIMIT_DATA)
 ALARM = 10  # seconds
 
 
@@ -40,7 +40,7 @@ def test_the_corpus_covers_every_class():
 
 @pytest.mark.slow  # two CLI children per artifact, 200+ artifacts
 def test_every_hostile_artifact_is_refused_in_one_line_with_bounded_memory(corpus):
-    """verify and unpack, in a child limited to +1 GiB of address space and a 10 s alarm."""
+    """verify and unpack, in a child limited to +1 GiB of memory and a 10 s alarm."""
     for path in corpus:
         r = hc.run_cli(["verify", str(path)], MEM, ALARM)
         _one_line_exit_4(r, f"verify {path.name}")

@@ -3,7 +3,7 @@ inputs and outputs, limits checked before the work, odd state dicts, half-done w
 codes; and the library and the standalone loader agreeing on every dtype and offset.
 
 Each CLI case of tests/hostile_corpus.py's R3_CASES runs in a forked child with +1 GiB of
-address space and a 10 s alarm, so a regression fails instead of taking the machine."""
+memory (RLIMIT_DATA) and a 10 s alarm, so a regression fails instead of taking the machine."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from recurnorm.budget import pack_qtensors, verify_bytes
 from recurnorm.budget.codecs import DTYPES
 from recurnorm.quant.qtensor import QTensor
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork, FIFOs and RLIMIT_AS")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork, FIFOs and RLIMIT_DATA")
 
 MEM = 1 << 30
 ALARM = 10
@@ -36,9 +36,9 @@ def test_each_class_is_one_line_with_its_exit_code_and_writes_only_what_was_aske
     """The exit code the class calls for; a refusal is one error line, never a traceback; no
     control or bidi character on stdout or stderr; no file in the folder created, changed or
     replaced (a FIFO or device node stays one) except the outputs asked for; within the
-    child's +1 GiB and 10 s (an alarm or the address-space limit would end it otherwise)."""
+    child's +1 GiB and 10 s (an alarm or the memory limit would end it otherwise)."""
     r = hc.run_input_case(name, tmp_path, MEM, ALARM)
-    assert r["code"] == r["expected"], r
+    assert r["code"] == r["expected"], r["stderr"]  # (the whole dict shows truncated)
     assert r["one_line"] and not r["traceback"], r
     assert not r["controls"], r
     assert not r["changed"], r
@@ -50,6 +50,19 @@ def test_the_names_cases_print_every_name_escaped(tmp_path):
     assert r["code"] == 0
     assert r"\x1b]0;owned\x07\x1b[31mred\r\u202etxt.evil" in r["stdout"]  # in both tables
     assert r["stdout"].count(r"\u202e") >= 2 and r"w\x9b" in r["stdout"]
+
+
+def _many_cores():
+    import os
+
+    os.sched_getaffinity = lambda pid: set(range(64))
+
+
+def test_pack_on_a_64_core_machine_under_the_memory_limit(tmp_path):
+    """The default --jobs is the cores available: 64 threads' stacks and arenas fit in no
+    +1 GiB limit, and pack codes on the threads the system gives, never a traceback."""
+    r = hc.run_cli(hc._pack_args(tmp_path, hc._names_ckpt(tmp_path)), MEM, ALARM, _many_cores)
+    assert r["code"] == 0 and "Traceback" not in r["stderr"], r["stderr"][-2000:]
 
 
 def test_pack_dot_names_the_artifact_after_the_folder(tmp_path):

@@ -133,3 +133,25 @@ def test_a_checkpoint_past_2_28_weights_packs_verifies_and_unpacks_bit_for_bit(t
     back = load_file(out)
     assert sorted(back) == [f"w{i}" for i in range(5)]
     assert all(back[f"w{i}"].shape == (n,) and bool((back[f"w{i}"] == i).all()) for i in range(5))
+
+
+def test_jobs_go_on_with_the_threads_the_system_gives(monkeypatch):
+    """A ulimit refuses a third live thread: the tensors are coded on two, in order; refused
+    from the first, on the calling thread."""
+    import threading
+
+    from recurnorm.budget import api
+
+    start = threading.Thread.start
+    for allowed in (2, 0):
+        started = []
+
+        def limited(self, allowed=allowed, started=started):
+            if sum(t.is_alive() for t in started) >= allowed:
+                raise RuntimeError("can't start new thread")
+            started.append(self)
+            start(self)
+
+        monkeypatch.setattr(threading.Thread, "start", limited)
+        assert list(api._ordered(lambda i: i * i, list(range(20)), 8)) == [i * i for i in range(20)]
+        assert len(started) == 2 * allowed  # the probe's threads, then the pool's

@@ -148,6 +148,10 @@ def _ordered(fn, items: list, jobs: int):
     coders' numpy and C loops let go of the interpreter."""
     from concurrent.futures import ThreadPoolExecutor
 
+    jobs = _startable_threads(min(jobs, len(items))) if jobs > 1 else 1
+    if jobs < 2:
+        yield from map(fn, items)
+        return
     with ThreadPoolExecutor(jobs) as pool:
         running: list = []
         for item in items:
@@ -155,6 +159,26 @@ def _ordered(fn, items: list, jobs: int):
             if len(running) >= jobs:
                 yield running.pop(0).result()
         yield from (f.result() for f in running)
+
+
+def _startable_threads(n: int) -> int:
+    """How many of n threads the system starts at once: a ulimit on address space or tasks
+    refuses some ("can't start new thread"; 8 MB of stack each), on a many-core machine
+    too. Each is held until the last has started, then let go."""
+    import threading
+
+    hold, threads = threading.Event(), []
+    try:
+        for _ in range(n):
+            threads.append(threading.Thread(target=hold.wait, daemon=True))
+            threads[-1].start()
+    except RuntimeError:
+        threads.pop()
+    finally:
+        hold.set()
+        for t in threads:
+            t.join()
+    return len(threads)
 
 
 def _encode_tensor(name: str, qt: QTensor, names, codecs, effort: str, check: bool) -> list[tuple[dict, dict]]:
