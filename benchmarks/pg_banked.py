@@ -275,6 +275,8 @@ def main() -> None:
     # -- the record's own export, run directly
     t = time.perf_counter()
     hessians = mod.collect_hessians(model, Windows(corpus.train_tokens), h, torch.device("cpu"), 16)
+    hessians_file = CACHE / "record_hessians.safetensors"  # (for the run that isolates GPTQ itself)
+    save_file({n: H.float().contiguous() for n, H in hessians.items()}, str(hessians_file))
     sd_flat = mod._unbank_state_dict(model.state_dict(), h.num_layers)
     result, meta = mod.gptq_mixed_quantize(sd_flat, hessians, h)
     buf = io.BytesIO()
@@ -341,11 +343,23 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
 
-    cmds = {"@pg-record --gptq": ["-q", "@pg-record", "--gptq"]}
+    # Our calibration (the default corpus's first CALIB_TOKENS) and the record's own Hessians:
+    # the second leaves only GPTQ itself to differ.
+    cmds = {
+        "@pg-record --gptq": ["-q", "@pg-record", "--gptq", *calib],
+        "@pg-record --gptq --hessians (the record's)": ["-q", "@pg-record", "--gptq", "--hessians", str(hessians_file)],
+    }
     if not args.skip_fit:
-        cmds["--fit record bytes --gptq"] = ["--fit", str(record_bytes), "--gptq", "--fit-sensitivity", "fisher"]
-    for label, extra in cmds.items():
-        out = CACHE / (label.split()[0].strip("@-") + ".rnpk")
+        cmds["--fit record bytes --gptq"] = [
+            "--fit",
+            str(record_bytes),
+            "--gptq",
+            "--fit-sensitivity",
+            "fisher",
+            *calib,
+        ]
+    for i, (label, extra) in enumerate(cmds.items()):
+        out = CACHE / f"run{i}.rnpk"
         cmd = [
             sys.executable,
             "-m",
@@ -353,7 +367,6 @@ def main() -> None:
             "pack",
             str(banked),
             *extra,
-            *calib,
             "-o",
             str(out),
             "--force",
@@ -372,7 +385,7 @@ def main() -> None:
             out,
             wall,
             policy,
-            " ".join(["recurnorm pack", "banked.safetensors", *extra, *calib[:-1], "pg_banked.py:build"]),
+            " ".join(["recurnorm pack", "banked.safetensors", *extra]).replace(factory, "pg_banked.py:build"),
         )
 
     print(

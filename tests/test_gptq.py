@@ -63,6 +63,18 @@ def test_gptq_is_deterministic_and_handles_all_dead_inputs():
     assert torch.isfinite(q.dequantize(z)).all()
 
 
+@pytest.mark.parametrize("fmt,opts", [("int6", {"clip": "std:12.85"}), ("int8", {}), ("int4", {})])
+def test_a_dead_inputs_weights_become_zero_and_the_rest_keep_their_row_scales(fmt, opts):
+    """No calibration output depends on input 7: its weights are coded 0 (the records' GPTQ
+    does the same); per-row scales are still those of W as it was."""
+    W, H = correlated()
+    quant = q.get(fmt, **opts)
+    W_hat = gptq_with_weights(W, H, quant)[1]
+    assert torch.all(W_hat[:, 7] == 0) and torch.count_nonzero(W_hat[:, 8:]) > 0
+    if quant.group_size() is None:  # (group scales are fitted as GPTQ reaches them)
+        assert torch.equal(torch.as_tensor(gptq_quantize(W, H, quant).scales), torch.as_tensor(quant.quantize(W).scales))
+
+
 def test_gptq_rejects_what_it_cannot_do():
     W, H = correlated()
     with pytest.raises(QuantError, match="GPTQ"):

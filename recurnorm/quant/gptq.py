@@ -93,9 +93,12 @@ def gptq_with_weights(
         lo, hi = q.code_range()
         lengths = code_lengths(q.encode_grid(W, S, Z), lo, hi)
 
-    # Dead inputs (never active in calibration) carry no error signal: decouple them.
+    # Dead inputs (never active in calibration) carry no error signal: decouple them, and
+    # their weights, which no calibration output depends on, become 0 (cheapest to code; as
+    # the Parameter Golf records do). Scales fixed before GPTQ were fitted on W as it was.
     dead = torch.diag(H) == 0
     H[dead, dead] = 1.0
+    W[:, dead] = 0.0
     H += damp * torch.mean(torch.diag(H)) * torch.eye(cols)
     # Act-order: the columns of largest input energy first, while the most columns are left to
     # take their error (as the Parameter Golf records do; on their model's attention output
