@@ -18,14 +18,16 @@ saved banked as the record saves it, and exported twice:
 - ``recurnorm pack banked.safetensors -q @pg-record --gptq`` on the banked file, the model
   built by this file's ``build`` (``--model-factory``), calibrated on the same 32,768
   training tokens;
-- ``recurnorm pack banked.safetensors --fit RECORD_BYTES --gptq`` with the default
-  candidates (Fisher sensitivities, to bound the time on 2 cores).
+- ``recurnorm pack banked.safetensors --fit RECORD_BYTES --gptq`` with pack's defaults
+  (candidates and sensitivities; ``--fit-sensitivity fisher`` bounds the time on 2 cores);
+- between them, ``-q @pg-record --gptq --hessians`` on the record's own Hessians, which
+  leaves GPTQ itself as the only difference.
 
 It prints per-tensor bit equality against the record's dequantized weights, the
 Hessian-weighted output error ‖(W−Ŵ)X‖²/‖WX‖² per group under the record's own Hessians,
 bytes, wall time and validation bits per byte (byte tokens: bpb = loss / ln 2).
 
-    nice -n 10 python benchmarks/pg_banked.py [--steps 150] [--skip-fit]
+    nice -n 10 python benchmarks/pg_banked.py [--steps 150] [--skip-fit] [--reuse] [--fit-sensitivity fisher]
 """
 
 from __future__ import annotations
@@ -246,6 +248,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--skip-fit", action="store_true")
+    ap.add_argument("--fit-sensitivity", choices=["direct", "fisher", "hessian"], help="default: pack's own")
     ap.add_argument("--reuse", action="store_true", help="the cached banked checkpoint instead of training")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -350,14 +353,8 @@ def main() -> None:
         "@pg-record --gptq --hessians (the record's)": ["-q", "@pg-record", "--gptq", "--hessians", str(hessians_file)],
     }
     if not args.skip_fit:
-        cmds["--fit record bytes --gptq"] = [
-            "--fit",
-            str(record_bytes),
-            "--gptq",
-            "--fit-sensitivity",
-            "fisher",
-            *calib,
-        ]
+        sensitivity = ["--fit-sensitivity", args.fit_sensitivity] if args.fit_sensitivity else []
+        cmds["--fit record bytes --gptq"] = ["--fit", str(record_bytes), "--gptq", *sensitivity, *calib]
     for i, (label, extra) in enumerate(cmds.items()):
         out = CACHE / f"run{i}.rnpk"
         cmd = [

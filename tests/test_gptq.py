@@ -72,7 +72,9 @@ def test_a_dead_inputs_weights_become_zero_and_the_rest_keep_their_row_scales(fm
     W_hat = gptq_with_weights(W, H, quant)[1]
     assert torch.all(W_hat[:, 7] == 0) and torch.count_nonzero(W_hat[:, 8:]) > 0
     if quant.group_size() is None:  # (group scales are fitted as GPTQ reaches them)
-        assert torch.equal(torch.as_tensor(gptq_quantize(W, H, quant).scales), torch.as_tensor(quant.quantize(W).scales))
+        assert torch.equal(
+            torch.as_tensor(gptq_quantize(W, H, quant).scales), torch.as_tensor(quant.quantize(W).scales)
+        )
 
 
 def test_gptq_rejects_what_it_cannot_do():
