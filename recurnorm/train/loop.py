@@ -172,9 +172,9 @@ def train(
     # Training-time randomness (e.g. noise injection) gets its own stream, apart from init.
     torch.manual_seed(hparams["batch_seed"] + 1)
 
-    start, elapsed_before, loss_sum, loss_count = 0, 0.0, 0.0, 0
+    start, elapsed_before, meter = 0, 0.0, _Meter()
     if saved is not None:
-        start, elapsed_before, loss_sum, loss_count = _restore(saved, model, opt, rng)
+        start, elapsed_before, meter.loss_sum, meter.loss_count = _restore(saved, model, opt, rng)
     if writer is not None:
         writer.mkdir(parents=True, exist_ok=True)
         _prepare_log(writer / LOG_NAME, keep_until=start if saved is not None else None)
@@ -196,8 +196,6 @@ def train(
     run_log: list[dict] = []
     last_loss, val_bpb = None, None
     t_run = time.perf_counter()
-    # Throughput counts only the training steps, not evaluation or checkpoint writes.
-    train_s_since_log, tokens_since_log, train_s_total = 0.0, 0, 0.0
     bar = tqdm(
         total=steps,
         initial=start,
@@ -220,26 +218,12 @@ def train(
             opt.step()
 
             done = step + 1
-            loss_sum += step_loss
-            loss_count += 1
-            tokens_since_log += batch_size * seq_len
-            step_s = time.perf_counter() - t_step
-            train_s_since_log += step_s
-            train_s_total += step_s
+            meter.add(step_loss, batch_size * seq_len, time.perf_counter() - t_step)
             bar.update(1)
             records = []
             if done % hp.log_every == 0 or done == steps:
-                last_loss = loss_sum / loss_count
-                records.append(
-                    {
-                        "step": done,
-                        "loss": last_loss,
-                        "lr": lr_now,
-                        "grad_norm": float(grad_norm),
-                        "tokens_per_s": tokens_since_log / max(train_s_since_log, 1e-9),
-                    }
-                )
-                loss_sum, loss_count, train_s_since_log, tokens_since_log = 0.0, 0, 0.0, 0
+                records.append(meter.record(done, lr_now, grad_norm))
+                last_loss = records[-1]["loss"]
                 bar.set_postfix(loss=f"{last_loss:.3f}")
             if eval_fn is not None and ((hp.eval_every and done % hp.eval_every == 0) or done == steps):
                 result = eval_fn(model)
@@ -252,18 +236,8 @@ def train(
                 if done % save_every == 0 or done == steps:
                     elapsed = elapsed_before + time.perf_counter() - t_run
                     save_checkpoint(model, writer, force=True)
-                    _write_resume(
-                        writer / RESUME_NAME,
-                        model,
-                        opt,
-                        rng,
-                        config,
-                        hparams,
-                        _corpus_id(corpus),
-                        step=done,
-                        elapsed=elapsed,
-                        loss_acc=(loss_sum, loss_count),
-                    )
+                    state = (model, opt, rng, config, hparams, _corpus_id(corpus))
+                    _write_resume(writer / RESUME_NAME, *state, step=done, elapsed=elapsed, loss_acc=meter.carried())
             run_log.extend(records)
             if on_step is not None:
                 on_step(done, records[0] if records else {"step": done, "loss": step_loss})
@@ -278,10 +252,45 @@ def train(
         final_loss=last_loss,
         val_bpb=val_bpb,
         elapsed_s=elapsed_before + run_s,
-        tokens_per_s=trained * batch_size * seq_len / max(train_s_total, 1e-9),
+        tokens_per_s=trained * batch_size * seq_len / max(meter.total_s, 1e-9),
         out_dir=out,
         log=run_log,
     )
+
+
+@dataclass
+class _Meter:
+    """Training loss and throughput since the last log record. Throughput counts only the
+    training steps, not evaluation or checkpoint writes."""
+
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    seconds: float = 0.0
+    tokens: int = 0
+    total_s: float = 0.0  # every training step of this run
+
+    def add(self, loss: float, tokens: int, seconds: float) -> None:
+        self.loss_sum += loss
+        self.loss_count += 1
+        self.tokens += tokens
+        self.seconds += seconds
+        self.total_s += seconds
+
+    def record(self, step: int, lr: float, grad_norm) -> dict:
+        """The log record of the interval just ended; the interval starts again."""
+        record = {
+            "step": step,
+            "loss": self.loss_sum / self.loss_count,
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "tokens_per_s": self.tokens / max(self.seconds, 1e-9),
+        }
+        self.loss_sum, self.loss_count, self.seconds, self.tokens = 0.0, 0, 0.0, 0
+        return record
+
+    def carried(self) -> tuple[float, int]:
+        """The loss of the unfinished interval, carried in a resume state."""
+        return self.loss_sum, self.loss_count
 
 
 class _Batches:
