@@ -54,6 +54,7 @@ def ensure(force: bool = False, progress: bool = True) -> Path:
 
     from recurnorm.evaluate.loss import loss
     from recurnorm.model import ModelConfig
+    from recurnorm.train.config import TrainConfig
     from recurnorm.train.data import load_corpus
     from recurnorm.train.loop import train
 
@@ -64,12 +65,10 @@ def ensure(force: bool = False, progress: bool = True) -> Path:
     result = train(
         config,
         corpus,
-        **TRAIN,
+        TrainConfig(**TRAIN, eval_every=EVAL_EVERY, log_every=50),
         out_dir=out,
         force=True,
-        eval_every=EVAL_EVERY,
         eval_fn=lambda m: loss(m, corpus),
-        log_every=50,
         progress=progress,
         # resume=True would continue an interrupted run; a fresh one is what the timing means
     )

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 
 import torch
 
@@ -43,12 +44,12 @@ OPTIMIZERS = ("adamw", "muon")
 
 
 def run(opt: str, seed: int, steps: int, corpus, preset, muon_lr_mult: float = 1.0) -> dict:
-    kw = preset.with_overrides(steps=steps, optimizer=opt, eval_every=0, muon_lr_mult=muon_lr_mult).train_kwargs()
-    kw["warmup"] = min(kw["warmup"], steps // 5)
+    hp = preset.with_overrides(steps=steps, optimizer=opt, eval_every=0, muon_lr_mult=muon_lr_mult, seed=seed).hp
+    hp = replace(hp, warmup=min(hp.warmup, steps // 5))
     config = ModelConfig.from_dict({**preset.model, "vocab_size": corpus.vocab_size})
-    result = train(config, corpus, seed=seed, progress=False, **kw)
+    result = train(config, corpus, hp, progress=False)
     # Training steps only (the loop's own clock): no model building, evaluation or start-up.
-    step_s = kw["batch_size"] * config.seq_len / result.tokens_per_s
+    step_s = hp.batch_size * config.seq_len / result.tokens_per_s
     bpb = loss(result.model, corpus).bits_per_byte
     return {
         "optimizer": opt,

@@ -161,15 +161,15 @@ def trained(ckpt: str | None, steps: int, label: str = "trained") -> dict[str, d
         state, _ = load_checkpoint_state(ckpt)
     else:
         from recurnorm.model import ModelConfig
+        from recurnorm.train.config import TrainConfig
         from recurnorm.train.data import load_corpus
         from recurnorm.train.loop import train
         from recurnorm.train.presets import PRESETS
 
         print(f"trained case: training the tiny preset for {steps} steps", flush=True)
         torch.manual_seed(0)
-        res = train(
-            ModelConfig(**PRESETS["tiny"].model), load_corpus("default"), steps=steps, progress=False, log_every=10_000
-        )
+        hp = TrainConfig(steps=steps, log_every=10_000)
+        res = train(ModelConfig(**PRESETS["tiny"].model), load_corpus("default"), hp, progress=False)
         state = {k: v.detach() for k, v in res.model.state_dict().items()}
     return quantized(label, {k: v.float() for k, v in state.items() if v.is_floating_point() and v.dim() == 2})
 

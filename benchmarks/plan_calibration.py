@@ -54,6 +54,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     from recurnorm.model import ModelConfig, RecurrentLM
+    from recurnorm.train.config import TrainConfig
     from recurnorm.train.data import load_corpus
     from recurnorm.train.loop import train
 
@@ -64,9 +65,8 @@ def main() -> None:
     for d in (int(x) for x in args.d.split(",")):
         for scheme in args.schemes.split(","):
             config = ModelConfig(d_model=d, n_heads=2, depth=3, seq_len=64, scheme=scheme)
-            trained = train(
-                config, corpus, steps=args.steps, batch_size=16, lr=3e-3, warmup=20, seed=0, progress=False
-            ).model.eval()
+            hp = TrainConfig(steps=args.steps, batch_size=16, lr=3e-3, warmup=20, seed=0)
+            trained = train(config, corpus, hp, progress=False).model.eval()
             torch.manual_seed(0)
             fresh = RecurrentLM(ModelConfig.from_dict(config.to_dict()))
             row = []

@@ -44,10 +44,8 @@ def trained_model(args, corpus):
     from recurnorm.train.loop import train
     from recurnorm.train.presets import get_preset
 
-    preset = get_preset("tiny").with_overrides(steps=args.steps)
-    kw = preset.train_kwargs()
-    kw.pop("eval_every", None)
-    result = train(ModelConfig(**preset.model), corpus, seed=args.seed, progress=False, **kw)
+    preset = get_preset("tiny").with_overrides(steps=args.steps, seed=args.seed)
+    result = train(ModelConfig(**preset.model), corpus, preset.hp, progress=False)
     return result.model.eval()
 
 

@@ -14,7 +14,7 @@ checkpoint under runs/ (or --ckpt) at int8, int4 and ternary. For each, side by 
               (the records' recipe; brotli is installed where they run: 0 extra bytes)
 
 then the decode time of the whole artifact through the loader (numpy, one thread) and through
-recurnorm.unpack (compiled kernel), and portable bytes / bytes with zstd allowed for whole
+recurnorm.load (compiled kernel), and portable bytes / bytes with zstd allowed for whole
 streams (the profile's cost; side data and the manifest are portable in both).
 
     python benchmarks/ship.py [--ckpt DIR ...] [--repeats 3] [--quick]
@@ -147,7 +147,7 @@ def main() -> None:
     print(
         "+loader = artifact + compact loader (the counted bytes); vs = counted minus the anchor "
         "(negative: recurnorm smaller); loader s = rnpk_load.load, numpy, one thread; unpack s = "
-        f"recurnorm.unpack (compiled kernel); profile = portable / zstd allowed (worst {worst:.4f})"
+        f"recurnorm.load (compiled kernel); profile = portable / zstd allowed (worst {worst:.4f})"
     )
     sys.stdout.flush()
 

@@ -113,7 +113,7 @@ def main() -> None:
     if args.preset:
         pre = get_preset(args.preset)
         base = ModelConfig(**pre.model)
-        args.seq_len, args.batch = base.seq_len, pre.micro_batch or pre.batch_size
+        args.seq_len, args.batch = base.seq_len, pre.hp.micro_batch or pre.hp.batch_size
         args.d_model, args.depth, args.n_heads = base.d_model, base.depth, base.n_heads
     else:
         base = ModelConfig(d_model=args.d_model, depth=args.depth, n_heads=args.n_heads, seq_len=args.seq_len)

@@ -2,16 +2,26 @@
 
 Data flows one way: train/ -> checkpoint -> quant/ (QTensor) -> budget/
 (artifact bytes) -> unpack -> model/ -> evaluate/.
-The most used entry points are re-exported here lazily (torch imports slowly).
+
+The public library is what ``__all__`` names: ``pack`` (a model or state dict to
+artifact bytes; options as the ``-q`` string or typed, ``ExportOptions`` /
+``Format``), ``load`` (an artifact back to tensors, or ``as_model=True`` to its
+model), ``TrainConfig`` and ``ModelConfig`` / ``RecurrentLM``. Everything else is
+internal: importable from its module, free to change (docs/DESIGN.md).
+They are loaded lazily (torch imports slowly).
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
+# public name -> the module that defines it
 _LAZY = {
     "pack": "recurnorm.export.pack",
-    "unpack": "recurnorm.budget.api",
+    "load": "recurnorm.export.load",
+    "ExportOptions": "recurnorm.export.options",
+    "Format": "recurnorm.export.options",
+    "TrainConfig": "recurnorm.train.config",
     "ModelConfig": "recurnorm.model",
     "RecurrentLM": "recurnorm.model",
 }

@@ -27,20 +27,12 @@ def default_corpus():
 def trained_tiny(default_corpus):
     """(model, corpus): d=64, depth 3, seq 64, scheme "norm", 200 steps on the default corpus."""
     from recurnorm.model import ModelConfig
+    from recurnorm.train.config import TrainConfig
     from recurnorm.train.loop import train
 
     config = ModelConfig(d_model=64, n_heads=2, depth=3, seq_len=64, scheme="norm")
-    result = train(
-        config,
-        default_corpus,
-        steps=200,
-        batch_size=16,
-        lr=3e-3,
-        warmup=20,
-        seed=0,
-        log_every=50,
-        progress=False,
-    )
+    hp = TrainConfig(steps=200, batch_size=16, lr=3e-3, warmup=20, seed=0, log_every=50)
+    result = train(config, default_corpus, hp, progress=False)
     model = result.model.eval()
     return model, default_corpus
 

@@ -708,9 +708,9 @@ def test_wrap_loader_ships_the_loader_inside_and_pack_verify_count_it(tmp_path):
     )
     run = _run(["-c", script], tmp_path / "submission")
     assert "loaded" in run.stdout and "blocked: recurnorm" in run.stderr, run.stderr[-2000:]
-    from recurnorm import unpack
+    from recurnorm import load
 
-    want = float(unpack(art.read_bytes())["w"].float().abs().sum())
+    want = float(load(art)["w"].float().abs().sum())
     assert np.isclose(float(run.stdout.split()[-1]), want)
     r = runner.invoke(main, ["wrap", "--check", str(out), str(program)])
     assert r.exit_code == 0 and "rnpk_load" in r.output

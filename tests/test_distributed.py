@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from click.testing import CliRunner
 from recurnorm.cli.main import main
 from recurnorm.errors import ConfigError
 from recurnorm.model import ModelConfig, load_checkpoint
+from recurnorm.train.config import TrainConfig
 from recurnorm.train.distributed import CRASH_ENV
 from recurnorm.train.loop import read_log, read_resume_state, train
 
@@ -44,7 +46,7 @@ RUN = [
     "2",
 ]
 # The library call the CLI options above amount to (tiny preset: warm-up 50, min_lr_frac 0.1).
-LIB = dict(steps=10, batch_size=8, lr=3e-3, log_every=1, save_every=5, seed=2, progress=False)
+LIB = TrainConfig(steps=10, batch_size=8, lr=3e-3, log_every=1, save_every=5, seed=2)
 CONFIG = ModelConfig(d_model=32, n_heads=2, depth=2, seq_len=32, vocab_size=256)
 
 
@@ -79,7 +81,7 @@ def _torchrun(tmp_path, nproc: int, out: Path, args: list[str], env: dict | None
 def one_process(default_corpus, tmp_path_factory):
     """The reference: one process, the whole batch of 8 windows per step."""
     out = tmp_path_factory.mktemp("one") / "run"
-    result = train(CONFIG, default_corpus, out_dir=out, **LIB)
+    result = train(CONFIG, default_corpus, LIB, out_dir=out, progress=False)
     return out, result
 
 
@@ -123,7 +125,7 @@ def test_crash_on_one_rank_is_named_and_the_run_resumes_on_one_rank(tmp_path, on
     # Resume the 2-rank run in this one process: the loss curve continues as if uninterrupted.
     from recurnorm.train.data import load_corpus
 
-    resumed = train(CONFIG, load_corpus("default"), out_dir=out, resume=True, **LIB)
+    resumed = train(CONFIG, load_corpus("default"), LIB, out_dir=out, resume=True, progress=False)
     ref_out, ref = one_process
     cut, one = _losses(out), _losses(ref_out)
     assert [s for s, _ in cut] == list(range(1, 11))
@@ -134,13 +136,13 @@ def test_crash_on_one_rank_is_named_and_the_run_resumes_on_one_rank(tmp_path, on
 
 
 def test_micro_batches_match_the_whole_batch(default_corpus):
-    kw = {**LIB, "steps": 4}
-    whole = train(CONFIG, default_corpus, **kw)
-    micro = train(CONFIG, default_corpus, micro_batch=2, **kw)
+    hp = replace(LIB, steps=4)
+    whole = train(CONFIG, default_corpus, hp, progress=False)
+    micro = train(CONFIG, default_corpus, replace(hp, micro_batch=2), progress=False)
     for a, b in zip(whole.log, micro.log, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     with pytest.raises(ConfigError, match="micro_batch 3 must divide"):
-        train(CONFIG, default_corpus, micro_batch=3, **kw)
+        train(CONFIG, default_corpus, replace(hp, micro_batch=3), progress=False)
 
 
 def test_batch_split_over_ranks_and_micro_batches():

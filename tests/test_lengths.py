@@ -116,10 +116,10 @@ def test_roundtrip_trains_each_length_and_reports_a_failed_one(small_corpus, tmp
 
     real_train = loop.train
 
-    def flaky(config, corpus, *, steps, **kw):
-        if steps == 4 and config.scheme == "norm" and kw["seed"] == 1:
+    def flaky(config, corpus, hp, **kw):
+        if hp.steps == 4 and config.scheme == "norm" and hp.seed == 1:
             raise loop.RecurnormError("training loss became nan at step 3; lower the learning rate")
-        return real_train(config, corpus, steps=steps, **kw)
+        return real_train(config, corpus, hp, **kw)
 
     monkeypatch.setattr(loop, "train", flaky)
     ckpts = tmp_path / "ckpts"

@@ -1,5 +1,5 @@
 """The standalone loader (rnpk_load.py, readable and compact): it runs without recurnorm,
-zstandard or constriction, and its tensors equal recurnorm.unpack's bit for bit."""
+zstandard or constriction, and its tensors equal recurnorm.load's bit for bit."""
 
 from __future__ import annotations
 

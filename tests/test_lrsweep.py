@@ -101,11 +101,11 @@ def test_pairing_holds_across_schemes_at_different_rates(corpus, monkeypatch):
         trainings[-1]["init"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return model
 
-    def train(config, corpus_, **kw):
-        trainings.append({"scheme": config.scheme, "lr": kw["lr"], "seed": kw["seed"], "batches": []})
+    def train(config, corpus_, hp, **kw):
+        trainings.append({"scheme": config.scheme, "lr": hp.lr, "seed": hp.seed, "batches": []})
         RecordingTokens.log = trainings[-1]["batches"]
         try:
-            return real_train(config, corpus_, **kw)
+            return real_train(config, corpus_, hp, **kw)
         finally:
             RecordingTokens.log = None
 
@@ -213,7 +213,7 @@ def test_a_sweep_cut_short_resumes_from_its_runs_log(corpus, tmp_path, monkeypat
     assert len(log.read_text().splitlines()) == 1 + 1  # the fingerprint, then the run
     trained = []
     real = loop.train
-    monkeypatch.setattr(loop, "train", lambda *a, **k: trained.append(k["lr"]) or real(*a, **k))
+    monkeypatch.setattr(loop, "train", lambda *a, **k: trained.append(a[2].lr) or real(*a, **k))
     again = lr_sweep("shared", "1e-3,2e-3", **kw)  # only the new rate trains
     assert trained == [2e-3]
     assert again.runs[0] == first.runs[0] and len(log.read_text().splitlines()) == 1 + 2

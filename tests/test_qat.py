@@ -13,6 +13,7 @@ from recurnorm.export import load as export_load
 from recurnorm.export import qat as export_qat
 from recurnorm.model import ModelConfig, RecurrentLM, save_checkpoint
 from recurnorm.train import qat
+from recurnorm.train.config import TrainConfig
 
 VAL_TOKENS = 8192  # a slice of the validation split keeps the loss evaluations fast
 
@@ -47,12 +48,7 @@ def qat_ternary(trained_tiny):
         ft,
         corpus,
         {"format": "ternary"},
-        steps=60,
-        batch_size=16,
-        lr=3e-3,
-        warmup=5,
-        log_every=20,
-        eval_every=30,
+        TrainConfig(steps=60, batch_size=16, lr=3e-3, warmup=5, log_every=20, eval_every=30),
         progress=False,
         eval_fn=lambda m: _bpb(m, corpus),
         float_eval=False,

@@ -10,12 +10,13 @@ from recurnorm.export.plan import predict_size
 from recurnorm.export.policy import ExportPolicy
 from recurnorm.export.spec import build_policy
 from recurnorm.model import ModelConfig
+from recurnorm.train.config import TrainConfig
 from recurnorm.train.loop import read_log, train
 from recurnorm.train.optim import build_optimizer
 from recurnorm.train.presets import get_preset
 
 CONFIG = ModelConfig(d_model=32, n_heads=2, depth=2, seq_len=32, vocab_size=256, scheme="norm")
-FAST = dict(batch_size=8, lr=3e-3, warmup=2, log_every=1, progress=False)
+FAST = dict(batch_size=8, lr=3e-3, warmup=2, log_every=1)
 
 
 def test_golf_fills_the_cap_and_tiny_stays_the_demo_preset():
@@ -25,7 +26,7 @@ def test_golf_fills_the_cap_and_tiny_stays_the_demo_preset():
     assert plan.formats["int8"]["weights"] > 0.99 * plan.weights  # int8 nearly everywhere
     assert "of the 16,000,000-byte cap" in plan.line()
     tiny = get_preset("tiny")  # `make demo` depends on these values
-    assert (tiny.optimizer, tiny.micro_batch, tiny.lr, tiny.steps) == ("adamw", None, 2e-3, 600)
+    assert (tiny.hp.optimizer, tiny.hp.micro_batch, tiny.hp.lr, tiny.hp.steps) == ("adamw", None, 2e-3, 600)
 
 
 @pytest.mark.parametrize("keep_float", [0, None])
@@ -57,8 +58,8 @@ def test_muon_takes_the_matrices_and_adamw_the_rest():
 
 
 def test_muon_learns_and_resumes_exactly(default_corpus, tmp_path):
-    kw = dict(steps=8, seed=1, save_every=4, optimizer="muon", **FAST)
-    full = train(CONFIG, default_corpus, out_dir=tmp_path / "full", **kw)
+    hp, kw = TrainConfig(steps=8, seed=1, save_every=4, optimizer="muon", **FAST), dict(progress=False)
+    full = train(CONFIG, default_corpus, hp, out_dir=tmp_path / "full", **kw)
     losses = [r["loss"] for r in full.log if "loss" in r]
     assert losses[-1] < losses[0] - 0.3
 
@@ -70,8 +71,8 @@ def test_muon_learns_and_resumes_exactly(default_corpus, tmp_path):
             raise Stop
 
     with pytest.raises(Stop):
-        train(CONFIG, default_corpus, out_dir=tmp_path / "cut", on_step=stop, **kw)
-    resumed = train(CONFIG, default_corpus, out_dir=tmp_path / "cut", resume=True, **kw)
+        train(CONFIG, default_corpus, hp, out_dir=tmp_path / "cut", on_step=stop, **kw)
+    resumed = train(CONFIG, default_corpus, hp, out_dir=tmp_path / "cut", resume=True, **kw)
     assert [r.get("loss") for r in read_log(tmp_path / "cut")] == [r.get("loss") for r in read_log(tmp_path / "full")]
     a, b = full.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -122,7 +123,8 @@ def test_training_shards_stay_memory_mapped_and_train_like_an_array(default_corp
 
     in_memory = Corpus(whole, sharded.val_tokens, sharded.val_bytes, 256, "byte", "mem")
     kw = dict(steps=3, seed=0, **FAST)
-    x, y = train(CONFIG, sharded, **kw), train(CONFIG, in_memory, **kw)
+    hp = TrainConfig(**kw)
+    x, y = train(CONFIG, sharded, hp, progress=False), train(CONFIG, in_memory, hp, progress=False)
     assert [r["loss"] for r in x.log] == [r["loss"] for r in y.log]
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,7 +13,9 @@ from click.testing import CliRunner
 from recurnorm.cli.main import main
 from recurnorm.errors import CheckpointError, ConfigError, OutputExistsError
 from recurnorm.evaluate import loss
+from recurnorm.evaluate.train_run import TrainRequest, train_run
 from recurnorm.model import ModelConfig, RecurrentLM, load_checkpoint
+from recurnorm.train.config import DEFAULT, TrainConfig
 from recurnorm.train.loop import build_model, read_log, train
 from recurnorm.train.optim import parameter_groups
 from recurnorm.train.presets import PRESETS, get_preset
@@ -19,7 +23,11 @@ from recurnorm.train.schedule import lr_at
 
 # A model small enough that each run below takes a second or two.
 SMALL = dict(d_model=32, n_heads=2, depth=2, seq_len=32)
-FAST = dict(batch_size=8, lr=3e-3, warmup=5, log_every=5, progress=False)
+FAST = TrainConfig(batch_size=8, lr=3e-3, warmup=5, log_every=5)
+
+
+def fast(**kw) -> TrainConfig:
+    return replace(FAST, **kw)
 
 
 def small_config(scheme: str = "norm") -> ModelConfig:
@@ -35,17 +43,17 @@ def test_trained_tiny_learns(trained_tiny):
 
 
 def test_same_seed_same_weights(default_corpus):
-    runs = [train(small_config(), default_corpus, steps=10, seed=3, **FAST) for _ in range(2)]
+    runs = [train(small_config(), default_corpus, fast(steps=10, seed=3), progress=False) for _ in range(2)]
     a, b = (r.model.state_dict() for r in runs)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    other = train(small_config(), default_corpus, steps=10, seed=4, **FAST).model.state_dict()
+    other = train(small_config(), default_corpus, fast(steps=10, seed=4), progress=False).model.state_dict()
     assert not all(torch.equal(a[k], other[k]) for k in a)
 
 
 def test_batch_seed_separate_from_init(default_corpus):
     # Same init, different batches: the initial weights agree, the trained ones do not.
-    a = train(small_config(), default_corpus, steps=1, seed=0, batch_seed=1, **FAST)
-    b = train(small_config(), default_corpus, steps=1, seed=0, batch_seed=2, **FAST)
+    a = train(small_config(), default_corpus, fast(steps=1, seed=0, batch_seed=1), progress=False)
+    b = train(small_config(), default_corpus, fast(steps=1, seed=0, batch_seed=2), progress=False)
     assert a.log[0]["loss"] != b.log[0]["loss"]
     assert torch.equal(build_model(small_config(), 0).embed.weight, build_model(small_config(), 0).embed.weight)
 
@@ -59,8 +67,8 @@ def test_pair_init_shares_the_shared_block():
 
 
 def test_resume_matches_uninterrupted(default_corpus, tmp_path):
-    kw = dict(steps=20, seed=1, save_every=10, **FAST)
-    full = train(small_config(), default_corpus, out_dir=tmp_path / "full", **kw)
+    hp, kw = fast(steps=20, seed=1, save_every=10), dict(progress=False)
+    full = train(small_config(), default_corpus, hp, out_dir=tmp_path / "full", **kw)
 
     class Interrupt(Exception):
         pass
@@ -70,8 +78,8 @@ def test_resume_matches_uninterrupted(default_corpus, tmp_path):
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        train(small_config(), default_corpus, out_dir=tmp_path / "cut", on_step=stop_at_12, **kw)
-    resumed = train(small_config(), default_corpus, out_dir=tmp_path / "cut", resume=True, **kw)
+        train(small_config(), default_corpus, hp, out_dir=tmp_path / "cut", on_step=stop_at_12, **kw)
+    resumed = train(small_config(), default_corpus, hp, out_dir=tmp_path / "cut", resume=True, **kw)
 
     losses = [(r["step"], r["loss"]) for r in read_log(tmp_path / "full") if "loss" in r]
     assert [(r["step"], r["loss"]) for r in read_log(tmp_path / "cut") if "loss" in r] == losses
@@ -83,13 +91,14 @@ def test_resume_matches_uninterrupted(default_corpus, tmp_path):
 
 
 def test_resume_refuses_other_hparams_and_missing_state(default_corpus, tmp_path):
-    train(small_config(), default_corpus, steps=5, out_dir=tmp_path / "r", **FAST)
+    hp = fast(steps=5)
+    train(small_config(), default_corpus, hp, out_dir=tmp_path / "r", progress=False)
     with pytest.raises(ConfigError, match="lr"):
-        train(small_config(), default_corpus, steps=5, out_dir=tmp_path / "r", resume=True, **{**FAST, "lr": 1e-3})
+        train(small_config(), default_corpus, replace(hp, lr=1e-3), out_dir=tmp_path / "r", resume=True, progress=False)
     with pytest.raises(CheckpointError, match="resume"):
-        train(small_config(), default_corpus, steps=5, out_dir=tmp_path / "x", resume=True, **FAST)
+        train(small_config(), default_corpus, hp, out_dir=tmp_path / "x", resume=True, progress=False)
     with pytest.raises(OutputExistsError, match="--force"):
-        train(small_config(), default_corpus, steps=5, out_dir=tmp_path / "r", **FAST)
+        train(small_config(), default_corpus, hp, out_dir=tmp_path / "r", progress=False)
 
 
 def test_no_weight_decay_on_gains():
@@ -118,11 +127,103 @@ def test_schedule():
 def test_presets():
     tiny = get_preset("tiny")
     assert tiny.model["d_model"] == 128 and tiny.model["depth"] == 6
-    assert tiny.model["seq_len"] == 128 and tiny.batch_size == 16
+    assert tiny.model["seq_len"] == 128 and tiny.hp.batch_size == 16
     for p in PRESETS.values():
         ModelConfig(**p.model).validate()
     with pytest.raises(ConfigError, match="tiny"):
         get_preset("huge")
+
+
+def test_presets_are_named_train_configs_built_from_the_one_default():
+    assert get_preset("tiny").hp is DEFAULT  # what `recurnorm train` with no options runs
+    for name in ("small", "golf"):  # the GPU presets name Muon at 10x; a library call can take them whole
+        hp = get_preset(name).hp
+        assert (hp.optimizer, hp.muon_lr_mult) == ("muon", 10.0)
+    with pytest.raises(ConfigError, match="unknown training field"):
+        TrainConfig.from_dict({"lr": 1e-3, "learning_rate": 1e-3})
+    with pytest.raises(ConfigError, match="optimizer"):
+        train(small_config(), None, replace(FAST, optimizer="sgd"))
+
+
+def test_library_and_cli_defaults_are_one_object():
+    from recurnorm.train.qat import train_qat
+
+    assert inspect.signature(train).parameters["hp"].default is DEFAULT
+    assert inspect.signature(train_qat).parameters["hp"].default is DEFAULT
+    assert inspect.signature(TrainRequest).parameters["hp"].default is DEFAULT
+
+
+class _Captured(Exception):
+    pass
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "golf"])
+def test_the_cli_runs_the_presets_train_config_and_nothing_else(preset, tmp_path, monkeypatch):
+    """The command's options, when none are given, leave the preset's TrainConfig as it is."""
+    import recurnorm.evaluate.train_run as train_run_mod
+
+    seen = {}
+
+    def capture(request, on_start=None):
+        seen["request"] = request
+        raise _Captured
+
+    monkeypatch.setattr(train_run_mod, "train_run", capture)
+    args = ["train", "--out", str(tmp_path / "r")] + (["--preset", preset] if preset != "tiny" else [])
+    result = CliRunner().invoke(main, args)
+    assert isinstance(result.exception, _Captured), result.output
+    request = seen["request"]
+    assert request.hp == get_preset(preset).hp and request.preset == preset
+    # Options given replace only their own field.
+    CliRunner().invoke(main, [*args, "--lr", "1e-4", "--seed", "7", "--compile"])
+    assert seen["request"].hp == replace(get_preset(preset).hp, lr=1e-4, seed=7, compile=True)
+
+
+def test_a_default_library_call_and_the_default_command_use_the_same_optimizer(default_corpus, tmp_path, monkeypatch):
+    import recurnorm.train.loop as loop
+
+    used = []
+    real = loop.build_optimizer
+
+    def recording(model, name, **kw):
+        used.append((name, kw["muon_lr_mult"]))
+        return real(model, name, **kw)
+
+    monkeypatch.setattr(loop, "build_optimizer", recording)
+
+    class Stop(Exception):
+        pass
+
+    def stop(step, record):
+        raise Stop
+
+    with pytest.raises(Stop):
+        train(small_config("shared"), default_corpus, on_step=stop, progress=False)  # every default
+    shape = ["--d-model", "32", "--heads", "2", "--depth", "2", "--seq-len", "32", "--steps", "1", "--no-progress"]
+    result = CliRunner().invoke(main, ["train", *shape, "--out", str(tmp_path / "r"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert used[0] == used[1] == (DEFAULT.optimizer, DEFAULT.muon_lr_mult)
+    assert json.loads(result.stdout)["optimizer"] == DEFAULT.optimizer
+
+
+def test_train_run_is_what_the_command_runs(tmp_path):
+    """The library's one call for a `recurnorm train` run: outputs written, a summary returned."""
+    request = TrainRequest(
+        out=tmp_path / "run",
+        hp=replace(DEFAULT, steps=3, batch_size=8),
+        model_overrides=dict(SMALL),
+        progress=False,
+    )
+    starts = []
+    run = train_run(request, on_start=starts.append)
+    assert starts[0].size.predicted_bytes == run.summary["estimated_artifact_bytes"] > 0
+    assert run.summary["steps"] == 3 and run.summary["optimizer"] == "adamw"
+    assert run.summary["val_bpb"] == run.final.bits_per_byte > 0
+    assert load_checkpoint(tmp_path / "run").config.d_model == SMALL["d_model"]
+    with pytest.raises(OutputExistsError, match="--force"):
+        train_run(request)
+    with pytest.raises(ConfigError, match="one process"):
+        TrainRequest(out=tmp_path / "q", qat=object()).check(world=2)
 
 
 # ------------------------------------------------------------------------ CLI

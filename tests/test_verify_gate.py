@@ -43,6 +43,7 @@ def _small_text(path: Path) -> Path:
 def env(tmp_path_factory):
     """A tiny trained RecurrentLM checkpoint, its int8 and ternary artifacts, a corrupt one and the data file."""
     from recurnorm.model import ModelConfig, save_checkpoint
+    from recurnorm.train.config import TrainConfig
     from recurnorm.train.data import load_corpus
     from recurnorm.train.loop import train
 
@@ -51,9 +52,8 @@ def env(tmp_path_factory):
     text = _small_text(d / "val.txt")
     corpus = load_corpus(str(text))
     config = ModelConfig(d_model=32, n_heads=2, depth=2, seq_len=32, scheme="norm")
-    model = train(
-        config, corpus, steps=80, batch_size=16, lr=5e-3, warmup=10, seed=0, log_every=1000, progress=False
-    ).model
+    hp = TrainConfig(steps=80, batch_size=16, lr=5e-3, warmup=10, seed=0, log_every=1000)
+    model = train(config, corpus, hp, progress=False).model
     ckpt = save_checkpoint(model.eval(), d / "ckpt")
     arts = {}
     for q in ("int8", "ternary"):
@@ -288,6 +288,7 @@ def test_gate_on_byte_shards(env, tmp_path):
 @pytest.mark.slow  # evaluates on real SP8192 shards
 def test_gate_on_sentencepiece_shards(env, tmp_path, sp8192_model):
     from recurnorm.model import ModelConfig, save_checkpoint
+    from recurnorm.train.config import TrainConfig
     from recurnorm.train.data import load_corpus
     from recurnorm.train.loop import train
     from recurnorm.train.sentencepiece import SentencePieceTokenizer
@@ -300,9 +301,8 @@ def test_gate_on_sentencepiece_shards(env, tmp_path, sp8192_model):
     corpus = load_corpus(spec, tokenizer=str(sp8192_model))
     assert corpus.vocab_size == 8192 and int(corpus.val_bytes.sum()) > corpus.val_tokens.size  # pieces span bytes
     config = ModelConfig(vocab_size=8192, d_model=32, n_heads=2, depth=2, seq_len=32, scheme="norm")
-    model = train(
-        config, corpus, steps=30, batch_size=8, lr=5e-3, warmup=5, seed=0, log_every=1000, progress=False
-    ).model
+    hp = TrainConfig(steps=30, batch_size=8, lr=5e-3, warmup=5, seed=0, log_every=1000)
+    model = train(config, corpus, hp, progress=False).model
     ckpt = save_checkpoint(model.eval(), tmp_path / "ckpt")
     art = tmp_path / "sp.rnpk"
     assert _run("pack", ckpt, "-q", "int8", "-o", art).exit_code == 0

@@ -74,6 +74,7 @@ def finetune(
     no_progress: bool,
 ) -> None:
     """QAT-fine-tune CKPT; writes a checkpoint whose config.json records qat, and train_log.jsonl."""
+    from dataclasses import replace
     from pathlib import Path
 
     from ..errors import OutputExistsError
@@ -100,11 +101,12 @@ def finetune(
     model = load_checkpoint(ckpt)
     remove_qat(model)  # a QAT checkpoint is fine-tuned from its latent float weights
     corpus = load_corpus(data, tokenizer=tokenizer)
-    p = get_preset(preset).with_overrides(lr=lr, batch_size=batch_size)
-    kwargs = p.train_kwargs()
-    kwargs.update(
+    preset_hp = get_preset(preset).with_overrides(lr=lr, batch_size=batch_size).hp
+    hp = replace(
+        preset_hp,
         steps=steps,
-        warmup=fine_tune_warmup(p.warmup, steps),
+        seed=seed,
+        warmup=fine_tune_warmup(preset_hp.warmup, steps),
         eval_every=eval_every if eval_every is not None else max(steps // 4, 1),
     )
     before = loss(model, corpus)
@@ -113,13 +115,12 @@ def finetune(
         model,
         corpus,
         spec,
+        hp,
         out_dir=out_dir,
         force=force,
-        seed=seed,
         device=device,
         eval_fn=lambda m: loss(m, corpus),
         progress=not no_progress,
-        **kwargs,
     )
     model = result.model.to("cpu")
     after = loss(model, corpus)

@@ -1,5 +1,8 @@
 """`recurnorm train`: train one shared-depth model from a preset, print its summary.
 
+The options become a TrainRequest (a preset's TrainConfig with the options given
+replacing its values); recurnorm.evaluate.train_run does the run.
+
 With ``--nproc N`` the same arguments run on N ranks under torchrun
 (recurnorm.train.launch); each rank runs this command as
 ``python -m recurnorm.train``, and only rank 0 prints.
@@ -8,7 +11,6 @@ With ``--nproc N`` the same arguments run on N ranks under torchrun
 from __future__ import annotations
 
 import json
-import os
 
 import click
 
@@ -57,7 +59,7 @@ def _without_nproc(args: list[str]) -> list[str]:
 @click.option("--norm", type=click.Choice(["pre", "peri"]), help="Normalization placement.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Peak learning rate.")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Windows per step.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Initialization seed.")
+@click.option("--seed", type=int, help="Initialization seed (default: the preset's; 0 in every preset).")
 @click.option("--batch-seed", type=int, help="Batch-order seed (default: --seed).")
 @click.option(
     "--data",
@@ -131,7 +133,7 @@ def train(
     norm: str | None,
     lr: float | None,
     batch_size: int | None,
-    seed: int,
+    seed: int | None,
     batch_seed: int | None,
     data: str,
     tokenizer: str | None,
@@ -165,126 +167,77 @@ def train(
     """
     from pathlib import Path
 
-    from ..errors import ConfigError, OutputExistsError
-    from ..evaluate import loss
-    from ..model import ModelConfig
-    from ..train.data import load_corpus
-    from ..train.distributed import device_of, env_world
-    from ..train.loop import train as run_training
+    from ..evaluate.train_run import TrainRequest, train_run, under_torchrun
     from ..train.presets import get_preset
 
-    out_dir = Path(out)
-    if out_dir.exists() and not (force or resume):
-        raise OutputExistsError(f"{out_dir} exists; pass --force to overwrite it or --resume")
-    p = get_preset(preset).with_overrides(
-        steps=steps,
-        lr=lr,
-        batch_size=batch_size,
-        optimizer=optimizer,
-        micro_batch=micro_batch,
-        log_every=log_every,
-        eval_every=eval_every,
-        save_every=save_every,
-        muon_lr_mult=muon_lr_mult,
+    hp = (
+        get_preset(preset)
+        .with_overrides(
+            steps=steps,
+            lr=lr,
+            batch_size=batch_size,
+            optimizer=optimizer,
+            micro_batch=micro_batch,
+            log_every=log_every,
+            eval_every=eval_every,
+            save_every=save_every,
+            muon_lr_mult=muon_lr_mult,
+            seed=seed,
+            batch_seed=batch_seed,
+            compile=compile_model or None,
+        )
+        .hp
     )
-    rank, world, _ = env_world()
-    if nproc > 1 and "WORLD_SIZE" not in os.environ:  # the launcher, not a rank
-        if qat_format is not None:
-            raise ConfigError("--qat runs in one process (its guard log is written per rank)")
-        from ..train.launch import launch
+    qat = None
+    if qat_format is not None:
+        from ..train.qat import QATSpec
 
-        launch(_without_nproc(click.get_current_context().meta["raw_args"]), nproc)
-        return
-    if world > 1 and qat_format is not None:
-        raise ConfigError("--qat runs in one process (its guard log is written per rank)")
-    main_rank = rank == 0
-    corpus = load_corpus(data, tokenizer=tokenizer)
-    overrides = {"depth": depth, "d_model": d_model, "n_heads": heads, "seq_len": seq_len, "norm": norm}
-    config = ModelConfig.from_dict(
-        {
-            **p.model,
-            "vocab_size": corpus.vocab_size,
-            "scheme": scheme,
-            "scheme_options": scheme_options,
-            **{k: v for k, v in overrides.items() if v is not None},
-        }
-    )
-
-    size = None
-    if main_rank:
-        from ..export.plan import predict_size
-        from ..export.spec import build_policy
-
-        # What `recurnorm plan` predicts for this config under the default int8 export.
-        size = predict_size(config, build_policy("int8"))
-    if main_rank and not as_json:
-        echo(f"{preset} preset, {config.scheme}: {size.line()}", err=True)
-        if config.vocab_size != p.model.get("vocab_size", config.vocab_size):
-            echo(
-                f"note: {preset} is sized for vocab {p.model['vocab_size']}; this corpus "
-                f"has {config.vocab_size} (pass --data shards:DIR --tokenizer MODEL)",
-                err=True,
-            )
-    last = {}
-
-    def evaluate(model):
-        # Split over the ranks; under bf16 autocast on a GPU, as training ran (the FineWeb
-        # validation split is 62M tokens: fp32 would cost minutes of a ten-minute budget).
-        on_gpu = device_of(model).type == "cuda"
-        last["loss"] = loss(model, corpus, distributed=True, bf16=on_gpu)
-        return last["loss"]
-
-    run = dict(
-        seed=seed,
-        batch_seed=batch_seed,
-        out_dir=out_dir,
+        qat = QATSpec(format=qat_format, ramp=qat_ramp, act_quant=act_quant, noise=qat_noise)
+    request = TrainRequest(
+        out=Path(out),
+        hp=hp,
+        preset=preset,
+        scheme=scheme,
+        scheme_options=scheme_options,
+        model_overrides={"depth": depth, "d_model": d_model, "n_heads": heads, "seq_len": seq_len, "norm": norm},
+        data=data,
+        tokenizer=tokenizer,
         resume=resume,
         force=force,
-        eval_fn=evaluate,
-        progress=not no_progress,
         device=device,
-        **p.train_kwargs(),
+        progress=not no_progress,
+        qat=qat,
     )
-    if qat_format is not None:  # QAT from scratch: fake quant hooked in before the optimizer
-        from ..train.qat import QATSpec, train_qat
+    if nproc > 1 and not under_torchrun():  # the launcher, not a rank
+        from ..train.launch import launch
 
-        spec = QATSpec(format=qat_format, ramp=qat_ramp, act_quant=act_quant, noise=qat_noise)
-        result = train_qat(config, corpus, spec, **run)
-    else:
-        result = run_training(config, corpus, compile=compile_model, **run)
-    final = last.get("loss") or evaluate(result.model)  # resumed a finished run
-    if not main_rank:
+        request.check(nproc)
+        launch(_without_nproc(click.get_current_context().meta["raw_args"]), nproc)
         return
-    summary = {
-        "scheme": scheme,
-        "preset": preset,
-        "steps": result.steps,
-        "val_bpb": final.bits_per_byte,
-        "val_nats_per_token": final.nats_per_token,
-        "val_tokens": final.tokens,
-        "final_train_loss": result.final_loss,
-        "params": result.model.param_counts(),
-        "train_s": result.elapsed_s,
-        "tokens_per_s": result.tokens_per_s,
-        "data": corpus.source,
-        "optimizer": p.optimizer,
-        "estimated_artifact_bytes": size.predicted_bytes,
-        "ranks": world,
-        "out": str(out_dir),
-        "config": config.to_dict(),
-    }
+
+    def announce(start) -> None:
+        if start.main_rank and not as_json:
+            echo(f"{preset} preset, {start.config.scheme}: {start.size.line()}", err=True)
+            for note in start.notes:
+                echo(f"note: {note}", err=True)
+
+    run = train_run(request, on_start=announce)
+    if not run.main_rank:
+        return
+    summary = run.summary
     if as_json:
         echo(json.dumps(summary, indent=2, sort_keys=True))
         return
+    result, final = run.result, run.final
     pc = summary["params"]
     speed = f"{result.tokens_per_s:,.0f} tokens/s" if result.tokens_per_s else "already complete"
     echo(f"trained {scheme} ({preset}) for {result.steps} steps in {result.elapsed_s:.1f} s ({speed})")
     echo(
         f"val bpb {final.bits_per_byte:.4f} ({final.nats_per_token:.4f} nats/token "
-        f"over {final.tokens:,} tokens of {corpus.source})"
+        f"over {final.tokens:,} tokens of {summary['data']})"
     )
     echo(
         f"params: shared {pc['shared']:,} | step-specific {pc['step_specific']:,} | "
         f"embedding {pc['embedding']:,} | total {pc['total']:,}"
     )
-    echo(f"wrote {out_dir}/model.safetensors, config.json, train_log.jsonl")
+    echo(f"wrote {request.out}/model.safetensors, config.json, train_log.jsonl")

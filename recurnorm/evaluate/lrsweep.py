@@ -137,6 +137,7 @@ def lr_sweep(
     from tqdm import tqdm
 
     from ..model import ModelConfig
+    from ..train.config import TrainConfig
     from ..train.data import as_corpus
     from ..train.distributed import resolve_device
     from ..train.loop import train
@@ -152,7 +153,7 @@ def lr_sweep(
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ConfigError(f"seeds must be a positive int, got {seeds!r}")
     p = get_preset(preset)
-    n = int(steps or p.steps)
+    n = int(steps or p.hp.steps)
     train_kw = p.with_overrides(**(train_overrides or {})).train_kwargs()
     for k in ("eval_every", "steps", "lr", "control_lr_mult"):
         train_kw.pop(k, None)
@@ -180,10 +181,8 @@ def lr_sweep(
             run = {"scheme": s, "lr": lr, "control_lr_mult": m, "seed": seed, "bpb_select": None, "error": None}
             t_run = time.perf_counter()
             try:
-                res = train(
-                    ModelConfig.from_dict(configs[s]), split.select, seed=seed, pair_init=True, progress=False,
-                    device=str(dev), steps=n, lr=lr, control_lr_mult=m, **train_kw,
-                )  # fmt: skip
+                hp = TrainConfig(**train_kw, seed=seed, steps=n, lr=lr, control_lr_mult=m)
+                res = train(ModelConfig.from_dict(configs[s]), split.select, hp, progress=False, device=str(dev))
                 run["bpb_select"] = loss(res.model.eval(), split.select).bits_per_byte
             except Exception as exc:  # a diverged rate is a result of the sweep, not the end of it
                 run["error"] = failure_text(exc)
@@ -530,7 +529,7 @@ def lr_study(
     if roundtrip_kw.get("checkpoints_dir") is not None:
         raise ConfigError("--checkpoints cannot be used with --lr-sweep: a checkpoint does not record its rate")
     quants = resolve_quants(quants)
-    lengths = resolve_steps(steps, get_preset(preset).steps)
+    lengths = resolve_steps(steps, get_preset(preset).hp.steps)
     if write:
         if out_dir is None:
             raise ConfigError("out_dir is required to write the results")

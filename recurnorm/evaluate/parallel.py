@@ -73,6 +73,7 @@ def _init_worker(slots, threads: int) -> None:
 def _run_job(job: TrainJob, data: Any, tokenizer: str | None, train_kw: dict) -> JobResult:
     """One job in a worker process (top level: spawn must import it)."""
     from ..model import ModelConfig, save_checkpoint
+    from ..train.config import TrainConfig
     from ..train.data import as_corpus
     from ..train.loop import train
 
@@ -83,13 +84,7 @@ def _run_job(job: TrainJob, data: Any, tokenizer: str | None, train_kw: dict) ->
     if job.steps is not None:
         kw["steps"] = job.steps
     result = train(
-        ModelConfig.from_dict(job.config),
-        corpus,
-        seed=job.seed,
-        pair_init=True,
-        progress=False,
-        device=device,
-        **kw,
+        ModelConfig.from_dict(job.config), corpus, TrainConfig(**kw, seed=job.seed), progress=False, device=device
     )
     save_checkpoint(result.model, job.out, force=True)
     return JobResult(job.scheme, job.seed, job.out, time.perf_counter() - t0, device, job.steps)

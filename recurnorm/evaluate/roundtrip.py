@@ -144,22 +144,15 @@ def qat_row(
     import copy
 
     from ..export.qat import qat_policy
+    from ..train.config import TrainConfig
     from ..train.qat import QATSpec, fine_tune_warmup, remove_qat, train_qat
     from .loss import loss
 
     ft = remove_qat(copy.deepcopy(model).cpu())  # fine-tune from the latent float weights
     kw = {k: v for k, v in train_kw.items() if k not in ("steps", "eval_every")}
     kw["warmup"] = fine_tune_warmup(kw.get("warmup", 0), steps)
-    result = train_qat(
-        ft,
-        corpus,
-        QATSpec(quant, dict(quant_options or {})),
-        steps=steps,
-        seed=seed,
-        progress=False,
-        device=device,
-        **kw,
-    )
+    hp = TrainConfig(**kw, steps=steps, seed=seed, eval_every=0)  # the guard runs once, at the end
+    result = train_qat(ft, corpus, QATSpec(quant, dict(quant_options or {})), hp, progress=False, device=device)
     ft = result.model.eval()
     bpb_pre = loss(ft, corpus).bits_per_byte
     base = export_policy(ft, quant, quant_options=quant_options)
@@ -396,7 +389,7 @@ def roundtrip(
             raise ConfigError("out_dir is required to write the results")
         rep.check_outputs(out_dir, force)  # fail before any training, not after
     p = get_preset(preset)
-    lengths = resolve_steps(steps, p.steps)
+    lengths = resolve_steps(steps, p.hp.steps)
     train_kw = p.with_overrides(**(train_overrides or {})).train_kwargs()
     train_kw.pop("eval_every", None)
     train_kw.pop("steps", None)  # per length
@@ -536,6 +529,7 @@ def _obtain_model(scheme, seed, steps, seeds, configs, ckpt_root, done, corpus, 
     """(model, source, None), or (None, None, error text) when its training failed."""
     from ..export.load import load_model
     from ..model import ModelConfig, save_checkpoint
+    from ..train.config import TrainConfig
     from ..train.loop import train
     from .parallel import failure_text
 
@@ -559,12 +553,10 @@ def _obtain_model(scheme, seed, steps, seeds, configs, ckpt_root, done, corpus, 
             result = train(
                 ModelConfig.from_dict(configs[scheme]),
                 corpus,
-                seed=seed,
-                pair_init=True,
+                TrainConfig(**train_kw, seed=seed),
                 progress=progress,
                 device=str(dev),
                 on_step=_step_postfix(bar, steps),
-                **train_kw,
             )
         except Exception as exc:  # reported with the results, not fatal to the other models
             return None, None, failure_text(exc)

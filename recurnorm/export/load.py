@@ -75,6 +75,17 @@ def load_model(path: str | os.PathLike) -> nn.Module:
     return model.eval()
 
 
+def load(source: str | os.PathLike | bytes, *, as_model: bool = False):
+    """``recurnorm.load``: an artifact (bytes or a path) back as ``{name: Tensor}``, dequantized to
+    the original dtypes (tied names each get theirs); with ``as_model`` the model its metadata's
+    config describes, in eval mode. ArtifactError on a corrupt or hostile file."""
+    if as_model:
+        return model_from_artifact(source).eval()
+    from ..budget.api import unpack
+
+    return unpack(read_artifact_bytes(source))
+
+
 def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
     """(state_dict, config or None) from a .safetensors file, a checkpoint dir, or a .pt/.pth/.bin."""
     import torch

@@ -17,6 +17,7 @@ from torch import Tensor
 from ..quant import extras
 from ..quant.qtensor import QTensor
 from .banks import restack, unbank
+from .options import ExportOptions, Format
 from .policy import ExportPolicy, Plan
 
 
@@ -142,7 +143,7 @@ def checkpoint_policy(
 
 def pack(
     state_dict_or_model,
-    quant: str = "int8",
+    quant: str | ExportOptions | Format = "int8",
     policy: ExportPolicy | None = None,
     metadata: dict | None = None,
     codecs=None,
@@ -153,36 +154,48 @@ def pack(
 ) -> bytes:
     """``recurnorm.pack``: quantize a state dict (or a model) with the export policy and pack it.
 
-    ``quant`` is a -q string (``int6``, ``int4:group=128``, rules); options may
-    also come as keywords. A model brings its config into the metadata (a state
-    dict may pass ``config=``), and a QAT model is exported with the QAT policy,
-    as ``recurnorm pack`` does. A rule that changes no tensor raises ConfigError.
+    ``quant`` is a -q string (``int6``, ``int4:group=128``, rules, ``@pg-record``)
+    or the same typed: an ExportOptions (which also carries --keep-float and
+    --effort) or a Format; options may also come as keywords. A model brings
+    its config into the metadata (a state dict may pass ``config=``), and a QAT
+    model is exported with the QAT policy, as ``recurnorm pack`` does. A rule
+    that changes no tensor raises ConfigError.
     """
     from torch import nn
 
     from ..model import state_dict_for_export
     from .spec import build_policy
 
+    if isinstance(quant, Format):
+        quant = ExportOptions(quant)
+    if isinstance(quant, ExportOptions):
+        effort = quant.effort if effort == "normal" else effort
     state = state_dict_or_model
     if isinstance(state_dict_or_model, nn.Module):
         state = state_dict_for_export(state_dict_or_model)
         cfg = getattr(state_dict_or_model, "config", None)
         config = cfg.to_dict() if hasattr(cfg, "to_dict") else config
     if policy is None:
-        policy = build_policy(quant)
-        if quant_options:
-            from dataclasses import replace
-
-            from .spec import check_format
-
-            check_format(policy.quantizer, {**policy.options, **quant_options}, "pack")
-            policy = replace(policy, options={**policy.options, **quant_options})
+        policy = quant.policy() if isinstance(quant, ExportOptions) else build_policy(quant)
+        policy = _with_options(policy, quant_options)
     policy.check_rules(state, "pack")
     policy, config = checkpoint_policy(policy, config)
     meta = dict(metadata or {})
     if config is not None:
         meta.setdefault("config", config)
     return pack_state(state, policy, meta, effort=effort, codecs=codecs)
+
+
+def _with_options(policy: ExportPolicy, quant_options: dict) -> ExportPolicy:
+    """The policy with keyword options added to its main format (checked)."""
+    if not quant_options:
+        return policy
+    from dataclasses import replace
+
+    from .spec import check_format
+
+    check_format(policy.quantizer, {**policy.options, **quant_options}, "pack")
+    return replace(policy, options={**policy.options, **quant_options})
 
 
 @dataclass

@@ -1,6 +1,9 @@
 """The training loop: AdamW or Muon, warm-up + cosine, clipping, resumable, one or many ranks.
 
-Reproducibility: ``seed`` fixes the initial weights and ``batch_seed`` (default:
+Every hyper-parameter comes in one TrainConfig (recurnorm.train.config), whose
+defaults are those of ``recurnorm train`` with no options.
+
+Reproducibility: ``hp.seed`` fixes the initial weights and ``hp.batch_seed`` (default:
 ``seed``) the batch order, drawn from its own numpy Generator. With
 ``pair_init`` the parameters a scheme shares with strict sharing start from
 the very values the ``shared`` scheme would get, so schemes trained with one
@@ -46,6 +49,7 @@ from ..errors import CheckpointError, ConfigError, DataError, RecurnormError
 from ..io import atomic_write_bytes, atomic_write_text, check_writable
 from ..model import ModelConfig, RecurrentLM, save_checkpoint
 from . import distributed
+from .config import DEFAULT, TrainConfig
 from .corpus import Corpus
 from .optim import Optimizers, build_optimizer
 from .schedule import lr_at
@@ -56,22 +60,9 @@ RESUME_NAME = "resume.safetensors"
 RESUME_FORMAT = 2
 READABLE_FORMATS = (1, 2)
 
-# Hyper-parameters a resumed run must share with the run it continues. The number of
-# ranks and the micro-batch are not among them: they do not change the loss curve.
-RESUME_KEYS = (
-    "steps",
-    "batch_size",
-    "lr",
-    "warmup",
-    "min_lr_frac",
-    "weight_decay",
-    "grad_clip",
-    "control_lr_mult",
-    "seed",
-    "batch_seed",
-    "optimizer",
-    "muon_lr_mult",
-)
+# Hyper-parameters a resumed run must share with the run it continues (TrainConfig.resume_record).
+# The number of ranks and the micro-batch are not among them: they do not change the loss curve.
+RESUME_KEYS = tuple(DEFAULT.resume_record())
 # What a saved run that predates a key used.
 RESUME_DEFAULTS = {"optimizer": "adamw", "muon_lr_mult": 1.0}
 
@@ -119,70 +110,38 @@ def copy_matching(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]
 def train(
     config: ModelConfig,
     corpus: Corpus,
+    hp: TrainConfig = DEFAULT,
     *,
-    steps: int,
-    batch_size: int = 16,
-    lr: float = 2e-3,
-    warmup: int = 50,
-    min_lr_frac: float = 0.1,
-    weight_decay: float = 0.1,
-    grad_clip: float = 1.0,
-    control_lr_mult: float = 1.0,
-    optimizer: str = "adamw",
-    muon_lr_mult: float = 1.0,
-    seed: int = 0,
-    batch_seed: int | None = None,
-    micro_batch: int | None = None,
-    compile: bool = False,
     out_dir: str | Path | None = None,
     resume: bool = False,
     force: bool = False,
-    log_every: int = 20,
-    eval_every: int = 0,
-    save_every: int | None = None,
     eval_fn: Callable[[nn.Module], Any] | None = None,
     progress: bool = True,
     model: nn.Module | None = None,
     init_state: dict[str, torch.Tensor] | None = None,
-    pair_init: bool = True,
     device: str = "auto",
     on_step: Callable[[int, dict], None] | None = None,
 ) -> TrainResult:
-    """Train config's model on corpus.train_tokens; see the module docstring for outputs.
+    """Train config's model on corpus.train_tokens under hp; see the module docstring for outputs.
 
-    ``batch_size`` is the global batch: windows per optimizer step over all
+    ``hp.batch_size`` is the global batch: windows per optimizer step over all
     ranks. Each rank takes its slice of every step's windows and runs it in
-    micro-batches of ``micro_batch`` windows (default: the whole slice),
+    micro-batches of ``hp.micro_batch`` windows (default: the whole slice),
     accumulating gradients; so the loss curve does not depend on the number of
     ranks or the micro-batch, up to floating-point summation order.
-    ``optimizer`` is "adamw" or "muon" (recurnorm.train.optim). ``compile``
-    runs the forward pass through torch.compile.
 
     ``eval_fn(model)`` returns the validation bits per byte (a float or anything
-    with ``bits_per_byte``); it runs every ``eval_every`` steps and at the end,
+    with ``bits_per_byte``); it runs every ``hp.eval_every`` steps and at the end,
     on every rank (so it may be a distributed evaluation).
     ``model`` trains an existing module (fine-tuning); ``init_state`` overwrites
-    the matching tensors of a fresh one.
+    the matching tensors of a fresh one. ``on_step(step, record)`` runs after every step.
     """
-    batch_seed = seed if batch_seed is None else batch_seed
-    hparams = dict(
-        steps=steps,
-        batch_size=batch_size,
-        lr=lr,
-        warmup=warmup,
-        min_lr_frac=min_lr_frac,
-        weight_decay=weight_decay,
-        grad_clip=grad_clip,
-        control_lr_mult=control_lr_mult,
-        seed=seed,
-        batch_seed=batch_seed,
-        optimizer=optimizer,
-        muon_lr_mult=muon_lr_mult if optimizer == "muon" else 1.0,  # AdamW runs ignore it
-    )
-    _check_args(config, corpus, hparams)
+    hp.check()
+    _check_data(config, corpus)
+    hparams = hp.resume_record()
     ctx = distributed.context(device)
     dev = ctx.device(device)
-    local, micro, accum = batch_split(batch_size, micro_batch, ctx.world_size)
+    local, micro, accum = batch_split(hp.batch_size, hp.micro_batch, ctx.world_size)
 
     out = Path(out_dir) if out_dir is not None else None
     saved = None
@@ -197,20 +156,25 @@ def train(
     writer = out if ctx.is_main else None
 
     if model is None:
-        model = build_model(config, seed, pair_init=pair_init)
+        model = build_model(config, hp.seed, pair_init=hp.pair_init)
         if init_state is not None:
             copy_matching(model, init_state)
     model.to(dev)
     opt = build_optimizer(
-        model, optimizer, lr=lr, weight_decay=weight_decay, control_lr_mult=control_lr_mult, muon_lr_mult=muon_lr_mult
+        model,
+        hp.optimizer,
+        lr=hp.lr,
+        weight_decay=hp.weight_decay,
+        control_lr_mult=hp.control_lr_mult,
+        muon_lr_mult=hp.muon_lr_mult,
     )
-    rng = np.random.Generator(np.random.PCG64(batch_seed))
+    rng = np.random.Generator(np.random.PCG64(hparams["batch_seed"]))
     # Training-time randomness (e.g. noise injection) gets its own stream, apart from init.
-    torch.manual_seed(batch_seed + 1)
+    torch.manual_seed(hparams["batch_seed"] + 1)
 
-    start, elapsed_before, loss_sum, loss_count = 0, 0.0, 0.0, 0
+    start, elapsed_before, meter = 0, 0.0, _Meter()
     if saved is not None:
-        start, elapsed_before, loss_sum, loss_count = _restore(saved, model, opt, rng)
+        start, elapsed_before, meter.loss_sum, meter.loss_count = _restore(saved, model, opt, rng)
     if writer is not None:
         writer.mkdir(parents=True, exist_ok=True)
         _prepare_log(writer / LOG_NAME, keep_until=start if saved is not None else None)
@@ -222,21 +186,16 @@ def train(
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         fwd = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    if compile:
+    if hp.compile:
         fwd = torch.compile(fwd)
 
-    tokens = corpus.train_tokens
-    n_starts = len(tokens) - config.seq_len
-    seq_len = config.seq_len
-    offsets = np.arange(seq_len + 1)
-    save_every = save_every or eval_every or steps
-    use_bf16 = dev.type == "cuda"
+    steps, batch_size, seq_len = hp.steps, hp.batch_size, config.seq_len
+    save_every = hp.save_every or hp.eval_every or steps
+    batches = _Batches(corpus.train_tokens, seq_len, rng, ctx, local, micro, accum, dev)
 
     run_log: list[dict] = []
     last_loss, val_bpb = None, None
     t_run = time.perf_counter()
-    # Throughput counts only the training steps, not evaluation or checkpoint writes.
-    train_s_since_log, tokens_since_log, train_s_total = 0.0, 0, 0.0
     bar = tqdm(
         total=steps,
         initial=start,
@@ -249,59 +208,24 @@ def train(
         for step in range(start, steps):
             t_step = time.perf_counter()
             distributed.maybe_crash(ctx, step + 1)
-            lr_now = lr_at(step, lr=lr, warmup=warmup, steps=steps, min_lr_frac=min_lr_frac)
+            lr_now = lr_at(step, lr=hp.lr, warmup=hp.warmup, steps=steps, min_lr_frac=hp.min_lr_frac)
             for group in opt.param_groups:
                 group["lr"] = lr_now * group["lr_scale"]
-            # One draw of the global batch on every rank (the same generator state), so the
-            # data order is that of one process whatever the number of ranks.
-            starts = rng.integers(0, n_starts, size=batch_size)
-            mine = starts[ctx.rank * local : (ctx.rank + 1) * local]
-            opt.zero_grad(set_to_none=True)
-            loss_local = 0.0
-            for m in range(accum):
-                idx = mine[m * micro : (m + 1) * micro, None] + offsets
-                batch_BxT1 = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
-                batch_BxT1 = batch_BxT1.to(dev, non_blocking=True)
-                # Gradients are averaged across ranks only on the last micro-batch.
-                sync = m == accum - 1 or not ctx.distributed
-                with contextlib.nullcontext() if sync else fwd.no_sync():
-                    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
-                        logits_BxTxV = fwd(batch_BxT1[:, :-1])
-                    loss = nn.functional.cross_entropy(
-                        logits_BxTxV.float().reshape(-1, logits_BxTxV.shape[-1]),
-                        batch_BxT1[:, 1:].reshape(-1),
-                    )
-                    (loss / accum if accum > 1 else loss).backward()
-                loss_local += loss.item()
-            step_loss = ctx.mean(loss_local / accum)
+            step_loss = _train_step(fwd, opt, batches.draw(batch_size), ctx, accum, dev)
             if not math.isfinite(step_loss):
                 raise RecurnormError(f"training loss became {step_loss} at step {step + 1}; lower the learning rate")
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), hp.grad_clip)
             opt.step()
 
             done = step + 1
-            loss_sum += step_loss
-            loss_count += 1
-            tokens_since_log += batch_size * seq_len
-            step_s = time.perf_counter() - t_step
-            train_s_since_log += step_s
-            train_s_total += step_s
+            meter.add(step_loss, batch_size * seq_len, time.perf_counter() - t_step)
             bar.update(1)
             records = []
-            if done % log_every == 0 or done == steps:
-                last_loss = loss_sum / loss_count
-                records.append(
-                    {
-                        "step": done,
-                        "loss": last_loss,
-                        "lr": lr_now,
-                        "grad_norm": float(grad_norm),
-                        "tokens_per_s": tokens_since_log / max(train_s_since_log, 1e-9),
-                    }
-                )
-                loss_sum, loss_count, train_s_since_log, tokens_since_log = 0.0, 0, 0.0, 0
+            if done % hp.log_every == 0 or done == steps:
+                records.append(meter.record(done, lr_now, grad_norm))
+                last_loss = records[-1]["loss"]
                 bar.set_postfix(loss=f"{last_loss:.3f}")
-            if eval_fn is not None and ((eval_every and done % eval_every == 0) or done == steps):
+            if eval_fn is not None and ((hp.eval_every and done % hp.eval_every == 0) or done == steps):
                 result = eval_fn(model)
                 model.train()
                 val_bpb = float(getattr(result, "bits_per_byte", result))
@@ -312,18 +236,8 @@ def train(
                 if done % save_every == 0 or done == steps:
                     elapsed = elapsed_before + time.perf_counter() - t_run
                     save_checkpoint(model, writer, force=True)
-                    _write_resume(
-                        writer / RESUME_NAME,
-                        model,
-                        opt,
-                        rng,
-                        config,
-                        hparams,
-                        _corpus_id(corpus),
-                        step=done,
-                        elapsed=elapsed,
-                        loss_acc=(loss_sum, loss_count),
-                    )
+                    state = (model, opt, rng, config, hparams, _corpus_id(corpus))
+                    _write_resume(writer / RESUME_NAME, *state, step=done, elapsed=elapsed, loss_acc=meter.carried())
             run_log.extend(records)
             if on_step is not None:
                 on_step(done, records[0] if records else {"step": done, "loss": step_loss})
@@ -338,10 +252,87 @@ def train(
         final_loss=last_loss,
         val_bpb=val_bpb,
         elapsed_s=elapsed_before + run_s,
-        tokens_per_s=trained * batch_size * seq_len / max(train_s_total, 1e-9),
+        tokens_per_s=trained * batch_size * seq_len / max(meter.total_s, 1e-9),
         out_dir=out,
         log=run_log,
     )
+
+
+@dataclass
+class _Meter:
+    """Training loss and throughput since the last log record. Throughput counts only the
+    training steps, not evaluation or checkpoint writes."""
+
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    seconds: float = 0.0
+    tokens: int = 0
+    total_s: float = 0.0  # every training step of this run
+
+    def add(self, loss: float, tokens: int, seconds: float) -> None:
+        self.loss_sum += loss
+        self.loss_count += 1
+        self.tokens += tokens
+        self.seconds += seconds
+        self.total_s += seconds
+
+    def record(self, step: int, lr: float, grad_norm) -> dict:
+        """The log record of the interval just ended; the interval starts again."""
+        record = {
+            "step": step,
+            "loss": self.loss_sum / self.loss_count,
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "tokens_per_s": self.tokens / max(self.seconds, 1e-9),
+        }
+        self.loss_sum, self.loss_count, self.seconds, self.tokens = 0.0, 0, 0.0, 0
+        return record
+
+    def carried(self) -> tuple[float, int]:
+        """The loss of the unfinished interval, carried in a resume state."""
+        return self.loss_sum, self.loss_count
+
+
+class _Batches:
+    """This rank's micro-batches of each step's global batch, drawn from the one generator."""
+
+    def __init__(self, tokens, seq_len: int, rng, ctx, local: int, micro: int, accum: int, dev) -> None:
+        self.tokens, self.rng, self.ctx, self.dev = tokens, rng, ctx, dev
+        self.local, self.micro, self.accum = local, micro, accum
+        self.n_starts = len(tokens) - seq_len
+        self.offsets = np.arange(seq_len + 1)
+
+    def draw(self, batch_size: int) -> list[torch.Tensor]:
+        # One draw of the global batch on every rank (the same generator state), so the
+        # data order is that of one process whatever the number of ranks.
+        starts = self.rng.integers(0, self.n_starts, size=batch_size)
+        mine = starts[self.ctx.rank * self.local : (self.ctx.rank + 1) * self.local]
+        out = []
+        for m in range(self.accum):
+            idx = mine[m * self.micro : (m + 1) * self.micro, None] + self.offsets
+            batch_BxT1 = torch.from_numpy(np.asarray(self.tokens[idx], dtype=np.int64))
+            out.append(batch_BxT1.to(self.dev, non_blocking=True))
+        return out
+
+
+def _train_step(fwd: nn.Module, opt: Optimizers, micro_batches: list[torch.Tensor], ctx, accum: int, dev) -> float:
+    """Forward and backward over one step's micro-batches (gradients accumulated); the mean loss over ranks."""
+    use_bf16 = dev.type == "cuda"
+    opt.zero_grad(set_to_none=True)
+    loss_local = 0.0
+    for m, batch_BxT1 in enumerate(micro_batches):
+        # Gradients are averaged across ranks only on the last micro-batch.
+        sync = m == accum - 1 or not ctx.distributed
+        with contextlib.nullcontext() if sync else fwd.no_sync():
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
+                logits_BxTxV = fwd(batch_BxT1[:, :-1])
+            loss = nn.functional.cross_entropy(
+                logits_BxTxV.float().reshape(-1, logits_BxTxV.shape[-1]),
+                batch_BxT1[:, 1:].reshape(-1),
+            )
+            (loss / accum if accum > 1 else loss).backward()
+        loss_local += loss.item()
+    return ctx.mean(loss_local / accum)
 
 
 def batch_split(batch_size: int, micro_batch: int | None, world: int) -> tuple[int, int, int]:
@@ -358,16 +349,8 @@ def batch_split(batch_size: int, micro_batch: int | None, world: int) -> tuple[i
     return local, micro, local // micro
 
 
-def _check_args(config: ModelConfig, corpus: Corpus, hp: dict) -> None:
-    """ConfigError / DataError for arguments the loop cannot run with."""
-    for name in ("steps", "batch_size"):
-        if not isinstance(hp[name], int) or hp[name] < 1:
-            raise ConfigError(f"{name} must be a positive int, got {hp[name]!r}")
-    for name in ("lr", "grad_clip"):
-        if not hp[name] > 0:
-            raise ConfigError(f"{name} must be > 0, got {hp[name]!r}")
-    if hp["warmup"] < 0 or hp["weight_decay"] < 0:
-        raise ConfigError("warmup and weight_decay must be >= 0")
+def _check_data(config: ModelConfig, corpus: Corpus) -> None:
+    """ConfigError / DataError when the corpus does not fit the model."""
     if corpus.vocab_size > config.vocab_size:
         raise ConfigError(f"vocab_size {config.vocab_size} is smaller than the corpus's {corpus.vocab_size}")
     if len(corpus.train_tokens) <= config.seq_len + 1:

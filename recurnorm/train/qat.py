@@ -49,6 +49,7 @@ from torch import Tensor, nn
 from ..errors import ConfigError, RecurnormError
 from ..model.lm import projection_block
 from ..quant.fake import absmax_act_quant, quantize_dequantize, ste_mix
+from .config import DEFAULT, TrainConfig
 from .distributed import device_of
 
 DEFAULT_RAMP = 0.5
@@ -395,17 +396,15 @@ def train_qat(
     config_or_model,
     corpus,
     spec: QATSpec | dict,
+    hp: TrainConfig = DEFAULT,
     *,
-    steps: int,
     out_dir=None,
     eval_fn: Callable[[nn.Module], Any] | None = None,
     float_eval: bool = True,
-    seed: int = 0,
-    pair_init: bool = True,
     resume: bool = False,
-    **train_kwargs,
+    **run_kwargs,
 ):
-    """QAT from scratch (a ModelConfig) or fine-tuning (a model) through train.loop.train.
+    """QAT from scratch (a ModelConfig) or fine-tuning (a model) through train.loop.train under hp.
 
     λ follows the schedule via the loop's ``on_step``; at each evaluation the
     guard runs, and λ, the guard's logit gap and (``float_eval``) the float
@@ -416,13 +415,14 @@ def train_qat(
     from .loop import LOG_NAME, build_model, read_resume_state
     from .loop import train as run_training
 
+    steps = hp.steps
     spec = QATSpec.from_dict(spec)
     if isinstance(config_or_model, ModelConfig):
         config = config_or_model
         config.extra_norm = config.extra_norm or bool(spec.extra_norm)
         config.qat = {**spec.to_dict(), "exported": False}
         config.validate()
-        model = build_model(config, seed, pair_init=pair_init)
+        model = build_model(config, hp.seed, pair_init=hp.pair_init)
     else:
         model = config_or_model
         config = model.config
@@ -435,7 +435,7 @@ def train_qat(
     pending: list[dict] = []
     qat_log: list[dict] = []
 
-    eval_every = int(train_kwargs.get("eval_every") or 0)
+    eval_every = hp.eval_every
 
     def guard_record(m: nn.Module) -> dict:
         report = check_qat(m, guard_tokens)
@@ -468,14 +468,13 @@ def train_qat(
     result = run_training(
         config,
         corpus,
-        steps=steps,
+        hp,
         out_dir=out_dir,
         model=model,
         eval_fn=qat_eval if eval_fn is not None else None,
-        seed=seed,
         resume=resume,
         on_step=on_step,
-        **train_kwargs,
+        **run_kwargs,
     )
     state.set_step(steps)
     guard = check_qat(model, guard_tokens)
