@@ -377,7 +377,7 @@ def main() -> int:
     args.formats = args.formats or ("int8,ternary" if args.smoke else "quick" if args.quick else "all")
     args.compressors = ("brotli",) if args.quick else ("brotli", "zpaq") + (("lrzip",) if args.lrzip else ())
     for tool in (c for c in args.compressors if c != "brotli" and shutil.which(c) is None):
-        benchkit.skipped(f"the record's groups under {tool}", f"{tool} is not on PATH; brotli-11 alone")
+        _say(f"the record's groups under {tool}: skipped ({tool} is not on PATH; brotli-11 alone)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     calib = 1024 if args.smoke else 8192 if args.quick else 32768
@@ -386,7 +386,7 @@ def main() -> int:
     smoke_dir = tempfile.TemporaryDirectory(prefix="frontier-smoke-") if args.smoke else None
     for name in [c for c in args.checkpoints.split(",") if c]:
         if name == "minilm" and args.smoke:
-            benchkit.skipped("minilm", "--smoke: its 22.7M-weight model takes minutes; minilm.py --smoke runs its code")
+            _say("minilm: skipped (--smoke: its 22.7M-weight model takes minutes; minilm.py --smoke runs its code)")
         elif name == "frontier":
             import frontier_model
 
