@@ -438,9 +438,6 @@ def strong_anchors(no_zpaq: bool) -> frozenset:
     return frozenset(out)
 
 
-SMOKE_MODEL = {"d_model": 32, "n_heads": 2, "seq_len": 32}  # --smoke's trained model
-
-
 def smoke_settings(args) -> None:
     """--smoke: one run a case, 2 training steps, a tiny stand-in for the real checkpoints, and
     the anchors' sizes remembered in a temporary folder (not the cache's)."""
@@ -501,7 +498,7 @@ def main() -> None:
         ckpts = args.ckpt  # a filter that names no trained case: train nothing
     for ckpt in ckpts:
         label = "trained" if len(ckpts) < 2 else os.path.basename(os.path.normpath(ckpt))
-        cases.update(trained(ckpt, args.steps, label, SMOKE_MODEL if args.smoke else None))
+        cases.update(trained(ckpt, args.steps, label, benchkit.SMOKE_MODEL if args.smoke else None))
     reals = (
         args.real
         if args.real is not None
