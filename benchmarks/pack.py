@@ -39,8 +39,9 @@ trained case unless --ckpt. --ckpt may be given several times (rows are
 named by checkpoint). Without --ckpt every runs/*/model.safetensors is a
 case, or when there is none the tiny preset is trained for --steps steps (a
 few minutes on 2 cores). --smoke: every kind of case on tiny inputs (16K synthetic weights, a
-golf-shaped block 1/8 as wide, the tiny preset trained 2 steps, a 2-layer BERT-named stand-in
-for a real checkpoint), one run each, the anchors' sizes remembered in a temporary file.
+golf-shaped block 1/8 as wide in every format, a d=32 tiny-preset model trained 2 steps and a
+2-layer BERT-named stand-in for a real checkpoint, each at int6 and one float format), one run
+each, the anchors' sizes remembered in a temporary file.
 """
 
 from __future__ import annotations
@@ -438,6 +439,9 @@ def strong_anchors(no_zpaq: bool) -> frozenset:
     return frozenset(out)
 
 
+SMOKE_CASES = ("int8 per-row", "int4 group-64", "ternary", "trained bf16", "tiny-bert fp32")
+
+
 def smoke_settings(args) -> None:
     """--smoke: one run a case, 2 training steps, a tiny stand-in for the real checkpoints, and
     the anchors' sizes remembered in a temporary folder (not the cache's)."""
@@ -506,6 +510,8 @@ def main() -> None:
     )
     for path in filter(None, reals):  # --real "": none
         cases.update(real(path))
+    if args.smoke:  # every format on the golf case; one quantized and one float case of the others
+        cases = {k: v for k, v in cases.items() if k in SMOKE_CASES or k.startswith("golf ") or k.endswith(" int6")}
     cases = {k: v for k, v in cases.items() if not args.only or any(o in k for o in args.only)}
     if not cases:
         ap.error(f"no case matches --only {' / '.join(args.only)}")
