@@ -10,6 +10,7 @@ reported; it should stay flat as the length grows. On a GPU the peak is
 torch.cuda.max_memory_allocated.
 
     python benchmarks/eval_speed.py [--lengths 16384,65536,262144] [--device cpu]
+    python benchmarks/eval_speed.py --smoke   # a d=32 model, 1K-4K tokens, one round: seconds
 
 Measured on 2 shared CPU cores, 1 thread: loss() 6,494 vs plain loop 6,533 tokens/s,
 ratio 1.048 (median of 3 paired rounds); peak extra memory 49.8 / 73.1 / 51.8 MiB for
@@ -27,19 +28,23 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recurnorm.evaluate.loss import loss
-from recurnorm.model import ModelConfig, RecurrentLM
-from recurnorm.train.presets import get_preset
-from recurnorm.train.shards import read_shard, write_shard
+import benchkit  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from recurnorm.evaluate.loss import loss  # noqa: E402
+from recurnorm.model import ModelConfig, RecurrentLM  # noqa: E402
+from recurnorm.train.presets import get_preset  # noqa: E402
+from recurnorm.train.shards import read_shard, write_shard  # noqa: E402
 
 
-def tiny_model(device: str) -> RecurrentLM:
+def tiny_model(device: str, smoke: bool = False) -> RecurrentLM:
     torch.manual_seed(0)
-    return RecurrentLM(ModelConfig(**get_preset("tiny").model)).to(device).eval()
+    options = {**get_preset("tiny").model, **(benchkit.SMOKE_MODEL if smoke else {})}
+    return RecurrentLM(ModelConfig(**options)).to(device).eval()
 
 
 def stream(n: int) -> np.ndarray:
@@ -70,9 +75,9 @@ def rss_anon_kb() -> int:
     return 0
 
 
-def child(path: str, device: str, batch: int) -> None:
+def child(path: str, device: str, batch: int, smoke: bool = False) -> None:
     """Score one shard memory-mapped; print {"peak_kb", "tokens_per_s"} as JSON."""
-    model = tiny_model(device)
+    model = tiny_model(device, smoke)
     tokens = read_shard(path, mmap=True)
     peak, stop = [rss_anon_kb()], threading.Event()
     base = peak[0]
@@ -104,13 +109,16 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.child:
-        child(args.child, args.device, args.batch)
+        child(args.child, args.device, args.batch, args.smoke)
         return
+    if args.smoke:
+        args.lengths, args.speed_tokens, args.rounds, args.batch = "1024,4096", 4096, 1, 8
 
-    model = tiny_model(args.device)
+    model = tiny_model(args.device, args.smoke)
     seq_len = model.config.seq_len
     toks = torch.from_numpy(stream(args.speed_tokens).astype(np.int64))
     n_scored = ((toks.numel() - 1) // seq_len) * seq_len
@@ -128,7 +136,7 @@ def main() -> None:
         ratios.append(a / b)
     ratios.sort()
     print(
-        f"speed ({args.speed_tokens:,} tokens, tiny preset, {args.device}, batch {args.batch}): "
+        f"speed ({args.speed_tokens:,} tokens, {'smoke model' if args.smoke else 'tiny preset'}, {args.device}, batch {args.batch}): "
         f"loss() {max(ours):,.0f} tokens/s, plain loop {max(plain):,.0f} tokens/s, "
         f"ratio (median of {args.rounds} paired rounds) {ratios[len(ratios) // 2]:.3f} "
         "(target >= 0.9)"
@@ -152,6 +160,7 @@ def main() -> None:
                     str(args.batch),
                     "--threads",
                     str(args.threads),
+                    *(["--smoke"] if args.smoke else []),
                 ],
                 capture_output=True,
                 text=True,

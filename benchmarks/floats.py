@@ -1,7 +1,7 @@
 """Float tensors: recurnorm's `fields` coding vs ZipNN, bytes and MB/s side by side.
 
-Cases: all-MiniLM-L6-v2's float tensors (~/.cache/recurnorm-bench/all-MiniLM-L6-v2.safetensors,
-22.7M weights; benchmarks/real_ckpt.py makes it) cast to bf16 and kept in fp32, each tensor
+Cases: all-MiniLM-L6-v2's float tensors (all-MiniLM-L6-v2.safetensors in the benchmarks' cache
+folder, $RECURNORM_BENCH_CACHE or ~/.cache/recurnorm-bench; 22.7M weights; benchmarks/real_ckpt.py makes it) cast to bf16 and kept in fp32, each tensor
 through quant's bf16 / fp32 passthrough (what `recurnorm pack -q bf16 --keep-float-max-numel 0`
 stores), and a golf-shaped state dict in bf16 and fp32 (one Parameter Golf sized block, d=512, MLP 1024,
 and a 1024 x 512 embedding; heavy-tailed, rows and columns scaled like trained weights).
@@ -13,29 +13,38 @@ float input on one thread, from CPU time (time.process_time: the machine is shar
 --repeats; unpack = `read_artifact` (library) and the standalone loader's `decode` (numpy).
 
     python benchmarks/floats.py [--real FILE] [--repeats 3] [--only TEXT ...]
+    python benchmarks/floats.py --smoke   # golf-shaped 1/8 as wide, a tiny stand-in for MiniLM: seconds
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-import numpy as np
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recurnorm import quant
-from recurnorm.budget import rnpk_load
-from recurnorm.budget.api import pack_qtensors, read_artifact
+import benchkit  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
-MINILM = os.path.expanduser("~/.cache/recurnorm-bench/all-MiniLM-L6-v2.safetensors")
+from recurnorm import quant  # noqa: E402
+from recurnorm.budget import rnpk_load  # noqa: E402
+from recurnorm.budget.api import pack_qtensors, read_artifact  # noqa: E402
+
+MINILM = str(benchkit.CACHE / "all-MiniLM-L6-v2.safetensors")
 
 
-def golf_floats(seed: int = 0) -> dict[str, torch.Tensor]:
-    """benchmarks/pack.py's golf-shaped weights, as an fp32 state dict."""
+def golf_floats(seed: int = 0, shrink: int = 1) -> dict[str, torch.Tensor]:
+    """benchmarks/pack.py's golf-shaped weights, as an fp32 state dict (every side `shrink`
+    times smaller: --smoke)."""
     rng = np.random.default_rng(seed)
     shapes = {"embed": (1024, 512), "q": (512, 512), "k": (512, 512), "v": (512, 512), "o": (512, 512)}
     shapes |= {"up": (1024, 512), "down": (512, 1024), "norm": (512,)}
+    shapes = {name: tuple(n // shrink for n in shape) for name, shape in shapes.items()}
     out = {}
     for name, shape in shapes.items():
         if len(shape) == 1:  # a norm's gains: near 1
@@ -48,9 +57,9 @@ def golf_floats(seed: int = 0) -> dict[str, torch.Tensor]:
     return out
 
 
-def cases(path: str) -> dict[str, tuple[str, dict[str, torch.Tensor]]]:
+def cases(path: str, shrink: int = 1) -> dict[str, tuple[str, dict[str, torch.Tensor]]]:
     """name -> (format, float state dict)."""
-    golf = golf_floats()
+    golf = golf_floats(shrink=shrink)
     out = {"golf-shaped bf16": ("bf16", {k: v.bfloat16() for k, v in golf.items()}), "golf-shaped fp32": ("fp32", golf)}
     if os.path.exists(path):
         from safetensors.torch import load_file
@@ -98,11 +107,24 @@ def main() -> None:
     ap.add_argument(
         "--only", action="append", default=[], help="only the cases whose name contains this; repeatable (any)"
     )
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
-    todo = {k: v for k, v in cases(args.real).items() if not args.only or any(o in k for o in args.only)}
+    if args.smoke:  # one run each; a tiny stand-in for MiniLM unless --real names a file
+        smoke_dir, args.repeats = tempfile.TemporaryDirectory(prefix="floats-smoke-"), 1
+        if args.real == MINILM:
+            args.real = str(benchkit.tiny_real_checkpoint(Path(smoke_dir.name)))
+    todo = {
+        k: v
+        for k, v in cases(args.real, 8 if args.smoke else 1).items()
+        if not args.only or any(o in k for o in args.only)
+    }
     if not todo:
         ap.error(f"no case matches --only {' / '.join(args.only)}")
     torch.set_num_threads(1)
+    try:
+        import zipnn  # noqa: F401
+    except ImportError:
+        benchkit.skipped("ZipNN", "not importable; pip install zipnn")
     print(
         f"{'case':26} {'MB in':>7} {'recurnorm B':>12} {'ZipNN B':>12} {'ratio':>6}  "
         f"{'pack MB/s':>9} {'unpack':>7} {'loader':>7} {'ZipNN pack':>10} {'unpack':>7}  codecs"

@@ -25,11 +25,16 @@ record's own deserializer are both left out. Lower is better everywhere.
 
     .venv/bin/python benchmarks/frontier.py [--quick] [--json] [--out frontier_out]
         [--checkpoints frontier,minilm] [--ckpt DIR ...]
+    .venv/bin/python benchmarks/frontier.py --smoke   # seconds: see below
 
 ``--quick`` (<= 30 minutes on 2 cores once the frontier model is cached) uses fewer
 calibration tokens and paragraphs, fewer candidates, and brotli-11 alone for the record's
 groups; the full run adds ``zpaq -m5`` (and ``--lrzip``: the record's own ``lrzip -z -L 9``,
 which on the machine measured slept ~8 minutes per 3 MB group).
+
+``--smoke`` runs every method on frontier_model.py's smoke checkpoint (a d=32 model trained 4
+steps in a temporary folder) with 1,024 calibration tokens and two candidate formats (int8, ternary); MiniLM is
+skipped (its model alone takes minutes), and so is any compressor that is not installed.
 """
 
 from __future__ import annotations
@@ -37,13 +42,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
+import benchkit  # noqa: E402
 import torch  # noqa: E402
 
 METHODS = ("int8", "int6", "int5", "int4", "record", "best")
@@ -363,20 +371,30 @@ def main() -> int:
         metavar="N",
         help="check the Hessian proxy against direct Δloss on N candidates x every tensor",
     )
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    args.formats = args.formats or ("quick" if args.quick else "all")
+    args.formats = args.formats or ("int8,ternary" if args.smoke else "quick" if args.quick else "all")
     args.compressors = ("brotli",) if args.quick else ("brotli", "zpaq") + (("lrzip",) if args.lrzip else ())
+    for tool in (c for c in args.compressors if c != "brotli" and shutil.which(c) is None):
+        _say(f"the record's groups under {tool}: skipped ({tool} is not on PATH; brotli-11 alone)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    calib = 8192 if args.quick else 32768
+    calib = 1024 if args.smoke else 8192 if args.quick else 32768
     rows: list[dict] = []
     t0 = time.time()
+    smoke_dir = tempfile.TemporaryDirectory(prefix="frontier-smoke-") if args.smoke else None
     for name in [c for c in args.checkpoints.split(",") if c]:
-        if name == "frontier":
+        if name == "minilm" and args.smoke:
+            _say("minilm: skipped (--smoke: its 22.7M-weight model takes minutes; minilm.py --smoke runs its code)")
+        elif name == "frontier":
             import frontier_model
 
-            ckpt = frontier_model.ensure(progress=False)
+            ckpt = (
+                frontier_model.smoke_checkpoint(Path(smoke_dir.name))
+                if args.smoke
+                else frontier_model.ensure(progress=False)
+            )
             meta = json.loads((ckpt / "frontier_train.json").read_text())
             _say(f"frontier model: {meta['parameters']:,} parameters, trained in {meta['wall_s']:.0f} s wall")
             run_case(LMCase("frontier", ckpt, calib), args, rows)

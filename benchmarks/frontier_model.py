@@ -4,7 +4,8 @@ benchmarks/frontier.py needs a model whose export costs something measurable: th
 d=64 models of 300 steps it used before lost 0.0001-0.001 bpb to int6, where every
 method looks alike. This trains one `unique` model (six blocks of d=192, 2,705,856
 parameters, byte-level) on the default corpus for 1,400 steps of 16 x 128 tokens, once,
-and caches it outside git (~/.cache/recurnorm-bench/frontier-...), like
+and caches it outside git (in the benchmarks' cache folder, $RECURNORM_BENCH_CACHE, default
+~/.cache/recurnorm-bench: frontier-...), like
 benchmarks/real_ckpt.py caches MiniLM. The run records its wall and CPU time and its
 validation curve in ``frontier_train.json`` beside the checkpoint.
 
@@ -17,6 +18,7 @@ more. At 1,400 steps (the cosine ending where the longer run stopped gaining): 2
 CPU on one thread; the rest was other jobs' share of the cores).
 
     .venv/bin/python benchmarks/frontier_model.py [--force]
+    .venv/bin/python benchmarks/frontier_model.py --smoke   # a d=32 model, 4 steps, in a temporary folder
 """
 
 from __future__ import annotations
@@ -25,19 +27,33 @@ import argparse
 import json
 import os
 import resource
+import sys
+import tempfile
 import time
 from pathlib import Path
 
-CACHE = Path(os.path.expanduser("~/.cache/recurnorm-bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchkit  # noqa: E402
+
+CACHE = benchkit.CACHE
 MODEL = dict(vocab_size=256, d_model=192, n_heads=4, depth=6, seq_len=128, mlp_ratio=4.0, scheme="unique")
 TRAIN = dict(steps=1400, batch_size=16, lr=2e-3, warmup=100, weight_decay=0.1, optimizer="adamw", seed=0)
 EVAL_EVERY = 200
 NAME = f"frontier-unique-d{MODEL['d_model']}x{MODEL['depth']}-s{TRAIN['steps']}"
+# --smoke: the same recipe on a model too small to learn, in seconds
+SMOKE_MODEL = {**MODEL, "d_model": 32, "n_heads": 2, "depth": 2, "seq_len": 32}
+SMOKE_TRAIN = {**TRAIN, "steps": 4, "batch_size": 4, "warmup": 1}
 
 
 def path() -> Path:
     """Where the checkpoint is cached."""
     return CACHE / NAME
+
+
+def smoke_checkpoint(folder: Path, progress: bool = False) -> Path:
+    """--smoke's checkpoint: SMOKE_MODEL trained SMOKE_TRAIN into folder (not the cache)."""
+    return _train(folder / "frontier-smoke", SMOKE_MODEL, SMOKE_TRAIN, eval_every=2, progress=progress)
 
 
 def cpu_seconds() -> float:
@@ -50,6 +66,10 @@ def ensure(force: bool = False, progress: bool = True) -> Path:
     out = path()
     if (out / "model.safetensors").exists() and (out / "frontier_train.json").exists() and not force:
         return out
+    return _train(out, MODEL, TRAIN, EVAL_EVERY, progress)
+
+
+def _train(out: Path, model: dict, train_options: dict, eval_every: int, progress: bool) -> Path:
     import torch
 
     from recurnorm.evaluate.loss import loss
@@ -60,12 +80,12 @@ def ensure(force: bool = False, progress: bool = True) -> Path:
 
     torch.set_num_threads(1)
     corpus = load_corpus("default")
-    config = ModelConfig(**MODEL)
+    config = ModelConfig(**model)
     t0, c0 = time.time(), cpu_seconds()
     result = train(
         config,
         corpus,
-        TrainConfig(**TRAIN, eval_every=EVAL_EVERY, log_every=50),
+        TrainConfig(**train_options, eval_every=eval_every, log_every=50),
         out_dir=out,
         force=True,
         eval_fn=lambda m: loss(m, corpus),
@@ -74,8 +94,8 @@ def ensure(force: bool = False, progress: bool = True) -> Path:
     )
     curve = [r for r in result.log if "val_bpb" in r]
     record = {
-        "model": MODEL,
-        "train": TRAIN,
+        "model": model,
+        "train": train_options,
         "parameters": sum(p.numel() for p in result.model.parameters()),
         "wall_s": round(time.time() - t0, 1),
         "cpu_s": round(cpu_seconds() - c0, 1),
@@ -91,10 +111,12 @@ def ensure(force: bool = False, progress: bool = True) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--force", action="store_true", help="train again even when cached")
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
-    out = ensure(args.force)
-    print(out)
-    print((out / "frontier_train.json").read_text())
+    with tempfile.TemporaryDirectory(prefix="frontier-smoke-") as tmp:
+        out = smoke_checkpoint(Path(tmp), progress=True) if args.smoke else ensure(args.force)
+        print(out)
+        print((out / "frontier_train.json").read_text())
 
 
 if __name__ == "__main__":

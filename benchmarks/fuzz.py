@@ -40,6 +40,7 @@ Counted, per set:
   checks what decoding needs, not names for unpack's file or code ranges).
 
     python benchmarks/fuzz.py [--mutations 3000] [--seed 0] [--workers 2] [--json OUT] [--big]
+    python benchmarks/fuzz.py --smoke   # 2 corpus cases, 1 valid artifact, 2 input cases, 20 mutations
 
 --big adds honest artifacts at the decode limit (one-symbol rans codes of 2^26-2^28
 int8 weights, float32: 256 MB-1 GiB decoded) through verify, unpack and the loader,
@@ -67,7 +68,9 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import benchkit  # noqa: E402
 import hostile_corpus as hc  # noqa: E402
 import torch  # noqa: E402
 
@@ -83,9 +86,14 @@ MB = 1 << 20
 # ------------------------------------------------------------------ the corpus, through the CLI
 
 
-def run_corpus(out_dir: Path) -> list[dict]:
+SMOKE = {"corpus": 2, "valid": 1, "inputs": 2, "mutations": 20}  # --smoke: how many of each
+
+
+def run_corpus(out_dir: Path, smoke: bool = False) -> list[dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     cases = {**{k: v for k, v in hc.CASES.items()}, **hc.VALID}
+    if smoke:  # the first hostile cases and the first valid artifact
+        cases = dict([*list(hc.CASES.items())[: SMOKE["corpus"]], *list(hc.VALID.items())[: SMOKE["valid"]]])
     rows = []
     for name, make in cases.items():
         path = out_dir / (name.replace("/", "__").replace("=", "_").replace("^", "") + ".rnpk")
@@ -129,12 +137,12 @@ def run_corpus(out_dir: Path) -> list[dict]:
     return rows
 
 
-def run_inputs(out_dir: Path) -> list[dict]:
+def run_inputs(out_dir: Path, limit: int | None = None) -> list[dict]:
     """Round three's classes (hostile_corpus.R3_CASES): names with every control and bidi
     character, FIFOs and device nodes as inputs and outputs, limits, odd state dicts, half-done
     writes, exit codes; each through the CLI in a bounded child, in a folder of its own."""
     rows = []
-    for i, name in enumerate(hc.R3_CASES):
+    for i, name in enumerate(list(hc.R3_CASES)[:limit]):
         folder = out_dir / f"case{i}"
         folder.mkdir(parents=True)
         r = hc.run_input_case(name, folder, MEM, ALARM)
@@ -367,13 +375,16 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the summary and the failing cases here")
     ap.add_argument("--big", action="store_true", help="also valid artifacts at the 1 GiB limit")
     ap.add_argument("--no-corpus", action="store_true", help="the mutations only")
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
+    if args.smoke:
+        args.mutations, args.workers, args.big = SMOKE["mutations"], 1, False
     torch.set_num_threads(1)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        corpus = [] if args.no_corpus else run_corpus(tmp / "corpus")
-        inputs = [] if args.no_corpus else run_inputs(tmp / "inputs")
+        corpus = [] if args.no_corpus else run_corpus(tmp / "corpus", args.smoke)
+        inputs = [] if args.no_corpus else run_inputs(tmp / "inputs", SMOKE["inputs"] if args.smoke else None)
         mutations, worker_peak = run_mutations(args.mutations, args.seed, args.workers, tmp)
     summaries = (
         ([summarize("corpus (CLI + loader)", corpus, max(r["peak"] for r in corpus))] if corpus else [])

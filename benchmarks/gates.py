@@ -6,6 +6,7 @@ its place (issue 23). One thread's CPU time (time.process_time), best of --repea
 
     python benchmarks/gates.py                        # every gate, every case
     python benchmarks/gates.py --gate codes_norep --only MiniLM
+    python benchmarks/gates.py --smoke                # every gate on tiny cases: seconds
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import benchkit  # noqa: E402
 import pack as pack_bench  # noqa: E402
 import ship as ship_bench  # noqa: E402
 
@@ -30,16 +32,17 @@ ZSTD = ("rans", "zstd", "raw")
 THRESHOLDS = {"SMOOTH": (parents, "SMOOTH", float("inf")), "SEARCH_ROWS": (parents, "SEARCH_ROWS", 0)}
 
 
-def cases(only: list[str]):
-    """(name, qtensors, codecs) of every case of >= 1M codes."""
-    qcases = pack_bench.synthetic(4_000_000)
-    qcases.update(pack_bench.golf_shaped())
-    for path in sorted(os.listdir(pack_bench.REAL_CACHE)) if os.path.isdir(pack_bench.REAL_CACHE) else []:
+def cases(only: list[str], smoke: bool = False):
+    """(name, qtensors, codecs) of every case of >= 1M codes (--smoke: the same cases, tiny)."""
+    qcases = pack_bench.synthetic(1 << 14 if smoke else 4_000_000)
+    qcases.update(pack_bench.golf_shaped(shrink=8 if smoke else 1))
+    reals = [] if smoke or not os.path.isdir(pack_bench.REAL_CACHE) else sorted(os.listdir(pack_bench.REAL_CACHE))
+    for path in reals:
         if path.endswith(".safetensors") and (not only or any(o.split()[0] in path for o in only)):
             qcases.update(pack_bench.real(os.path.join(pack_bench.REAL_CACHE, path)))
     out = [(name, qts, None) for name, qts in qcases.items()]
     if not only or any("zstd" in o for o in only):
-        out += [(f"{name} zstd", qts, ZSTD) for name, qts in ship_bench.cases([], quick=False)]
+        out += [(f"{name} zstd", qts, ZSTD) for name, qts in ship_bench.cases([], quick=False, smoke=smoke)]
     return [c for c in out if not only or any(o in c[0] for o in only)]
 
 
@@ -64,10 +67,13 @@ def main() -> None:
     ap.add_argument("--gate", action="append", default=[], help="only this gate (or THRESHOLDS name); repeatable")
     ap.add_argument("--only", action="append", default=[], help="only cases whose name contains this")
     ap.add_argument("--repeats", type=int, default=3, help="packs each way, interleaved (best counts)")
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
     for gate in set(args.gate) - {*race.GATES, *THRESHOLDS}:
         ap.error(f"unknown gate {gate!r}: one of {', '.join([*race.GATES, *THRESHOLDS])}")
-    todo = cases(args.only)
+    if args.smoke:
+        args.repeats = 1
+    todo = cases(args.only, args.smoke)
     for gate in args.gate or [*race.GATES, *THRESHOLDS]:
         for name, qts, codecs in todo:
             # On and off alternate, so that a slow spell of this shared machine hits both.

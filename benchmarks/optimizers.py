@@ -11,6 +11,7 @@ paired difference has the same sign and the mean difference exceeds the
 largest spread (max - min over seeds) of either optimizer.
 
     python benchmarks/optimizers.py --steps 120 --seeds 3 --muon-lr-mult 4 [--json out.json]
+    python benchmarks/optimizers.py --smoke   # a d=32 model, 2 steps, one seed: seconds
 
 Measured (2 shared CPU cores, 1 thread, default corpus, 120 steps):
 ``--first-seed 1 --muon-lr-mult 10`` (the multiplier chosen from 1, 4, 10 on seed 0 only)
@@ -30,15 +31,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from dataclasses import replace
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recurnorm.evaluate import loss
-from recurnorm.model import ModelConfig
-from recurnorm.train.data import load_corpus
-from recurnorm.train.loop import train
-from recurnorm.train.presets import get_preset
+import benchkit  # noqa: E402
+import torch  # noqa: E402
+
+from recurnorm.evaluate import loss  # noqa: E402
+from recurnorm.model import ModelConfig  # noqa: E402
+from recurnorm.train.data import load_corpus  # noqa: E402
+from recurnorm.train.loop import train  # noqa: E402
+from recurnorm.train.presets import get_preset  # noqa: E402
 
 OPTIMIZERS = ("adamw", "muon")
 
@@ -95,10 +101,14 @@ def main() -> None:
     ap.add_argument("--time-steps", type=int, default=10)
     ap.add_argument("--time-rounds", type=int, default=3)
     ap.add_argument("--json", help="write all rows and verdicts to this file")
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     corpus = load_corpus("default")
     preset = get_preset("tiny")
+    if args.smoke:
+        preset = replace(preset, model={**preset.model, **benchkit.SMOKE_MODEL}).with_overrides(batch_size=4)
+        args.steps, args.seeds, args.time_steps, args.time_rounds = 2, 1, 1, 1
 
     mult = args.muon_lr_mult
     timing = {o: [] for o in OPTIMIZERS}

