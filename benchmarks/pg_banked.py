@@ -13,9 +13,10 @@ saved banked as the record saves it, and exported twice:
 
 - the record's own code run directly: its ``collect_hessians`` (16 calibration batches, the
   README's GPTQ_CALIBRATION_BATCHES), ``_unbank_state_dict``, ``gptq_mixed_quantize`` (GPTQ,
-  SDClip per role, int7 embedding, int8 gates, asymmetric LQER on the top 3), torch.save +
-  brotli-11 (its COMPRESSOR=brotli path: lrzip, its ``pergroup`` one, is not installed
-  here), ``dequantize_mixed`` and ``_rebank_state_dict``;
+  SDClip per role, int7 embedding, int8 gates, asymmetric LQER on the top 3), its README's
+  ``COMPRESSOR=pergroup`` (``lrzip -z -L 9`` per group after its row sort, brotli-11 the rest;
+  where lrzip is not installed, its torch.save + brotli-11 path, and the output says so),
+  ``dequantize_mixed`` and ``_rebank_state_dict``;
 - ``recurnorm pack banked.safetensors -q @pg-record --gptq`` on the banked file, the model
   built by this file's ``build`` (``--model-factory``), calibrated on the same 32,768
   training tokens;
@@ -44,8 +45,10 @@ import io
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -295,14 +298,20 @@ def main() -> None:
     # -- the record's own export, run directly
     t = time.perf_counter()
     hessians = mod.collect_hessians(model, Windows(corpus.train_tokens), h, torch.device("cpu"), 16)
-    hessians_file = CACHE / "record_hessians.safetensors"  # (for the run that isolates GPTQ itself)
-    save_file({n: H.float().contiguous() for n, H in hessians.items()}, str(hessians_file))
     sd_flat = mod._unbank_state_dict(model.state_dict(), h.num_layers)
     result, meta = mod.gptq_mixed_quantize(sd_flat, hessians, h)
-    buf = io.BytesIO()
-    torch.save({"w": result, "m": meta}, buf)
-    record_bytes = len(mod._compress(buf.getvalue(), "brotli"))
+    if shutil.which("lrzip"):  # its README's COMPRESSOR=pergroup: lrzip -z -L 9 per group, brotli the rest
+        compressor = "pergroup (lrzip)"
+        with tempfile.TemporaryDirectory(prefix="pgrp_") as tmp:
+            record_bytes = len(mod._serialize_pergroup(result, meta, h.num_layers, tmp))
+    else:
+        compressor = "brotli (lrzip is not installed: apt-get install lrzip for the record's pergroup)"
+        buf = io.BytesIO()
+        torch.save({"w": result, "m": meta}, buf)
+        record_bytes = len(mod._compress(buf.getvalue(), "brotli"))
     record_s = time.perf_counter() - t
+    hessians_file = CACHE / "record_hessians.safetensors"  # (for the run that isolates GPTQ itself)
+    save_file({n: H.float().contiguous() for n, H in hessians.items()}, str(hessians_file))
     rec_flat = mod.dequantize_mixed(result, meta, sd_flat)
     hidden = h.model_dim * h.mlp_mult
     kv_dim = h.model_dim // h.num_heads * h.num_kv_heads
@@ -311,7 +320,8 @@ def main() -> None:
     rec_model.load_state_dict(rec_banked)
     rec_bpb = bpb(rec_model, corpus.val_tokens)
     print(
-        f"pre {pre:.4f} bpb; record export {record_bytes:,} B in {record_s:.1f} s, {rec_bpb:.4f} bpb", file=sys.stderr
+        f"pre {pre:.4f} bpb; record export ({compressor}) {record_bytes:,} B in {record_s:.1f} s, {rec_bpb:.4f} bpb",
+        file=sys.stderr,
     )
 
     # -- recurnorm on the banked checkpoint
@@ -410,6 +420,7 @@ def main() -> None:
                 "train_s": round(train_s, 1),
                 "bpb_pre": round(pre, 4),
                 "record": {
+                    "compressor": compressor,
                     "bytes": record_bytes,
                     "wall_s": round(record_s, 1),
                     "bpb": round(rec_bpb, 4),
