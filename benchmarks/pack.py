@@ -63,7 +63,7 @@ import brotli
 import numpy as np
 import zstandard
 
-from recurnorm.budget import pack_qtensors, read_artifact
+from recurnorm.budget import kernel, pack_qtensors, read_artifact
 from recurnorm.budget.codecs import layout_bytes, layouts_for
 from recurnorm.budget.rans import order0_bits
 from recurnorm.quant.qtensor import QTensor
@@ -447,8 +447,6 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from recurnorm.budget import rans
-
     torch.set_num_threads(1)
     n, repeats = (1 << 18, 1) if args.quick else (args.n, args.repeats)
     cases = synthetic(n)
@@ -472,7 +470,7 @@ def main() -> None:
     cases = {k: v for k, v in cases.items() if not args.only or any(o in k for o in args.only)}
     if not cases:
         ap.error(f"no case matches --only {' / '.join(args.only)}")
-    coder = "compiled kernel" if rans.has_kernel() else "numpy reference (kernel not built)"
+    coder = "compiled kernel" if kernel.on() else "numpy reference (kernel not built)"
     print(f"recurnorm rANS: {coder}; effort {args.effort}")
     strong = strong_anchors(args.no_zpaq)
     anchors = [*ANCHORS, *STRONG]

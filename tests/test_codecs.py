@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recurnorm.budget import codecs, compress, race, rans
+from recurnorm.budget import codecs, compress, race, rans, spec
 from recurnorm.budget.codecs import StreamContext
 from recurnorm.errors import ArtifactError
 
@@ -160,8 +160,8 @@ def test_quick_gates_skip_lz_codecs_that_cannot_win(shape, qmax, monkeypatch):
     name, size, ok = _best(arr, scales=scales)
     raw = codecs.layout_bytes(arr, "int8", "plain")
     # (rans side data may still try lzma)
-    assert ok and name in ("rans", "deflate") and (compress.LZMA, len(raw)) not in calls
-    assert size <= min(len(compress.deflate(raw)), len(real(compress.LZMA, raw)))
+    assert ok and name in ("rans", "deflate") and (spec.LZMA, len(raw)) not in calls
+    assert size <= min(len(compress.deflate(raw)), len(real(spec.LZMA, raw)))
 
 
 def test_lzma_still_races_on_float_words(monkeypatch):
@@ -176,7 +176,7 @@ def test_lzma_still_races_on_float_words(monkeypatch):
     real = compress.compress
     monkeypatch.setattr(compress, "compress", lambda kind, raw, *a: calls.append(kind) or real(kind, raw, *a))
     name, size, ok = _best(w)
-    assert ok and compress.LZMA in calls and name == "lzma"
+    assert ok and spec.LZMA in calls and name == "lzma"
 
 
 @pytest.mark.parametrize("shape,qmax", [((256, 512), 127), ((512, 512), 7)])

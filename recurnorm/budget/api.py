@@ -16,7 +16,7 @@ from ..quant import registry as quant_registry
 from ..quant.qtensor import QTensor
 from . import codecs as codecs_mod
 from . import format as fmt
-from . import heap, parents, race, validate
+from . import heap, parents, race, spec, validate
 from .codecs import DTYPES, StreamContext
 from .rans import order0_bits
 from .search import EFFORTS
@@ -52,7 +52,7 @@ def _check_qtensor(name: str, qt: QTensor, check: bool = True) -> None:
     why = check and validate.shape_problem(qt.shape)
     if why:
         raise QuantError(
-            f"tensor {name!r}: {why} (an artifact holds at most {fmt.MAX_NDIM} dims, each < 2^40, and so is "
+            f"tensor {name!r}: {why} (an artifact holds at most {spec.MAX_NDIM} dims, each < 2^40, and so is "
             "the product of those that are not 0)"
         )
     codes = np.asarray(qt.codes)
@@ -139,7 +139,7 @@ def _pack(qtensors, metadata: dict, codecs, effort: str, check: bool, jobs: int 
                 offset += len(data)
                 chunks.append(data) if sink is None else sink.write(data)
             entries.append(entry)
-    manifest = {"format": "rnpk", "version": fmt.VERSION, "metadata": metadata, "tensors": entries + aliases}
+    manifest = {"format": "rnpk", "version": spec.VERSION, "metadata": metadata, "tensors": entries + aliases}
     return fmt.write_container(manifest, chunks, (offset, sha.hexdigest()))
 
 
@@ -201,7 +201,7 @@ def _encode_tensor(name: str, qt: QTensor, names, codecs, effort: str, check: bo
                 arrays["parents"], arrays["codes"] = (
                     (None, codes) if pays is False else (arrays["parents"], res.reshape(codes.shape))
                 )
-        for kind in fmt.STREAM_KINDS:
+        for kind in spec.STREAM_KINDS:
             arr = arrays.get(kind)
             if arr is None:
                 continue
@@ -295,7 +295,7 @@ def _decoded(manifest: dict, payload: memoryview):
             yield [t], None
             continue
         st, dec = t["streams"], {}
-        for kind in fmt.STREAM_KINDS:
+        for kind in spec.STREAM_KINDS:
             if kind in st:
                 dec[kind] = _decode_stream(payload, st[kind], kind, t, dec.get("scales"), manifest["version"])
         fmt.release(payload)
@@ -455,7 +455,7 @@ def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -
         if not stat.S_ISREG(st.st_mode):
             raise ArtifactError(f"{path} is not a regular file")
         decoded = max_decoded_bytes  # (the default grows with the file: no size it refuses)
-        if decoded is not None and st.st_size > decoded + fmt.MAX_MANIFEST_BYTES + fmt.HEADER_SIZE:
+        if decoded is not None and st.st_size > decoded + spec.MAX_MANIFEST_BYTES + spec.HEADER_SIZE:
             raise ArtifactError(
                 f"{path}: {st.st_size:,} bytes, more than an artifact decoding to at most {decoded:,} bytes can hold"
             )

@@ -27,7 +27,7 @@ from functools import cached_property
 
 import numpy as np
 
-from . import compress, rans
+from . import compress, kernel, rans, spec
 from .cluster import axis_histograms, class_sums_all, cluster_many, ranked_class_sums
 
 PRECS = (8, 10, 12, 14, 16)
@@ -164,8 +164,8 @@ class Stream:
         self.t = tuple_size(nsym, sym.size)
         self.units = -(-sym.size // self.t)
         self.big = self.units >= BIG_SYMBOLS
-        # exact counts: the kernel's histograms count every position, and unit_counts samples none
-        self.exact = not self.big or rans.has_kernel() and sym.size < SEARCH_SAMPLE
+        # exact counts: the histograms count every position, and unit_counts samples none
+        self.exact = not self.big or sym.size < SEARCH_SAMPLE
         self._units: dict[int, np.ndarray] = {}
         self._totals: dict[int, np.ndarray] = {} if total is None else {1: total}  # (the caller's exact counts)
         self._hists: dict[str, tuple[np.ndarray, float]] = {}
@@ -185,8 +185,7 @@ class Stream:
     def histograms(self, family: str) -> tuple[np.ndarray, float]:
         """(item histograms, sample -> whole factor): code rows ("scale"), tensor rows or columns.
 
-        The other axis is sampled down to about SEARCH_SAMPLE positions; every item keeps a
-        share of its own positions. Code rows that are the tensor's rows are counted once.
+        Code rows that are the tensor's rows are counted once.
         """
         geo = self.geo
         if family == "scale":
@@ -195,18 +194,13 @@ class Stream:
                 family = "row"
         else:
             view, axis = (geo.rows, geo.cols), 0 if family == "row" else 1
-        if family not in self._hists:
-            numel = view[0] * view[1]
-            # The kernel counts every position (one linear pass): sampled rows of a wide
-            # embedding keep too few positions each to tell their classes apart.
-            stride = 1 if rans.has_kernel() else max(1, numel // SEARCH_SAMPLE)
-            mat = self.sym[:numel].reshape(view)
-            part = mat[:, ::stride] if axis == 0 else mat[::stride]
-            if rans.has_kernel():  # the same integer counts, one pass in C
-                hist = rans.kernel_histograms(self.sym16, *view, self.nsym, axis, stride)
+        if family not in self._hists:  # every position counted, by the kernel or its reference alike:
+            # sampled rows of a wide embedding keep too few positions each to tell their classes apart
+            if kernel.on():
+                hist = kernel.histograms(self.sym16, *view, self.nsym, axis, 1)
             else:
-                hist = axis_histograms(part, axis, self.nsym)
-            self._hists[family] = (hist, numel / part.size)
+                hist = axis_histograms(self.sym[: view[0] * view[1]].reshape(view), axis, self.nsym)
+            self._hists[family] = (hist, 1.0)
         return self._hists[family]
 
     @cached_property
@@ -449,7 +443,7 @@ class SideData:
         the first time a finalist's turn comes."""
         return compress.estimate(self.varints) + (compress.estimate(self.ids) if self.ids is not None else 0)
 
-    def blobs(self, kinds=compress.PORTABLE) -> tuple[tuple[bytes, int], tuple[bytes, int]]:
+    def blobs(self, kinds=spec.PORTABLE) -> tuple[tuple[bytes, int], tuple[bytes, int]]:
         """rans.encode's side=: the compacted table and ids (each the smallest of `kinds`)."""
         ids = compress.smallest(self.ids, kinds) if self.ids is not None else (b"", 0)
         return compress.smallest(self.varints, kinds), ids
@@ -536,12 +530,12 @@ def grid_candidates(stream: Stream, cands: list[Candidate], rough: np.ndarray, h
         (-(gain["row", kr] + gain["col", kc] - (kr * kc - kr - kc) * stream.nsym), kr, kc)
         for kr in rks
         for kc in cks
-        if kr * kc <= rans.MAX_CONTEXTS
+        if kr * kc <= spec.MAX_CONTEXTS
     )
     # The best k of each axis alone always (its pair often wins where tables are dear), then
     # the best-ranked others.
     best = (max(rks, key=lambda k: gain["row", k]), max(cks, key=lambda k: gain["col", k]))
-    pairs = [best] if best[0] * best[1] <= rans.MAX_CONTEXTS else []
+    pairs = [best] if best[0] * best[1] <= spec.MAX_CONTEXTS else []
     pairs += [(kr, kc) for g, kr, kc in ranked if g < 0 and (kr, kc) != best]
     pairs = pairs[: None if how.all_grids else how.grids]
     rows = len(ids["row", rks[0]])
@@ -706,7 +700,7 @@ def map_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Choic
             break
         b0, *bits = [np.rint(-16 * np.log2((c + 0.5) / (tot + nsym / 2))) for c in (tot - sum(counts), *counts)]
         rid = (b0.sum(0) + sum(m @ (b - b0).astype(np.float32) for m, b in zip(masks, bits, strict=True))).argmin(1)
-    per = rans.MAX_CONTEXTS // kr
+    per = spec.MAX_CONTEXTS // kr
     cmap = cluster_many(list(np.stack([tot - sum(counts), *counts], 2).transpose(1, 0, 2)), [[per]] * kr, 32, cols)
     ids = np.concatenate([rid, (np.stack(cmap) + per * np.arange(kr)[:, None, None]).ravel()]).astype(np.uint8)
     found = _measured(x.ravel(), nsym, geo, Choice("map", per * kr, 1, ids, 0, best.lanes, 0, None, kr), best, (8, 12))
