@@ -195,13 +195,13 @@ def test_fallback_writes_the_same_artifact(monkeypatch):
     fast = pack_qtensors(qts)
     contexts = {t["streams"]["codes"]["params"].get("context") for t in read_artifact(fast).manifest["tensors"]}
     assert {"col", "grid"} <= contexts
-    monkeypatch.setattr(kernel, "_c", None)
+    monkeypatch.setattr(kernel, "c", None)
     assert pack_qtensors(qts) == fast
     assert all(np.array_equal(read_artifact(fast).qtensors[k].codes, q.codes) for k, q in qts.items())
 
 
 def test_fallback_warns_once_on_big_streams(monkeypatch):
-    monkeypatch.setattr(kernel, "_c", None)
+    monkeypatch.setattr(kernel, "c", None)
     monkeypatch.setattr(rans, "_FALLBACK_NOTE_UNITS", 1000)
     sym, ctx, freq = _stream(9, 1200, 10, 1, 8)
     with pytest.warns(RuntimeWarning, match="compiled rANS kernel is not built"):
@@ -299,7 +299,7 @@ def test_kernel_parents_search_equals_numpy_reference(monkeypatch, rows, cols, w
     fast = parents.find(codes, wide)
     assert fast is not None and (fast[:, 0] > 0).mean() > 0.3
     assert np.array_equal(parents.find(np.asfortranarray(codes), wide), fast)  # (the kernel takes a contiguous copy)
-    monkeypatch.setattr(kernel, "_c", None)
+    monkeypatch.setattr(kernel, "c", None)
     assert np.array_equal(parents.find(codes, wide), fast)
 
 

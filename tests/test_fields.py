@@ -99,7 +99,7 @@ def test_fields_beats_the_byte_race_on_trained_like_bf16():
 def test_the_numpy_reference_coder_writes_the_same_bytes(monkeypatch):
     words = (np.random.default_rng(3).standard_normal(20000).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     compiled = _round_trip(words, "bf16", (100, 200))
-    monkeypatch.setattr(kernel, "_c", None)
+    monkeypatch.setattr(kernel, "c", None)
     monkeypatch.setattr(rans, "_FALLBACK_NOTE_UNITS", 1 << 62)
     assert _round_trip(words, "bf16", (100, 200)) == compiled
 
@@ -116,7 +116,7 @@ def test_the_kernel_and_numpy_split_and_join_words_alike(fmt, monkeypatch):
         for h in range(codecs.HI_MAX + 1):
             got = []
             for compiled in (kernel._built, None):
-                monkeypatch.setattr(kernel, "_c", compiled)
+                monkeypatch.setattr(kernel, "c", compiled)
                 head, tail = codecs.split_words(w, m, h)
                 assert codecs.join_words(head, tail, m, h, w.itemsize).tobytes() == w.tobytes()
                 bad_pad = bytearray(tail)

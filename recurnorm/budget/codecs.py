@@ -364,7 +364,7 @@ class Fields(Codec, name="fields"):
         g, ebits, s = geometry(ctx), 8 * w.itemsize - 1 - m, w.itemsize // 2
         counts = np.zeros(1 << ebits + HI_MAX, np.int64)  # of the exponents and HI_MAX top mantissa bits
         if kernel.on():  # (one pass, no shifted copy of the words)
-            kernel.top_counts(w, w.itemsize, m - HI_MAX, counts)
+            kernel.c.top_counts(w, w.itemsize, m - HI_MAX, counts)
         else:
             top = (w.view("<u2")[s - 1 :: s] >> np.uint16(m - HI_MAX + 16 - 16 * s)) & np.uint16(len(counts) - 1)
             counts += rans.context_counts(top, None, 1, len(counts))[0]
@@ -450,7 +450,7 @@ def split_words(w: np.ndarray, m: int, h: int) -> tuple[np.ndarray, bytes | np.n
     n, (q, r) = w.size, divmod(m - h, 8)
     if kernel.on():
         head, tail = np.empty(n, np.uint16), np.empty(q * n + (r + 1) * -(-n // 8), np.uint8)
-        kernel.fields_split(w, w.itemsize, m, h, head, tail)
+        kernel.c.fields_split(w, w.itemsize, m, h, head, tail)
         return head, tail
     u, top = w.dtype.type, 8 * w.itemsize - 1
     head = ((w >> u(m - h)) & u((1 << top - m + h) - 1)).astype(np.uint16)
@@ -466,7 +466,7 @@ def join_words(head: np.ndarray, tail: bytes, m: int, h: int, itemsize: int) -> 
     n, (q, r), width = head.size, divmod(m - h, 8), 8 * itemsize
     w = np.empty(n, f"<u{itemsize}")
     if kernel.on():
-        kernel.fields_join(w, itemsize, m, h, np.ascontiguousarray(head, np.uint16), tail)
+        kernel.c.fields_join(w, itemsize, m, h, np.ascontiguousarray(head, np.uint16), tail)
         return w
     if n and int(head.max()) >> h >= 1 << width - 1 - m:
         raise ValueError("fields exponent out of range")

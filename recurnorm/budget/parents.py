@@ -106,7 +106,7 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
     def offer(q: np.ndarray, cand: np.ndarray, sketched: np.ndarray | None = None) -> None:
         """Rows q take parents (sketched [q, cand]: each row's best earlier one) where they score better, exactly."""
         if kernel.on():  # (the kernel: the same steps, without numpy's row copies)
-            return kernel.offer(codes, q, cand, sketched, norm, score, parent, dot)
+            return kernel.c.offer(codes, q, cand, sketched, norm, score, parent, dot)
         if sketched is not None:  # (a parent comes before its row: member[0] does)
             cand = cand[np.argmax(np.abs(sketched) * (cand < q[:, None]), 1)]
         d = (codes[q].astype(np.int16) * codes[cand]).sum(1, dtype=np.int32)  # (gathering int8: 10x quicker)

@@ -178,7 +178,7 @@ def context_counts(sym: np.ndarray, ctx: np.ndarray | None, k: int, nsym: int) -
     if kernel.on() and nsym <= spec.MAX_ALPHABET and k <= spec.MAX_CONTEXTS:
         out = np.zeros(k * nsym, dtype=np.int64)
         c = np.ascontiguousarray(ctx, dtype=np.uint8) if k > 1 and ctx is not None else None
-        kernel.counts(np.ascontiguousarray(sym, dtype=np.uint16), c, nsym, k, out)
+        kernel.c.counts(np.ascontiguousarray(sym, dtype=np.uint16), c, nsym, k, out)
         return out.reshape(k, nsym)
     if k == 1 or ctx is None:
         return np.bincount(sym, minlength=k * nsym).reshape(k, nsym)
@@ -444,7 +444,7 @@ def ilv_encode(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, prec: 
     c = np.ascontiguousarray(ctx, dtype=np.uint8) if k > 1 and ctx is not None else None
     sym16, f = np.ascontiguousarray(sym, dtype=np.uint16), np.ascontiguousarray(freq, dtype=np.uint32).ravel()
     try:
-        return kernel.encode(sym16, c, f, nsym, prec, lanes)
+        return kernel.c.encode(sym16, c, f, nsym, prec, lanes)
     except ValueError as exc:  # our own tables: a bug, not bad input
         raise ValueError(f"rans encode: {exc}") from None
 
@@ -468,7 +468,7 @@ def ilv_decode(data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int,
     c = np.ascontiguousarray(ctx, dtype=np.uint8) if k > 1 and ctx is not None else None
     out = np.empty(n, dtype=np.uint16)
     try:
-        kernel.decode(data, c, f, nsym, prec, lanes, out)
+        kernel.c.decode(data, c, f, nsym, prec, lanes, out)
     except ValueError as exc:
         raise ArtifactError(str(exc)) from None
     return out  # (uint16: callers narrow it to their codes' type in the same copy that adds the offset)
