@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recurnorm.budget import kernel, pack_qtensors, rans, read_artifact, spec
+from recurnorm.budget import kernel, pack_qtensors, rans, read_artifact, search, spec
 from recurnorm.errors import ArtifactError
 from recurnorm.quant.qtensor import QTensor
 
@@ -173,6 +173,7 @@ def test_reference_encoder_takes_narrow_ids_and_units():
     assert rans.ilv_encode(sym.astype(np.uint16), ctx.astype(np.uint8), freq, 12, 4) == want
 
 
+@compiled
 @pytest.mark.slow  # packs through the numpy reference coder
 def test_fallback_writes_the_same_artifact(monkeypatch):
     """Without the compiled kernel the numpy reference (coder and search histograms) writes
@@ -198,6 +199,31 @@ def test_fallback_writes_the_same_artifact(monkeypatch):
     monkeypatch.setattr(kernel, "c", None)
     assert pack_qtensors(qts) == fast
     assert all(np.array_equal(read_artifact(fast).qtensors[k].codes, q.codes) for k, q in qts.items())
+
+
+@compiled
+@pytest.mark.slow  # packs 4M codes through the numpy reference coder (about 3 s)
+def test_fallback_writes_the_same_artifact_on_millions_of_codes(monkeypatch):
+    """The README's promise at the size where the context search once sampled without the kernel
+    (2M codes a tensor, past 2 x search.SEARCH_SAMPLE): the same bytes, grids chosen alike."""
+    from helpers import joint_like
+
+    rng = np.random.default_rng(7)
+    rows, cols = 4096, 512
+    w = rng.normal(size=(rows, cols)) * rng.uniform(0.3, 2.0, (1, cols)) * np.where(rng.random((rows, 1)) < 0.3, 0.4, 2)
+    s = np.abs(w).max(1) / 7
+    qts = {
+        "w": QTensor("int4", w.shape, "float32", np.round(w / s[:, None]).astype(np.int8), s.astype(np.float16)),
+        "e": QTensor("ternary", (rows, cols), "float32", joint_like(rows=rows, cols=cols).reshape(1, -1), np.ones(1)),
+    }
+    assert min(q.codes.size for q in qts.values()) >= 2 * search.SEARCH_SAMPLE  # (sampled every 2nd row)
+    with kernel.use(True):
+        fast = pack_qtensors(qts)
+    tensors = read_artifact(fast).manifest["tensors"]
+    assert {t["streams"]["codes"]["params"].get("context") for t in tensors} == {"grid"}
+    monkeypatch.setattr(rans, "_FALLBACK_NOTE_UNITS", 1 << 20)  # (it warns once a process)
+    with kernel.use(False), pytest.warns(RuntimeWarning, match="kernel is not built"):
+        assert pack_qtensors(qts) == fast
 
 
 def test_fallback_warns_once_on_big_streams(monkeypatch):

@@ -22,7 +22,7 @@ def _gauss(n_rows, n_cols, qmax, rng):
 
 @pytest.mark.parametrize("name", codecs.available())
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "int32", "int64", "uint64", "bool"])
-def test_codec_round_trip(name, dtype):
+def test_codec_round_trip(name, dtype, backend):
     if name == "fields":
         pytest.skip("fields codes float words only (tests/test_fields.py)")
     rng = np.random.default_rng(1)
@@ -87,7 +87,7 @@ def test_rans_near_order0_bound(case):
     assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes)
 
 
-def test_rans_contexts_beat_order0_on_structured_weights():
+def test_rans_contexts_beat_order0_on_structured_weights(backend):
     rng = np.random.default_rng(0)
     # Columns differ in scale (as trained projections do): per-row int8 codes.
     w = rng.normal(size=(512, 1024)) * np.exp(rng.normal(0, 0.6, size=(1, 1024)))
@@ -100,7 +100,7 @@ def test_rans_contexts_beat_order0_on_structured_weights():
     assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes)
 
 
-def test_rans_scale_context_round_trip():
+def test_rans_scale_context_round_trip(backend):
     rng = np.random.default_rng(2)
     scales = np.exp(rng.normal(0, 1, size=2048))
     codes = np.clip(np.round(rng.normal(size=(2048, 64)) * scales[:, None] * 2), -8, 7).astype(np.int8)

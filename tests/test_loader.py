@@ -320,7 +320,7 @@ def _loader_literals() -> tuple[dict[str, set], list, str]:
             pass
         if isinstance(node, ast.Compare):
             parts = [node.left, *node.comparators]
-            for a, b in zip(parts, parts[1:]):
+            for a, b in zip(parts, parts[1:], strict=False):
                 for x, c in ((a, b), (b, a)):
                     try:
                         v = eval(compile(ast.Expression(c), "rnpk_load", "eval"), {"__builtins__": {}})
@@ -344,11 +344,17 @@ def test_the_standalone_loaders_literal_limits_are_the_specs():
     assert compared["prec"] == {0, spec.MAX_PREC + 1} and compared["nsym ** t"] == {spec.MAX_ALPHABET}
     assert f"units <= lanes << {spec.MAX_STEPS.bit_length() - 1}" in src
     assert f"min(p['nsym'], {spec.MAX_ALPHABET + 1}) ** min(p.get('tuple', 1), {spec.MAX_TUPLE + 1})" in src
-    assert f"{TABLE_ENTRY_BYTES} * p.get('k', 1)" in src and f"max_bytes=1 << {DEFAULT_MAX_DECODED_BYTES.bit_length() - 1}" in src
+    assert (
+        f"{TABLE_ENTRY_BYTES} * p.get('k', 1)" in src
+        and f"max_bytes=1 << {DEFAULT_MAX_DECODED_BYTES.bit_length() - 1}" in src
+    )
     # compressors: deflate and lzma as the spec writes them, zstd refused
     portable = {spec.NAMES[k]: k for k in spec.PORTABLE}
     assert portable in values and compared["kind"] == {spec.ZSTD, spec.DEFLATE}  # (zstd: refused; else lzma)
-    assert f"zlib.decompressobj({spec.DEFLATE_WBITS})" in src and f"'dict_size': 1 << {spec.LZMA_DICT.bit_length() - 1}" in src
+    assert (
+        f"zlib.decompressobj({spec.DEFLATE_WBITS})" in src
+        and f"'dict_size': 1 << {spec.LZMA_DICT.bit_length() - 1}" in src
+    )
     # codecs, stream kinds and rans contexts
     assert set(portable) | compared["s['codec']"] == set(spec.PORTABLE_CODECS)
     assert (spec.STREAM_KINDS[:3], spec.STREAM_KINDS[3:]) in values
