@@ -177,8 +177,8 @@ def test_streams_past_the_writers_lanes_take_more_steps_and_past_the_coder_anoth
     from recurnorm import quant
     from recurnorm.budget.api import pack_qtensors, read_artifact
 
-    monkeypatch.setattr(rans, "MAX_LANES", 8)
-    monkeypatch.setattr(rans, "MAX_UNITS", 8 * spec.MAX_STEPS)
+    monkeypatch.setattr(spec, "MAX_LANES", 8)
+    monkeypatch.setattr(spec, "MAX_UNITS", 8 * spec.MAX_STEPS)
     rng = np.random.default_rng(3)
     for rows, coded in ((400, True), (1200, False)):  # 200K codes: 25K steps of 8 lanes; 600K: past the coder
         w = torch.from_numpy(rng.standard_normal((rows, 500)).astype(np.float32))

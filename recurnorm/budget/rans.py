@@ -248,11 +248,15 @@ def context_vector(
         if L % step == 0:
             return np.repeat(buckets, L // step)
         return buckets[np.arange(0, n, step, dtype=np.int64) // L]
-    if variant not in ("row", "col", "grid", "block", "map"):
+    if variant not in spec.CONTEXTS:
         raise ArtifactError(f"unknown rans context {variant!r}")
-    numel = rows * cols
-    ctx = np.zeros(m, dtype=dtype)
-    inside = -(-numel // step)  # positions below numel; padding positions stay in context 0
+    return _class_vector(variant, rows, cols, ids, step, np.zeros(m, dtype=dtype), kc)
+
+
+def _class_vector(variant: str, rows: int, cols: int, ids, step: int, ctx: np.ndarray, kc: int) -> np.ndarray:
+    """context_vector of the class contexts, written into ctx (zeros)."""
+    dtype = ctx.dtype.type
+    inside = -(-rows * cols // step)  # positions below numel; padding positions stay in context 0
     if variant in ("block", "map"):  # a row's (or block's) row of ids [., cols]
         ids = np.asarray(ids)
         at = ids[:rows] if variant == "map" else np.arange(rows) // kc

@@ -202,29 +202,11 @@ def _check_tensor(t: dict, name: str, plen: int) -> int:
     streams = t.get("streams")
     if not isinstance(streams, dict) or "codes" not in streams or set(streams) - set(spec.STREAM_KINDS):
         raise ArtifactError(f"{where}: streams must hold codes (and scales/zeros/parents)")
-    stream_bytes = tables = 0
-    shapes: dict[str, tuple[int, ...]] = {}
-    for kind in [k for k in spec.STREAM_KINDS if k in streams]:
-        s = streams[kind]
-        swhere = f"{where} {kind}"
-        if not isinstance(s, dict):
-            raise ArtifactError(f"{swhere}: not an object")
-        codec, dtype = s.get("codec"), s.get("dtype")
-        if not isinstance(codec, str) or codec not in codecs_mod.available():
-            raise ArtifactError(f"{swhere}: unknown codec {_short(codec)}")
-        if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise ArtifactError(f"{swhere}: unsupported dtype {_short(dtype)}")
-        if not isinstance(s.get("params"), dict) or not isinstance(s.get("sha256"), str):
-            raise ArtifactError(f"{swhere}: params/sha256 missing")
-        off, length = s.get("offset"), s.get("length")
-        if not (fmt.is_int(off) and fmt.is_int(length) and 0 <= off and 0 <= length and off + length <= plen):
-            raise ArtifactError(f"{swhere}: bytes [{off}, {off}+{length}) outside the payload")
-        sshape = shapes[kind] = _shape(s.get("shape"), swhere)
-        n = math.prod(sshape)
-        stream_bytes += n * DTYPES[dtype].itemsize
-        tables += _table_entries(codec, s["params"])
-        if codec == "raw" and length != n * DTYPES[dtype].itemsize:
-            raise ArtifactError(f"{swhere}: raw stream length does not match its shape")
+    shapes = {
+        kind: _check_stream(streams[kind], f"{where} {kind}", plen) for kind in spec.STREAM_KINDS if kind in streams
+    }
+    stream_bytes = sum(math.prod(shapes[k]) * DTYPES[streams[k]["dtype"]].itemsize for k in shapes)
+    tables = sum(_table_entries(streams[k]["codec"], streams[k]["params"]) for k in shapes)
     G_L = shapes["codes"]
     if len(G_L) != 2:
         raise ArtifactError(f"{where} codes: shape {list(G_L)} is not [groups, group length]")
@@ -250,6 +232,26 @@ def _check_tensor(t: dict, name: str, plen: int) -> int:
         raise ArtifactError(f"{where}: {why}")
     stage = out_size if t["format"] == "raw" else max(out_size, FLOAT_STAGE_BYTES)
     return max(numel * stage, stream_bytes) + 8 * G + TABLE_ENTRY_BYTES * tables
+
+
+def _check_stream(s: dict, where: str, plen: int) -> tuple[int, ...]:
+    """A stream entry's shape, after checking its codec, dtype, params, hash and place in the payload."""
+    if not isinstance(s, dict):
+        raise ArtifactError(f"{where}: not an object")
+    codec, dtype = s.get("codec"), s.get("dtype")
+    if not isinstance(codec, str) or codec not in codecs_mod.available():
+        raise ArtifactError(f"{where}: unknown codec {_short(codec)}")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ArtifactError(f"{where}: unsupported dtype {_short(dtype)}")
+    if not isinstance(s.get("params"), dict) or not isinstance(s.get("sha256"), str):
+        raise ArtifactError(f"{where}: params/sha256 missing")
+    off, length = s.get("offset"), s.get("length")
+    if not (fmt.is_int(off) and fmt.is_int(length) and 0 <= off and 0 <= length and off + length <= plen):
+        raise ArtifactError(f"{where}: bytes [{off}, {off}+{length}) outside the payload")
+    shape = _shape(s.get("shape"), where)
+    if codec == "raw" and length != math.prod(shape) * DTYPES[dtype].itemsize:
+        raise ArtifactError(f"{where}: raw stream length does not match its shape")
+    return shape
 
 
 def _table_entries(codec: str, params: dict) -> int:
