@@ -334,6 +334,7 @@ def test_the_standalone_loaders_literal_limits_are_the_specs():
     """rnpk_load.py spells the wire spec's facts as literals (it ships alone, in counted code):
     each must equal recurnorm.budget.spec's, or the loader and the library read different files."""
     from recurnorm.budget.validate import DEFAULT_MAX_DECODED_BYTES, TABLE_ENTRY_BYTES
+    from recurnorm.quant.passthrough import FLOAT_FORMATS
 
     compared, values, src = _loader_literals()
     assert spec.MAGIC in compared["magic"] and spec.VERSION in compared["ver"]
@@ -359,6 +360,7 @@ def test_the_standalone_loaders_literal_limits_are_the_specs():
     assert set(portable) | compared["s['codec']"] == set(spec.PORTABLE_CODECS)
     assert (spec.STREAM_KINDS[:3], spec.STREAM_KINDS[3:]) in values
     assert compared["var"] | {"grid"} == set(spec.CONTEXTS)
+    assert tuple(FLOAT_FORMATS) in values  # (quant.passthrough's, as the loader dequantizes them)
     assert {f"p[{c.extra!r}]" for c in spec.CONTEXTS.values() if c.extra in ("kc", "rb")} <= {
         s for s in ("p['kc']", "p['rb']") if s in src
     }

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import ArtifactError
 from ..quant.grid import rows_layout
+from ..quant.passthrough import FLOAT_FORMATS
 from ..registry import Registry
 from . import compress, kernel, rans, search, spec
 
@@ -343,7 +344,7 @@ class Rans(Codec, name="rans"):
 # ----------------------------------------------------------------- fields
 
 # mantissa bits of each float format's words, and of a float stream's dtype (a quantizer's scales)
-MANT = {"fp32": 23, "fp16": 10, "bf16": 7, "float32": 23, "float16": 10, "bfloat16": 7}
+MANT = {k: m for name, (dtype, m) in FLOAT_FORMATS.items() for k in (name, str(dtype).removeprefix("torch."))}
 HI_MAX = 4  # top mantissa bits a head symbol may carry (exponent 8 + 4 bits: 4096 symbols)
 
 
