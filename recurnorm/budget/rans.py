@@ -216,18 +216,7 @@ def rank_buckets(order: np.ndarray, k) -> np.ndarray:
 
 
 def context_vector(
-    variant: str,
-    k: int,
-    n: int,
-    rows: int,
-    cols: int,
-    L: int,
-    scales: np.ndarray | None,
-    ids: np.ndarray | None,
-    step: int = 1,
-    dtype=np.int64,
-    kc: int = 1,
-    order: np.ndarray | None = None,
+    variant: str, k, n, rows, cols, L, scales, ids, step=1, dtype=np.int64, kc=1, order=None
 ) -> np.ndarray:
     """Context id of code positions 0, step, 2*step, ... < n (= G*L).
 
@@ -331,16 +320,7 @@ def _read_varint(body: bytes, pos: int) -> tuple[int, int]:
 
 
 def encode(
-    sym: np.ndarray,
-    ctx: np.ndarray,
-    k: int,
-    nsym: int,
-    ids: np.ndarray | None,
-    tables: np.ndarray,
-    lanes: int,
-    prec: int,
-    side=None,
-    kinds=spec.PORTABLE,
+    sym, ctx, k: int, nsym: int, ids, tables: np.ndarray, lanes: int, prec: int, side=None, kinds=spec.PORTABLE
 ) -> bytes:
     """Encode symbols in [0, nsym) with the stored table [k, nsym] (rows summing to 2**prec)
     of each context id: the stream header, side data, then ilv_encode's bytes.

@@ -54,8 +54,8 @@ class Effort:
     finalists: int  # (candidate, precision) pairs whose side data is compacted for real
     kmeans_iters: int
     per_symbol: int  # contexts are tried on streams of at least this many codes per alphabet symbol
-    all_grids: bool  # grid contexts from every row k x column k (else the `grids` most promising)
-    sweep: bool  # each family's first SWEEP_FIRST ks, the rest only where more classes paid (else all)
+    all_grids: bool = False  # grid contexts from every row k x column k (else the `grids` most promising)
+    sweep: bool = True  # each family's first SWEEP_FIRST ks, the rest only where more classes paid (else all)
     grids: int = 3
 
 
@@ -66,28 +66,10 @@ EFFORTS = {
     # there; 4 k-means iterations find the classes 8 do. 32 classes on big streams: a real
     # token embedding (all-MiniLM-L6-v2, 30522 x 384 ternary) wants 32 column classes (sign
     # lean x density) under 8 row classes: 0.963 of its order-0 bound, ids and tables counted.
-    "normal": Effort(
-        small_ks=(2,),
-        ks=(2, 4, 8, 16),
-        big_ks=(4, 8, 16, 32),
-        leaders=3,
-        finalists=3,
-        kmeans_iters=4,
-        per_symbol=128,
-        all_grids=False,
-        sweep=True,
-    ),
+    "normal": Effort((2,), (2, 4, 8, 16), (4, 8, 16, 32), leaders=3, finalists=3, kmeans_iters=4, per_symbol=128),
     # The last bytes under a hard cap: every k everywhere, every candidate scored fully.
     "max": Effort(
-        small_ks=(2, 4, 8, 16),
-        ks=(2, 4, 8, 16, 32),
-        big_ks=(2, 4, 8, 16, 32),
-        leaders=64,
-        finalists=8,
-        kmeans_iters=8,
-        per_symbol=0,
-        all_grids=True,
-        sweep=False,
+        (2, 4, 8, 16), (2, 4, 8, 16, 32), (2, 4, 8, 16, 32), 64, 8, 8, per_symbol=0, all_grids=True, sweep=False
     ),
 }
 
