@@ -2,7 +2,7 @@
 
 k-means on code length (the bits an item's symbols cost under its class's distribution),
 started from classes ranked by spread around the mode, over a few coarse symbol bins. The
-compiled kernel (kernel.kmeans, kernel_class_sums) runs each problem step for step as the
+compiled kernel (kernel.kmeans, kernel.class_sums) runs each problem step for step as the
 numpy here does, 2-4x quicker; without it, many problems run as one padded numpy batch (on
 small tensors the number of numpy calls is what clustering spends). Every matrix product
 multiplies integer-valued arrays whose sums are exact: the same classes on every machine.

@@ -1,16 +1,10 @@
-"""Context-modelled rANS over integer code symbols, with stored integer tables.
+"""Context-modelled rANS over integer code symbols, with stored integer tables: a stream is
+split by a per-position context id (spec.CONTEXTS); each context has its own table.
 
-A stream is split by a per-position context id (none, the row's scale bucket,
-or a row/column class of the tensor's 2-D view); each context has its own table.
-
-The packer writes our own interleaved rANS (`ilv_encode`/`ilv_decode`):
-`lanes` independent 32-bit states with 16-bit renormalization. Its only
-overhead is 4 bytes of final state per lane, so the packer uses as few lanes as
-the decoder's step bound allows. The compiled kernel (`_ransc.c`) codes it at
-hundreds of MB/s; the numpy functions here are its specification and the
-fallback where the kernel is not built (vectorized over lanes: one Python step
-per `lanes` units, so slow on few lanes, but the same bytes). The standalone
-loader (`loader.py`) decodes every stream of an artifact in one lock-step loop.
+The packer writes our own interleaved rANS (`ilv_encode`/`ilv_decode`): `lanes` independent
+32-bit states with 16-bit renormalization, whose only overhead is 4 bytes of final state a
+lane. The compiled kernel (kernel.py) codes it at hundreds of MB/s; the numpy functions here
+are its specification and fallback (one Python step per `lanes` units: slow, the same bytes).
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """How a rans stream is coded: its context, classes, tuple size and table precision.
 
-`plan(jobs)` scores every candidate of every stream by an estimate of its
-bytes: order-0; the code row's scale bucket; row or column classes of the
-tensor's 2-D view (cluster.py), each for several class counts k; and grids of
-row class x column class (up to 256 contexts) where rows and columns each pay.
-Class contexts code single symbols even where order-0 codes tuples (a tuple
-spans columns of different classes). All of a model's
-streams are searched together: their clusterings run as padded batches and
-their candidates are scored in the same arrays, vectorized across k and table
-precisions, because on small tensors numpy's per-call overhead, not
-arithmetic, is what a search spends. A first pass ranks every candidate by
-ideal code lengths, each family (scale, row, col) at its first two k; a
-family tries its larger k only where the second k beat the first (`deeper`).
-The leaders are scored at every precision, and the
-finalists get their side data (tables, class ids) made for real, which the
-encoder then writes as is. `EFFORTS` sets how wide it looks. Big matrices also get a
-block-statistics candidate (`block_choice`), made after the plan, to race beside it.
-
-Counts of big streams come from a strided sample (scaled up): they only rank
-the candidates; the encoder counts the chosen one exactly."""
+`plan(jobs)` scores every candidate of every stream by an estimate of its bytes: order-0,
+the code row's scale bucket, row or column classes of the tensor's 2-D view (cluster.py) at
+several class counts k, and grids of row x column classes where rows and columns each pay
+(class contexts code single symbols: a tuple spans columns of different classes). A model's
+streams are searched together, vectorized across streams, k and precisions: on small tensors
+numpy's per-call overhead is what a search spends. A first pass ranks candidates by ideal code
+lengths (a family's larger k only where its second k beat its first: `deeper`); the leaders
+are scored at every precision, and the finalists' side data made for real, which the encoder
+writes as is. `EFFORTS` sets how wide it looks. Big matrices also get block and map
+candidates (`block_choice`, `map_choice`) to race beside the plan. Counts of big streams'
+units come from a strided sample (the same with or without the kernel): they only rank the
+candidates; the encoder counts the chosen one exactly."""
 
 from __future__ import annotations
 
