@@ -344,11 +344,10 @@ def test_the_standalone_loaders_literal_limits_are_the_specs():
     assert spec.MAX_TUPLE + 1 in compared["t"] and spec.MAX_CONTEXTS + 1 in compared["k"]
     assert compared["prec"] == {0, spec.MAX_PREC + 1} and compared["nsym ** t"] == {spec.MAX_ALPHABET}
     assert f"units <= lanes << {spec.MAX_STEPS.bit_length() - 1}" in src
-    assert f"min(p['nsym'], {spec.MAX_ALPHABET + 1}) ** min(p.get('tuple', 1), {spec.MAX_TUPLE + 1})" in src
-    assert (
-        f"{TABLE_ENTRY_BYTES} * p.get('k', 1)" in src
-        and f"max_bytes=1 << {DEFAULT_MAX_DECODED_BYTES.bit_length() - 1}" in src
-    )
+    p = "s['params']"
+    assert f"min({p}['nsym'], {spec.MAX_ALPHABET + 1}) ** min({p}.get('tuple', 1), {spec.MAX_TUPLE + 1})" in src
+    assert f"{TABLE_ENTRY_BYTES} * {p}.get('k', 1)" in src
+    assert f"max_bytes=1 << {DEFAULT_MAX_DECODED_BYTES.bit_length() - 1}" in src
     # compressors: deflate and lzma as the spec writes them, zstd refused
     portable = {spec.NAMES[k]: k for k in spec.PORTABLE}
     assert portable in values and compared["kind"] == {spec.ZSTD, spec.DEFLATE}  # (zstd: refused; else lzma)

@@ -40,7 +40,7 @@ class StreamContext:
     tensor_shape: tuple[int, ...] = ()
     scales: np.ndarray | None = None
     effort: str = "normal"  # encoder only: how hard codecs search ("normal" or "max")
-    version: int = 2  # decoder only: the artifact's format version
+    version: int = spec.VERSION  # decoder only: the artifact's format version
     mant: int = 0  # encoder only: mantissa bits of the float words it holds (0: not floats)
 
     @property

@@ -231,26 +231,21 @@ def decode_rans(streams):
         s.done(v[: s.n])
 
 
-def read(src, limit):
-    """The artifact's bytes (src: a path or the bytes), at most limit of them."""
-    if not isinstance(src, (bytes, bytearray, memoryview)):
-        with open(src, "rb") as f:
-            src = f.read(limit + 1)
-    need(len(src) <= limit, "larger than max_bytes allows")
-    return memoryview(src)
-
-
 def needs(t):
     """The bytes decoding a stored tensor needs, from its entry, before any array is made: its
     output (at least 4 bytes a weight when quantized) or its streams and rans tables (32 bytes
     an entry), whichever is more (recurnorm's sum, never above it)."""
-    out = dims(t["shape"]) * max(np.dtype(t["dtype"].replace("bf", "f")).itemsize, 4 * (t["format"] != "raw"))
-    streams = 0
-    for s in t["streams"].values():
-        p = s["params"]
-        streams += dims(s["shape"]) * np.dtype(s["dtype"]).itemsize
-        streams += "nsym" in p and 32 * p.get("k", 1) * min(p["nsym"], 4097) ** min(p.get("tuple", 1), 9)
-    return max(out, streams)
+    return max(
+        dims(t["shape"]) * max(np.dtype(t["dtype"].replace("bf", "f")).itemsize, 4 * (t["format"] != "raw")),
+        sum(
+            dims(s["shape"]) * np.dtype(s["dtype"]).itemsize
+            + (
+                "nsym" in s["params"]
+                and 32 * s["params"].get("k", 1) * min(s["params"]["nsym"], 4097) ** min(s["params"].get("tuple", 1), 9)
+            )
+            for s in t["streams"].values()
+        ),
+    )
 
 
 def stream(pay, t, kind, arrays, rans):
@@ -280,8 +275,15 @@ def stream(pay, t, kind, arrays, rans):
 
 def decode(src, max_bytes=1 << 30):
     """({name: numpy array}, metadata) of an artifact (a path or its bytes)."""
-    data = read(src, max_bytes + MANIFEST + 48)
+    limit = max_bytes + MANIFEST + 48
+    if not isinstance(src, (bytes, bytearray, memoryview)):
+        with open(src, "rb") as f:  # (its size first: a read of limit bytes would allocate them)
+            need(f.seek(0, 2) <= limit, "larger than max_bytes allows")
+            f.seek(0)
+            src = f.read()
+    data = memoryview(src)
     try:
+        need(len(data) <= limit, "larger than max_bytes allows")
         magic, ver, flags, mlen, sha = struct.unpack_from("<4sHHQ32s", data)
         need(magic == b"RNPK" and ver == 2 and flags < 8 and mlen <= MANIFEST, "not a format-2 .rnpk")  # bit 2: lqer
         m = bytes(data[48 : 48 + mlen])
