@@ -60,7 +60,7 @@ import hashlib, json, resource, sys
 sys.path.insert(0, 'tests')
 from helpers import fuzz_base_artifact
 ART = fuzz_base_artifact()
-from recurnorm.budget import format as fmt, read_artifact
+from recurnorm.budget import format as fmt, read_artifact, spec
 from recurnorm.errors import ArtifactError
 m, payload = fmt.split_container(ART)
 for t in m['tensors']:
