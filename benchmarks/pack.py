@@ -73,7 +73,7 @@ import brotli  # noqa: E402
 import numpy as np  # noqa: E402
 import zstandard  # noqa: E402
 
-from recurnorm.budget import pack_qtensors, read_artifact  # noqa: E402
+from recurnorm.budget import kernel, pack_qtensors, read_artifact  # noqa: E402
 from recurnorm.budget.codecs import layout_bytes, layouts_for  # noqa: E402
 from recurnorm.budget.rans import order0_bits  # noqa: E402
 from recurnorm.quant.qtensor import QTensor  # noqa: E402
@@ -480,8 +480,6 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from recurnorm.budget import rans
-
     torch.set_num_threads(1)
     if args.smoke:
         smoke_settings(args)
@@ -513,7 +511,7 @@ def main() -> None:
     cases = {k: v for k, v in cases.items() if not args.only or any(o in k for o in args.only)}
     if not cases:
         ap.error(f"no case matches --only {' / '.join(args.only)}")
-    coder = "compiled kernel" if rans.has_kernel() else "numpy reference (kernel not built)"
+    coder = "compiled kernel" if kernel.on() else "numpy reference (kernel not built)"
     print(f"recurnorm rANS: {coder}; effort {args.effort}")
     strong = strong_anchors(args.no_zpaq)
     anchors = [*ANCHORS, *STRONG]

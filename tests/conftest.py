@@ -56,3 +56,15 @@ def sp8192_model() -> Path:
     if not SP8192_MODEL.is_file():
         pytest.skip(f"Parameter Golf SP8192 model not found at {SP8192_MODEL} (<repo>/../shared/data)")
     return SP8192_MODEL
+
+
+@pytest.fixture(params=["kernel", "numpy"])
+def backend(request):
+    """The test run with the compiled kernel (where built) and with its numpy references
+    (recurnorm.budget.kernel's switch, as RECURNORM_KERNEL=0 sets it): both write the same bytes."""
+    from recurnorm.budget import kernel
+
+    if request.param == "kernel" and not kernel.built():
+        pytest.skip("the compiled kernel is not built (no C compiler)")
+    with kernel.use(request.param == "kernel"):
+        yield request.param

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recurnorm.budget import compress, pack_qtensors, rans
+from recurnorm.budget import compress, pack_qtensors, rans, spec
 from recurnorm.budget import format as fmt
 from recurnorm.quant.qtensor import QTensor
 
@@ -96,7 +96,7 @@ def _bomb(shape: list[int], dtype: str, lanes: int = 4096, fmt_name: str = "int8
     numel = int(np.prod(shape))
     m = {
         "format": "rnpk",
-        "version": fmt.VERSION,
+        "version": spec.VERSION,
         "metadata": {},
         "tensors": [
             {
@@ -151,7 +151,7 @@ def _sign_fast(text: bytes, payload: bytes = b"") -> bytes:
     from recurnorm.budget import compress
 
     z = compress.deflate(text, 1)
-    return fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, compress.DEFLATE, len(z), hashlib.sha256(z).digest()) + z + payload
+    return spec.HEADER.pack(spec.MAGIC, spec.VERSION, spec.DEFLATE, len(z), hashlib.sha256(z).digest()) + z + payload
 
 
 def _manifest_bomb(count: int) -> bytes:
@@ -411,7 +411,7 @@ def _lqer_unflagged() -> bytes:
     data = _lqer_base()
     m, payload = fmt.split_container(data)
     raw = fmt.dumps(m)
-    return fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, 0, len(raw), hashlib.sha256(raw).digest()) + raw + payload
+    return spec.HEADER.pack(spec.MAGIC, spec.VERSION, 0, len(raw), hashlib.sha256(raw).digest()) + raw + payload
 
 
 def _swap_factors(m: dict) -> None:
@@ -499,14 +499,14 @@ for _path in TYPED_FIELDS:
 # to the same bits.
 
 
-def _json_signed(m: dict, payload: bytes, version: int = fmt.VERSION) -> bytes:
+def _json_signed(m: dict, payload: bytes, version: int = spec.VERSION) -> bytes:
     """m as ASCII JSON (lone surrogates as \\\\uXXXX escapes, which UTF-8 cannot hold), signed."""
     import hashlib
     import json
 
     m = {**m, "payload_length": len(payload), "payload_sha256": hashlib.sha256(payload).hexdigest()}
     text = json.dumps(m, sort_keys=True, separators=(",", ":")).encode()
-    return fmt.HEADER.pack(fmt.MAGIC, version, 0, len(text), hashlib.sha256(text).digest()) + text + payload
+    return spec.HEADER.pack(spec.MAGIC, version, 0, len(text), hashlib.sha256(text).digest()) + text + payload
 
 
 def _renamed(name: str) -> Callable[[], bytes]:
@@ -563,7 +563,7 @@ def _many_tables(count: int) -> bytes:
     tables[0, 0] = 2
     tblob = compress.deflate(rans.varint_encode(tables.ravel()))
     body = (
-        rans.varint_encode(np.array([4 * len(tblob) + compress.DEFLATE, 0]))
+        rans.varint_encode(np.array([4 * len(tblob) + spec.DEFLATE, 0]))
         + tblob
         + struct.pack("<I", 1 << 16)
         + struct.pack("<H", 0)
@@ -580,7 +580,7 @@ def _many_tables(count: int) -> bytes:
             "scales": {"codec": "raw", "dtype": "float16", "shape": [1], "offset": count * len(body), "length": 2},
         }
         entries[-1]["streams"]["scales"].update(params={}, sha256=hashlib.sha256(b"\x00\x3c").hexdigest())
-    m = {"format": "rnpk", "version": fmt.VERSION, "metadata": {}, "tensors": entries}
+    m = {"format": "rnpk", "version": spec.VERSION, "metadata": {}, "tensors": entries}
     return resign(m, body * count + b"\x00\x3c")
 
 
@@ -592,7 +592,7 @@ def _deflate_bomb(declared: list[int]) -> bytes:
     stream = {"codec": "deflate", "params": {"layout": "plain", "offset": 0}, "offset": 0, "length": len(z)}
     stream.update(dtype="int8", shape=[1, n], sha256="0" * 64)
     t = {"name": "w", "shape": declared, "dtype": "int8", "format": "raw", "params": {}, "streams": {"codes": stream}}
-    return resign({"format": "rnpk", "version": fmt.VERSION, "metadata": {}, "tensors": [t]}, z)
+    return resign({"format": "rnpk", "version": spec.VERSION, "metadata": {}, "tensors": [t]}, z)
 
 
 def _steps_before_arrays() -> bytes:
@@ -661,8 +661,8 @@ R2_CASES: dict[str, Callable[[], bytes]] = {
     "r2-loader/steps-before-arrays-512MB": _steps_before_arrays,
     "r2-loader/deflate-bomb-declares-8GB": lambda: _deflate_bomb([1 << 16, 1 << 15]),
     "r2-loader/64-streams-of-2^20-table-entries": lambda: _many_tables(64),
-    "r2-loader/table-blob-bad-deflate": _garbage_side(compress.DEFLATE),
-    "r2-loader/table-blob-bad-lzma": _garbage_side(compress.LZMA),
+    "r2-loader/table-blob-bad-deflate": _garbage_side(spec.DEFLATE),
+    "r2-loader/table-blob-bad-lzma": _garbage_side(spec.LZMA),
     "r2-loader/manifest-nested-100": lambda: _deep_manifest(100),
     "r2-loader/manifest-nested-5000": lambda: _deep_manifest(5000),
     "r2-loader/manifest-NaN": lambda: _sign_fast(
@@ -724,8 +724,8 @@ FIELDS_CASES: dict[str, Callable[[], bytes]] = {
     "fields/tail-one-byte-more": _fields(_grow_tail),
     "fields/tail-past-the-end": _fields(_tail(tail=1 << 30)),
     "fields/tail-negative": _fields(_tail(tail=-5)),
-    "fields/tail-zstd": _fields(_tail(tz=compress.ZSTD)),
-    "fields/tail-bad-deflate": _fields(_tail(tz=compress.DEFLATE)),
+    "fields/tail-zstd": _fields(_tail(tz=spec.ZSTD)),
+    "fields/tail-bad-deflate": _fields(_tail(tz=spec.DEFLATE)),
     "fields/tail-compressor-7": _fields(_tail(tz=7)),
     "fields/tail-padding-bit": _fields(_pad_bit),
     "fields/stray-offset": _fields(_tail(offset=1)),

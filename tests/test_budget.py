@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import sample_qtensors
 
-from recurnorm.budget import Budget, compress, pack_qtensors, read_artifact, verify_bytes
+from recurnorm.budget import Budget, compress, pack_qtensors, read_artifact, spec, verify_bytes
 from recurnorm.budget import format as fmt
 from recurnorm.errors import ArtifactError, OverCapError
 
@@ -66,7 +66,7 @@ def _resign(data: bytes, edit) -> bytes:
     manifest, payload = fmt.split_container(data)
     edit(manifest)
     m = fmt.dumps(manifest)  # stored plain (flags 0): the reader takes both forms
-    return fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, 0, len(m), hashlib.sha256(m).digest()) + m + payload
+    return spec.HEADER.pack(spec.MAGIC, spec.VERSION, 0, len(m), hashlib.sha256(m).digest()) + m + payload
 
 
 def _codes(m):
@@ -130,7 +130,7 @@ def test_manifest_takes_its_shortest_portable_form():
     their entries' structure."""
 
     def manifest_form(data):
-        flags, mlen = fmt.HEADER.unpack_from(data, 0)[2:4]
+        flags, mlen = spec.HEADER.unpack_from(data, 0)[2:4]
         manifest, _ = fmt.split_container(data)
         return flags, mlen, fmt.dumps(manifest)
 
@@ -138,32 +138,32 @@ def test_manifest_takes_its_shortest_portable_form():
     for qts in (sample_qtensors(3), many):
         flags, mlen, plain = manifest_form(pack_qtensors(qts))
         assert (mlen, flags) == (len(compress.smallest(plain)[0]), compress.smallest(plain)[1])
-    assert flags == compress.LZMA and mlen < len(compress.deflate(plain))
+    assert flags == spec.LZMA and mlen < len(compress.deflate(plain))
 
 
 def test_manifest_is_stored_compressed_and_every_form_reads():
     data = pack_qtensors(sample_qtensors(5))
-    flags, mlen = fmt.HEADER.unpack_from(data, 0)[2:4]
+    flags, mlen = spec.HEADER.unpack_from(data, 0)[2:4]
     manifest, payload = fmt.split_container(data)
     plain = fmt.dumps(manifest)
-    assert flags in (compress.DEFLATE, compress.LZMA) and mlen < 0.5 * len(plain)
+    assert flags in (spec.DEFLATE, spec.LZMA) and mlen < 0.5 * len(plain)
     # The same artifact with its manifest stored in every other form decodes the same.
     a = read_artifact(data)
-    for kind in (compress.RAW, compress.ZSTD, compress.DEFLATE, compress.LZMA):
+    for kind in (spec.RAW, spec.ZSTD, spec.DEFLATE, spec.LZMA):
         m = compress.compress(kind, plain)
-        other = fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, kind, len(m), hashlib.sha256(m).digest()) + m + payload
+        other = spec.HEADER.pack(spec.MAGIC, spec.VERSION, kind, len(m), hashlib.sha256(m).digest()) + m + payload
         b = read_artifact(other)
         assert a.manifest == b.manifest
         assert all(np.array_equal(a.qtensors[k].codes, b.qtensors[k].codes) for k in a.qtensors)
     for bad_flags, body, why in (
         (8, plain, "unsupported artifact flags"),
-        (fmt.LOWRANK_FLAG, plain, "flag for lqer corrections disagrees"),  # no tensor has one
-        (compress.ZSTD, b"\x28\xb5\x2f\xfd" + bytes(20), "manifest: zstd"),
-        (compress.DEFLATE, bytes(20), "manifest: deflate"),
-        (compress.LZMA, compress.compress(compress.LZMA, plain)[:-5], "manifest: lzma"),
+        (spec.LOWRANK_FLAG, plain, "flag for lqer corrections disagrees"),  # no tensor has one
+        (spec.ZSTD, b"\x28\xb5\x2f\xfd" + bytes(20), "manifest: zstd"),
+        (spec.DEFLATE, bytes(20), "manifest: deflate"),
+        (spec.LZMA, compress.compress(spec.LZMA, plain)[:-5], "manifest: lzma"),
     ):
         forged = (
-            fmt.HEADER.pack(fmt.MAGIC, fmt.VERSION, bad_flags, len(body), hashlib.sha256(body).digest())
+            spec.HEADER.pack(spec.MAGIC, spec.VERSION, bad_flags, len(body), hashlib.sha256(body).digest())
             + body
             + payload
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recurnorm.budget import codecs, rans
+from recurnorm.budget import codecs, rans, spec
 from recurnorm.budget.codecs import StreamContext
 from recurnorm.errors import ArtifactError
 
@@ -70,7 +70,7 @@ def test_big_streams_use_few_lanes_and_round_trip(case):
     units = -(-codes.size // params.get("tuple", 1))
     lanes = params["lanes"]
     # As few lanes as the step bound allows (each costs 4 bytes), or ILP_LANES.
-    assert -(-units // lanes) <= rans.WRITE_STEPS <= rans.MAX_STEPS and params["prec"] <= rans.MAX_PREC
+    assert -(-units // lanes) <= rans.WRITE_STEPS <= spec.MAX_STEPS and params["prec"] <= spec.MAX_PREC
     assert lanes <= rans.ILP_LANES or -(-units // (lanes // 2)) > rans.WRITE_STEPS
     if case == "ternary" and "context" not in params:  # 2**20 symbols: order-0 codes tuples
         assert params["tuple"] == 5  # (class contexts code single symbols: columns differ)
@@ -144,7 +144,7 @@ def test_version_1_side_data_still_decodes():
     codes = rng.integers(-3, 4, size=(40, 300)).astype(np.int8)
     sym = codes.astype(np.int64).ravel() + 3
     tables = rans.normalize_table(np.bincount(sym, minlength=7), 12)
-    tblob = compress.compress(compress.ZSTD, rans.varint_encode(tables.ravel()), magicless=True)
+    tblob = compress.compress(spec.ZSTD, rans.varint_encode(tables.ravel()), magicless=True)
     body = rans.varint_encode(np.array([2 * len(tblob) + 1, 0])) + tblob + rans.ilv_encode(sym, None, tables, 12, 1)
     params = {"offset": -3, "nsym": 7, "prec": 12, "lanes": 1}
     old = _ctx(codes, codes.shape)
@@ -160,9 +160,9 @@ def test_side_data_takes_its_shortest_portable_form():
     rng = np.random.default_rng(8)
     for raw in (b"", b"\x01\x02", bytes(rng.integers(0, 4, 3000).astype(np.uint8)), bytes(3000)):
         blob, z = compress.smallest(raw)
-        assert z in compress.PORTABLE and len(blob) <= len(raw)
+        assert z in spec.PORTABLE and len(blob) <= len(raw)
         assert compress.decompress(z, blob, max(len(raw), 1), "side") == raw
-    for z in (compress.DEFLATE, compress.LZMA):  # bounded: more output than expected is refused
+    for z in (spec.DEFLATE, spec.LZMA):  # bounded: more output than expected is refused
         with pytest.raises(ArtifactError):
             compress.decompress(z, compress.compress(z, bytes(3000)), 100, "side")
 
@@ -177,8 +177,8 @@ def test_streams_past_the_writers_lanes_take_more_steps_and_past_the_coder_anoth
     from recurnorm import quant
     from recurnorm.budget.api import pack_qtensors, read_artifact
 
-    monkeypatch.setattr(rans, "MAX_LANES", 8)
-    monkeypatch.setattr(rans, "MAX_UNITS", 8 * rans.MAX_STEPS)
+    monkeypatch.setattr(spec, "MAX_LANES", 8)
+    monkeypatch.setattr(spec, "MAX_UNITS", 8 * spec.MAX_STEPS)
     rng = np.random.default_rng(3)
     for rows, coded in ((400, True), (1200, False)):  # 200K codes: 25K steps of 8 lanes; 600K: past the coder
         w = torch.from_numpy(rng.standard_normal((rows, 500)).astype(np.float32))

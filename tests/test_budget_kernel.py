@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recurnorm.budget import pack_qtensors, rans, read_artifact
+from recurnorm.budget import kernel, pack_qtensors, rans, read_artifact, search, spec
 from recurnorm.errors import ArtifactError
 from recurnorm.quant.qtensor import QTensor
 
-kernel = pytest.mark.skipif(rans._ransc is None, reason="compiled rANS kernel not built (no C compiler)")
+compiled = pytest.mark.skipif(not kernel.built(), reason="compiled rANS kernel not built (no C compiler)")
 
 
 def _stream(seed: int, n: int, nsym: int, k: int, prec: int):
@@ -34,7 +34,7 @@ def _compiled_decode(data, ctx, freq, prec, lanes, n):
 
 
 def _reference_decode(data, ctx, freq, prec, lanes, n):
-    if -(-n // lanes) > rans.MAX_STEPS or len(data) < 4 * lanes or len(data) % 2:
+    if -(-n // lanes) > spec.MAX_STEPS or len(data) < 4 * lanes or len(data) % 2:
         return None
     try:
         with np.errstate(over="ignore"):
@@ -43,7 +43,7 @@ def _reference_decode(data, ctx, freq, prec, lanes, n):
         return None
 
 
-@kernel
+@compiled
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 2**31),
@@ -63,11 +63,11 @@ def test_kernel_bytes_equal_numpy_reference(seed, n, nsym, k, prec, lanes_log):
     assert np.array_equal(rans.ilv_decode_numpy(data, ctx, freq, prec, lanes, n), sym)
 
 
-@kernel
+@compiled
 @pytest.mark.parametrize("prec", [8, pytest.param(16, marks=pytest.mark.slow)])  # 16: 64K-slot tables
 def test_kernel_codes_every_one_byte_context(prec):
     """All 256 contexts a uint8 id can name (wide grids): the reference's bytes; one more is refused."""
-    k = rans.MAX_CONTEXTS
+    k = spec.MAX_CONTEXTS
     assert k == 256
     sym, ctx, freq = _stream(7, 50_000, 3, k, prec)
     assert ctx.max() == k - 1
@@ -77,10 +77,10 @@ def test_kernel_codes_every_one_byte_context(prec):
     assert np.array_equal(rans.ilv_decode_numpy(data, ctx, freq, prec, 16, len(sym)), sym)
     wider = np.vstack([freq, freq[:1]])
     with pytest.raises((ValueError, ArtifactError)):
-        rans._ransc.encode(sym.astype(np.uint16), ctx.astype(np.uint8), wider.astype(np.uint32).ravel(), 3, prec, 16)
+        kernel._built.encode(sym.astype(np.uint16), ctx.astype(np.uint8), wider.astype(np.uint32).ravel(), 3, prec, 16)
 
 
-@kernel
+@compiled
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**31), flips=st.integers(1, 4), cut=st.integers(-6, 6))
 def test_kernel_accepts_and_rejects_what_the_reference_does(seed, flips, cut):
@@ -99,7 +99,7 @@ def test_kernel_accepts_and_rejects_what_the_reference_does(seed, flips, cut):
         assert np.array_equal(got, want)
 
 
-@kernel
+@compiled
 def test_kernel_reads_hostile_tables_as_the_reference():
     """Rows that do not sum to 2**prec (or hold huge counts) select the reference's stand-in."""
     sym, ctx, freq = _stream(1, 500, 20, 2, 8)
@@ -112,7 +112,7 @@ def test_kernel_reads_hostile_tables_as_the_reference():
         rans.ilv_encode(sym, ctx, np.zeros_like(freq), 8, 2)
 
 
-@kernel
+@compiled
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 2**31),
@@ -129,16 +129,16 @@ def test_kernel_histograms_equal_numpy_reference(seed, rows, cols, nsym, axis, s
     mat = sym[: rows * cols].reshape(rows, cols)
     part = mat[:, ::stride] if axis == 0 else mat[::stride]
     got = np.zeros(((rows, cols)[axis], nsym), np.float32)
-    rans._ransc.histograms(sym.astype(np.uint16), rows, cols, nsym, axis, stride, got)
+    kernel._built.histograms(sym.astype(np.uint16), rows, cols, nsym, axis, stride, got)
     assert np.array_equal(got, cluster.axis_histograms(part, axis, nsym))
     if rows * cols:  # a symbol past the alphabet is refused, not counted out of bounds
         with pytest.raises(ValueError, match="out of range"):
-            rans._ransc.histograms(
+            kernel._built.histograms(
                 np.full(rows * cols, nsym, np.uint16), rows, cols, nsym, axis, stride, np.zeros_like(got)
             )
 
 
-@kernel
+@compiled
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 2**31),
@@ -152,17 +152,14 @@ def test_kernel_context_counts_equal_numpy_reference(seed, n, nsym, k):
     got = rans.context_counts(sym, ctx, k, nsym)
     want = np.bincount(ctx.astype(np.int64) * nsym + sym, minlength=k * nsym).reshape(k, nsym)
     assert got.shape == (k, nsym) and np.array_equal(got, want)
-    kernel, rans._ransc = rans._ransc, None  # the numpy fallback (no fixture: hypothesis)
-    try:
+    with kernel.use(False):  # the numpy fallback (no fixture: hypothesis)
         assert np.array_equal(rans.context_counts(sym, ctx, k, nsym), want)
-    finally:
-        rans._ransc = kernel
     if n:  # a symbol or context past its range is refused, not counted out of bounds
         with pytest.raises(ValueError, match="out of range"):
-            rans._ransc.counts(np.full(n, nsym, np.uint16), None, nsym, 1, np.zeros(nsym, np.int64))
+            kernel._built.counts(np.full(n, nsym, np.uint16), None, nsym, 1, np.zeros(nsym, np.int64))
         if k < 256:
             with pytest.raises(ValueError, match="out of range"):
-                rans._ransc.counts(
+                kernel._built.counts(
                     sym.astype(np.uint16), np.full(n, k, np.uint8), nsym, k, np.zeros(k * nsym, np.int64)
                 )
 
@@ -176,6 +173,7 @@ def test_reference_encoder_takes_narrow_ids_and_units():
     assert rans.ilv_encode(sym.astype(np.uint16), ctx.astype(np.uint8), freq, 12, 4) == want
 
 
+@compiled
 @pytest.mark.slow  # packs through the numpy reference coder
 def test_fallback_writes_the_same_artifact(monkeypatch):
     """Without the compiled kernel the numpy reference (coder and search histograms) writes
@@ -198,13 +196,38 @@ def test_fallback_writes_the_same_artifact(monkeypatch):
     fast = pack_qtensors(qts)
     contexts = {t["streams"]["codes"]["params"].get("context") for t in read_artifact(fast).manifest["tensors"]}
     assert {"col", "grid"} <= contexts
-    monkeypatch.setattr(rans, "_ransc", None)
+    monkeypatch.setattr(kernel, "c", None)
     assert pack_qtensors(qts) == fast
     assert all(np.array_equal(read_artifact(fast).qtensors[k].codes, q.codes) for k, q in qts.items())
 
 
+@compiled
+@pytest.mark.slow  # packs 4M codes through the numpy reference coder (about 3 s)
+def test_fallback_writes_the_same_artifact_on_millions_of_codes(monkeypatch):
+    """The README's promise at the size where the context search once sampled without the kernel
+    (2M codes a tensor, past 2 x search.SEARCH_SAMPLE): the same bytes, grids chosen alike."""
+    from helpers import joint_like
+
+    rng = np.random.default_rng(7)
+    rows, cols = 4096, 512
+    w = rng.normal(size=(rows, cols)) * rng.uniform(0.3, 2.0, (1, cols)) * np.where(rng.random((rows, 1)) < 0.3, 0.4, 2)
+    s = np.abs(w).max(1) / 7
+    qts = {
+        "w": QTensor("int4", w.shape, "float32", np.round(w / s[:, None]).astype(np.int8), s.astype(np.float16)),
+        "e": QTensor("ternary", (rows, cols), "float32", joint_like(rows=rows, cols=cols).reshape(1, -1), np.ones(1)),
+    }
+    assert min(q.codes.size for q in qts.values()) >= 2 * search.SEARCH_SAMPLE  # (sampled every 2nd row)
+    with kernel.use(True):
+        fast = pack_qtensors(qts)
+    tensors = read_artifact(fast).manifest["tensors"]
+    assert {t["streams"]["codes"]["params"].get("context") for t in tensors} == {"grid"}
+    monkeypatch.setattr(rans, "_FALLBACK_NOTE_UNITS", 1 << 20)  # (it warns once a process)
+    with kernel.use(False), pytest.warns(RuntimeWarning, match="kernel is not built"):
+        assert pack_qtensors(qts) == fast
+
+
 def test_fallback_warns_once_on_big_streams(monkeypatch):
-    monkeypatch.setattr(rans, "_ransc", None)
+    monkeypatch.setattr(kernel, "c", None)
     monkeypatch.setattr(rans, "_FALLBACK_NOTE_UNITS", 1000)
     sym, ctx, freq = _stream(9, 1200, 10, 1, 8)
     with pytest.warns(RuntimeWarning, match="compiled rANS kernel is not built"):
@@ -216,7 +239,7 @@ def test_fallback_warns_once_on_big_streams(monkeypatch):
         assert np.array_equal(rans.ilv_decode(data, ctx, freq, 8, 64, len(sym)), sym)
 
 
-@kernel
+@compiled
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 2**31),
@@ -235,14 +258,14 @@ def test_kernel_kmeans_equals_numpy_reference(seed, items, nsym, ks, iters):
     hist = rng.poisson(spread * rng.exponential(1, size=(1, nsym))).astype(np.float32)
     ks = tuple(k for k in ks if k < items) or (2,)
     want = cluster._kmeans([hist], list(ks), iters)[0]
-    got = rans.kernel_kmeans(hist, ks, iters, cluster.KMEANS_ITEMS, cluster.KMEANS_BINS, 1024.0, 0.5)
+    got = kernel.kmeans(hist, ks, iters, cluster.KMEANS_ITEMS, cluster.KMEANS_BINS, 1024.0, 0.5)
     # It declines exactly where the reference's float32 spreads (count x distance) would round.
     spread = hist.astype(np.float64) @ np.abs(np.arange(nsym) - hist.sum(axis=0).argmax())
     assert (got is not None) == (spread.max() < 2**24)
     assert got is None or np.array_equal(got, want)
 
 
-@kernel
+@compiled
 def test_kernel_kmeans_declines_past_exact_float32_sums():
     """Counts whose float32 sums the reference would round: the kernel declines and
     cluster_many runs the numpy reference (same classes as without the kernel)."""
@@ -250,11 +273,11 @@ def test_kernel_kmeans_declines_past_exact_float32_sums():
 
     hist = np.full((8, 4), 3e6, dtype=np.float32)  # total 9.6e7 > 2**24
     hist[::2, 0] = 1.0
-    assert rans.kernel_kmeans(hist, (2,), 4, cluster.KMEANS_ITEMS, cluster.KMEANS_BINS, 1024.0, 0.5) is None
+    assert kernel.kmeans(hist, (2,), 4, cluster.KMEANS_ITEMS, cluster.KMEANS_BINS, 1024.0, 0.5) is None
     assert np.array_equal(cluster.cluster_many([hist], [[2]])[0][0], cluster._kmeans([hist], [2], 4)[0][0])
 
 
-@kernel
+@compiled
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 2**31),
@@ -271,14 +294,14 @@ def test_kernel_class_sums_equal_numpy_reference(seed, items, nsym, ks):
     hist = rng.poisson(3, size=(items, nsym)).astype(np.float32)
     ids = [rng.integers(0, k, items) for k in ks]
     member = [np.stack([hist[i == c].sum(axis=0) for c in range(k)]) for i, k in zip(ids, ks, strict=True)]
-    got = rans.kernel_class_sums(hist, ids, ks)
+    got = kernel.class_sums(hist, ids, ks)
     assert all(g.dtype == np.float32 and np.array_equal(g, m) for g, m in zip(got, member, strict=True))
     order = rng.permutation(items)
     want = [np.stack([hist[rans.rank_buckets(order, k) == c].sum(axis=0) for c in range(k)]) for k in ks]
     assert all(np.array_equal(g, w) for g, w in zip(cluster.ranked_class_sums(hist, order, ks), want, strict=True))
-    assert rans.kernel_class_sums(np.full((2, 2), 5e6, np.float32), [np.array([0, 1])], [2]) is None
+    assert kernel.class_sums(np.full((2, 2), 5e6, np.float32), [np.array([0, 1])], [2]) is None
     with pytest.raises(ValueError, match="out of range"):
-        rans.kernel_class_sums(hist, [np.full(items, ks[0])], ks[:1])
+        kernel.class_sums(hist, [np.full(items, ks[0])], ks[:1])
 
 
 def _families(seed: int, rows: int, cols: int) -> np.ndarray:
@@ -292,7 +315,7 @@ def _families(seed: int, rows: int, cols: int) -> np.ndarray:
     return np.clip(np.round(w * 127 / np.abs(w).max(1, keepdims=True)), -127, 127).astype(np.int8)
 
 
-@kernel
+@compiled
 @pytest.mark.parametrize("rows,cols,wide", [(600, 64, False), (3000, 96, False), (1500, 40, True)])
 def test_kernel_parents_search_equals_numpy_reference(monkeypatch, rows, cols, wide):
     """parents.find proposes the same parents with the kernel's offer as with numpy's."""
@@ -302,11 +325,11 @@ def test_kernel_parents_search_equals_numpy_reference(monkeypatch, rows, cols, w
     fast = parents.find(codes, wide)
     assert fast is not None and (fast[:, 0] > 0).mean() > 0.3
     assert np.array_equal(parents.find(np.asfortranarray(codes), wide), fast)  # (the kernel takes a contiguous copy)
-    monkeypatch.setattr(rans, "_ransc", None)
+    monkeypatch.setattr(kernel, "c", None)
     assert np.array_equal(parents.find(codes, wide), fast)
 
 
-@kernel
+@compiled
 def test_kernel_offer_picks_numpy_argmax():
     """The kernel's choice among sketched candidates is np.argmax's over the masked |values|:
     the first maximum, the first candidate on an all-zero row, the first NaN (an infinity past
@@ -329,7 +352,7 @@ def test_kernel_offer_picks_numpy_argmax():
     s = d.astype(np.float32) ** 2 / norm[want]
     score, parent, dot = np.zeros(40, np.float32), np.zeros(40, np.int64), np.zeros(40, np.int32)
     score[q[0]] = np.inf  # a row already holding a better parent keeps it
-    rans._ransc.offer(codes, q, cand, sk, norm, score, parent, dot)
+    kernel._built.offer(codes, q, cand, sk, norm, score, parent, dot)
     better = (want < q) & (np.arange(len(q)) > 0)
     assert np.array_equal(parent[q], np.where(better, want, 0)) and np.array_equal(dot[q], np.where(better, d, 0))
     assert np.array_equal(score[q[1:]], np.where(better, s, 0)[1:])

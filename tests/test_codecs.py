@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recurnorm.budget import codecs, compress, race, rans
+from recurnorm.budget import codecs, compress, race, rans, spec
 from recurnorm.budget.codecs import StreamContext
 from recurnorm.errors import ArtifactError
 
@@ -22,7 +22,7 @@ def _gauss(n_rows, n_cols, qmax, rng):
 
 @pytest.mark.parametrize("name", codecs.available())
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "int32", "int64", "uint64", "bool"])
-def test_codec_round_trip(name, dtype):
+def test_codec_round_trip(name, dtype, backend):
     if name == "fields":
         pytest.skip("fields codes float words only (tests/test_fields.py)")
     rng = np.random.default_rng(1)
@@ -87,7 +87,7 @@ def test_rans_near_order0_bound(case):
     assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes)
 
 
-def test_rans_contexts_beat_order0_on_structured_weights():
+def test_rans_contexts_beat_order0_on_structured_weights(backend):
     rng = np.random.default_rng(0)
     # Columns differ in scale (as trained projections do): per-row int8 codes.
     w = rng.normal(size=(512, 1024)) * np.exp(rng.normal(0, 0.6, size=(1, 1024)))
@@ -100,7 +100,7 @@ def test_rans_contexts_beat_order0_on_structured_weights():
     assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes)
 
 
-def test_rans_scale_context_round_trip():
+def test_rans_scale_context_round_trip(backend):
     rng = np.random.default_rng(2)
     scales = np.exp(rng.normal(0, 1, size=2048))
     codes = np.clip(np.round(rng.normal(size=(2048, 64)) * scales[:, None] * 2), -8, 7).astype(np.int8)
@@ -160,8 +160,8 @@ def test_quick_gates_skip_lz_codecs_that_cannot_win(shape, qmax, monkeypatch):
     name, size, ok = _best(arr, scales=scales)
     raw = codecs.layout_bytes(arr, "int8", "plain")
     # (rans side data may still try lzma)
-    assert ok and name in ("rans", "deflate") and (compress.LZMA, len(raw)) not in calls
-    assert size <= min(len(compress.deflate(raw)), len(real(compress.LZMA, raw)))
+    assert ok and name in ("rans", "deflate") and (spec.LZMA, len(raw)) not in calls
+    assert size <= min(len(compress.deflate(raw)), len(real(spec.LZMA, raw)))
 
 
 def test_lzma_still_races_on_float_words(monkeypatch):
@@ -176,7 +176,7 @@ def test_lzma_still_races_on_float_words(monkeypatch):
     real = compress.compress
     monkeypatch.setattr(compress, "compress", lambda kind, raw, *a: calls.append(kind) or real(kind, raw, *a))
     name, size, ok = _best(w)
-    assert ok and compress.LZMA in calls and name == "lzma"
+    assert ok and spec.LZMA in calls and name == "lzma"
 
 
 @pytest.mark.parametrize("shape,qmax", [((256, 512), 127), ((512, 512), 7)])

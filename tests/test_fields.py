@@ -10,7 +10,7 @@ import torch
 from helpers import standalone_loader
 
 from recurnorm import quant
-from recurnorm.budget import codecs, compress, rans, rnpk_load
+from recurnorm.budget import codecs, compress, kernel, rans, rnpk_load, spec
 from recurnorm.budget.api import pack_qtensors, read_artifact, unpack, verify_bytes
 from recurnorm.budget.codecs import StreamContext
 from recurnorm.errors import ArtifactError
@@ -75,15 +75,15 @@ def test_a_float_head_s_tables_and_class_ids_are_lzma_d_only_at_effort_max(monke
     rng = np.random.default_rng(4)
     w = (rng.standard_normal((256, 256)) * np.exp(rng.normal(0, 1.5, (256, 1)))).astype(np.float32)
     data, params = _round_trip((w.view(np.uint32) >> 16).astype(np.uint16).ravel(), "bf16", (256, 256))
-    assert params["k"] > 1 and compress.DEFLATE in kinds and compress.LZMA not in kinds
-    assert compress.LZMA not in rans.side_compressors(data[params["tail"] :])
+    assert params["k"] > 1 and spec.DEFLATE in kinds and spec.LZMA not in kinds
+    assert spec.LZMA not in rans.side_compressors(data[params["tail"] :])
     kinds.clear()  # (effort max: lzma races there too, as everywhere)
     arr = (w.view(np.uint32) >> 16).astype(np.uint16).reshape(1, -1)
     codecs.Fields().encode(arr, StreamContext("codes", "uint16", arr.shape, w.shape, effort="max", mant=7))
-    assert compress.LZMA in kinds
+    assert spec.LZMA in kinds
     codes = np.repeat(np.arange(64, dtype=np.int8), 512).reshape(1, -1)
     codecs.Rans().encode(codes, StreamContext("codes", "int8", codes.shape, (codes.size,)))
-    assert compress.LZMA in kinds  # (quantized codes' side data still races lzma)
+    assert spec.LZMA in kinds  # (quantized codes' side data still races lzma)
 
 
 def test_fields_beats_the_byte_race_on_trained_like_bf16():
@@ -99,7 +99,7 @@ def test_fields_beats_the_byte_race_on_trained_like_bf16():
 def test_the_numpy_reference_coder_writes_the_same_bytes(monkeypatch):
     words = (np.random.default_rng(3).standard_normal(20000).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     compiled = _round_trip(words, "bf16", (100, 200))
-    monkeypatch.setattr(rans, "_ransc", None)
+    monkeypatch.setattr(kernel, "c", None)
     monkeypatch.setattr(rans, "_FALLBACK_NOTE_UNITS", 1 << 62)
     assert _round_trip(words, "bf16", (100, 200)) == compiled
 
@@ -115,8 +115,8 @@ def test_the_kernel_and_numpy_split_and_join_words_alike(fmt, monkeypatch):
         assert [bytes(x) for x in codecs.split_words(odd, m, 2)] == [bytes(x) for x in codecs.split_words(w, m, 2)]
         for h in range(codecs.HI_MAX + 1):
             got = []
-            for kernel in (rans._ransc, None):
-                monkeypatch.setattr(rans, "_ransc", kernel)
+            for compiled in (kernel._built, None):
+                monkeypatch.setattr(kernel, "c", compiled)
                 head, tail = codecs.split_words(w, m, h)
                 assert codecs.join_words(head, tail, m, h, w.itemsize).tobytes() == w.tobytes()
                 bad_pad = bytearray(tail)
@@ -176,13 +176,13 @@ def test_a_tail_deflates_only_the_chunks_that_repeat_and_every_reader_inflates_i
     data = pack_qtensors({"w": quant.get("fp32").quantize(w, name="w")})
     params = read_artifact(data).manifest["tensors"][0]["streams"]["codes"]["params"]
     levels = [lv for lv in levels if isinstance(lv, list)]
-    assert params["tz"] == compress.DEFLATE and 0 < sum(levels[0]) < len(levels[0])
+    assert params["tz"] == spec.DEFLATE and 0 < sum(levels[0]) < len(levels[0])
     assert torch.equal(unpack(data)["w"], w)
     for compact in (False, True):
         assert standalone_loader(compact)["decode"](data)[0]["w"].tobytes() == w.numpy().tobytes()
     raw = bytes(70000) + rng.bytes(70000)  # (and where a deflated chunk would not be smaller: stored)
     for lv in ([0, 0, 0], [1, 1, 1], [9, 0, 1]):
-        assert compress.decompress(compress.DEFLATE, real(raw, lv), len(raw), "t") == raw
+        assert compress.decompress(spec.DEFLATE, real(raw, lv), len(raw), "t") == raw
 
 
 @pytest.mark.parametrize("name", sorted(n for n in hc.R2_CASES if n.startswith("fields/")))

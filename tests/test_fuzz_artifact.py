@@ -60,14 +60,14 @@ import hashlib, json, resource, sys
 sys.path.insert(0, 'tests')
 from helpers import fuzz_base_artifact
 ART = fuzz_base_artifact()
-from recurnorm.budget import format as fmt, read_artifact
+from recurnorm.budget import format as fmt, read_artifact, spec
 from recurnorm.errors import ArtifactError
 m, payload = fmt.split_container(ART)
 for t in m['tensors']:
     if t['name'] == 't':
         t['shape'] = [1 << 15, 1 << 14]; t['streams']['codes']['shape'] = [1, 1 << 29]
 mb = fmt.dumps(m)
-bad = fmt.HEADER.pack(fmt.MAGIC, 1, 0, len(mb), hashlib.sha256(mb).digest()) + mb + payload
+bad = spec.HEADER.pack(spec.MAGIC, 1, 0, len(mb), hashlib.sha256(mb).digest()) + mb + payload
 soft, hard = resource.getrlimit(resource.RLIMIT_AS)
 used = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()
 resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 31), hard))

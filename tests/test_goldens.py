@@ -15,7 +15,7 @@ import torch
 from helpers import standalone_loader
 
 from recurnorm.budget import format as fmt
-from recurnorm.budget import read_artifact, unpack
+from recurnorm.budget import read_artifact, spec, unpack
 from recurnorm.budget.rans import _read_varint
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -90,7 +90,7 @@ def test_the_format_1_golden_is_laid_out_as_format_1():
     one bit each (2·len + z), some of them magicless zstd frames."""
     for name in (n for n in NAMES if INDEX[n]["version"] == 1):
         data = _golden(name)
-        _, version, flags, _, _ = fmt.HEADER.unpack_from(data, 0)
+        _, version, flags, _, _ = spec.HEADER.unpack_from(data, 0)
         assert (version, flags) == (1, 1)
         manifest, payload = fmt.split_container(data)
         zstd_blobs = 0

@@ -3,6 +3,7 @@ zstandard or constriction, and its tensors equal recurnorm.load's bit for bit.""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ from click.testing import CliRunner
 from helpers import IMPORT_BLOCKER, embedding_like, joint_like
 
 from recurnorm.budget import format as fmt
-from recurnorm.budget import pack_qtensors, read_artifact, unpack
+from recurnorm.budget import pack_qtensors, read_artifact, spec, unpack
 from recurnorm.budget.loader import compact_loader, loader_source, minified_loader
 from recurnorm.cli.main import main
 from recurnorm.export.pack import export_qtensors
@@ -143,7 +144,7 @@ def test_the_matrix_covers_every_portable_codec_layout_and_context(artifacts):
                     seen.add(("rans", "tuple"))
                 if p.get("k", 1) > 64:
                     seen.add(("rans", "wide"))
-        assert manifest["version"] == fmt.VERSION == 2
+        assert manifest["version"] == spec.VERSION == 2
     want = {("rans", c) for c in ("none", "scale", "row", "col", "grid", "tuple", "wide")}
     want |= {(c, lay) for c in ("deflate", "lzma") for lay in ("plain", "shuffle")}
     want |= {("parents", c) for c in ("rans", "deflate", "lzma")} | {("scales", "fields")}
@@ -208,17 +209,17 @@ def test_damaged_artifacts_raise_and_never_return_weights(artifacts):
     from recurnorm.budget import rnpk_load
 
     data = artifacts["bytes"]["contexts"]
-    mlen = fmt.HEADER.unpack_from(data, 0)[3]
+    mlen = spec.HEADER.unpack_from(data, 0)[3]
     for at, why in (
         (len(data) - 10, "payload hash mismatch"),
-        (fmt.HEADER_SIZE + 3, "manifest hash mismatch"),
+        (spec.HEADER_SIZE + 3, "manifest hash mismatch"),
         (0, "not a format-2"),
         (20, "manifest hash mismatch"),
     ):
         with pytest.raises(ValueError, match=why):
             rnpk_load.load(_damage(data, at))
     with pytest.raises(ValueError):
-        rnpk_load.load(data[: fmt.HEADER_SIZE + mlen + 5])
+        rnpk_load.load(data[: spec.HEADER_SIZE + mlen + 5])
     # Re-signed damage inside a stream: the stream's own hash (or the coder's end state) catches it.
     manifest, payload = fmt.split_container(data)
     s = manifest["tensors"][0]["streams"]["codes"]
@@ -306,3 +307,59 @@ def test_one_error_type_and_the_librarys_decode_limit(artifacts, tmp_path):
         rnpk_load.decode(data, max_bytes=len(data) - (8 << 20) - 49)
     with pytest.raises(FileNotFoundError):  # not an artifact at all: the OS's own error
         rnpk_load.decode(tmp_path / "missing.rnpk")
+
+
+def _loader_literals() -> tuple[dict[str, set], list, str]:
+    """rnpk_load.py's literals: {expression: the constants it is compared with}, every constant
+    expression's value, and its source as ast prints it (it imports nothing of the spec)."""
+    tree, compared, values = ast.parse(loader_source()), {}, []
+    for node in ast.walk(tree):
+        try:  # constant expressions only: a name or a call of one is undefined here
+            values.append(eval(compile(ast.Expression(node), "rnpk_load", "eval"), {"__builtins__": {}}))
+        except Exception:
+            pass
+        if isinstance(node, ast.Compare):
+            parts = [node.left, *node.comparators]
+            for a, b in zip(parts, parts[1:], strict=False):
+                for x, c in ((a, b), (b, a)):
+                    try:
+                        v = eval(compile(ast.Expression(c), "rnpk_load", "eval"), {"__builtins__": {}})
+                    except Exception:
+                        continue
+                    compared.setdefault(ast.unparse(x), set()).update(v if isinstance(v, tuple) else {v})
+    return compared, values, ast.unparse(tree)
+
+
+def test_the_standalone_loaders_literal_limits_are_the_specs():
+    """rnpk_load.py spells the wire spec's facts as literals (it ships alone, in counted code):
+    each must equal recurnorm.budget.spec's, or the loader and the library read different files."""
+    from recurnorm.budget.validate import DEFAULT_MAX_DECODED_BYTES, TABLE_ENTRY_BYTES
+    from recurnorm.quant.passthrough import FLOAT_FORMATS
+
+    compared, values, src = _loader_literals()
+    assert spec.MAGIC in compared["magic"] and spec.VERSION in compared["ver"]
+    assert spec.HEADER.format in values and f"data[{spec.HEADER_SIZE}:{spec.HEADER_SIZE} + mlen]" in src
+    assert f"MANIFEST = {spec.MAX_MANIFEST_BYTES >> 20} << 20" in src
+    assert compared["flags"] == {(spec.MANIFEST_COMPRESSOR_MASK | spec.LOWRANK_FLAG) + 1}
+    assert spec.MAX_TUPLE + 1 in compared["t"] and spec.MAX_CONTEXTS + 1 in compared["k"]
+    assert compared["prec"] == {0, spec.MAX_PREC + 1} and compared["nsym ** t"] == {spec.MAX_ALPHABET}
+    assert f"units <= lanes << {spec.MAX_STEPS.bit_length() - 1}" in src
+    p = "s['params']"
+    assert f"min({p}['nsym'], {spec.MAX_ALPHABET + 1}) ** min({p}.get('tuple', 1), {spec.MAX_TUPLE + 1})" in src
+    assert f"{TABLE_ENTRY_BYTES} * {p}.get('k', 1)" in src
+    assert f"max_bytes=1 << {DEFAULT_MAX_DECODED_BYTES.bit_length() - 1}" in src
+    # compressors: deflate and lzma as the spec writes them, zstd refused
+    portable = {spec.NAMES[k]: k for k in spec.PORTABLE}
+    assert portable in values and compared["kind"] == {spec.ZSTD, spec.DEFLATE}  # (zstd: refused; else lzma)
+    assert (
+        f"zlib.decompressobj({spec.DEFLATE_WBITS})" in src
+        and f"'dict_size': 1 << {spec.LZMA_DICT.bit_length() - 1}" in src
+    )
+    # codecs, stream kinds and rans contexts
+    assert set(portable) | compared["s['codec']"] == set(spec.PORTABLE_CODECS)
+    assert (spec.STREAM_KINDS[:3], spec.STREAM_KINDS[3:]) in values
+    assert compared["var"] | {"grid"} == set(spec.CONTEXTS)
+    assert tuple(FLOAT_FORMATS) in values  # (quant.passthrough's, as the loader dequantizes them)
+    assert {f"p[{c.extra!r}]" for c in spec.CONTEXTS.values() if c.extra in ("kc", "rb")} <= {
+        s for s in ("p['kc']", "p['rb']") if s in src
+    }

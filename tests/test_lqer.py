@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from recurnorm.budget import format as fmt
-from recurnorm.budget import pack_qtensors, read_artifact, unpack
+from recurnorm.budget import pack_qtensors, read_artifact, spec, unpack
 from recurnorm.errors import ArtifactError, ConfigError, QuantError
 from recurnorm.export.pack import quantize
 from recurnorm.export.spec import build_policy, parse_format
@@ -77,7 +76,7 @@ def test_round_trip_library_and_standalone_loader_bit_for_bit():
     }
     qts["tied"] = qts["w"]
     data = pack_qtensors(qts)
-    assert data[6] & fmt.LOWRANK_FLAG  # readers that do not know the field refuse it
+    assert data[6] & spec.LOWRANK_FLAG  # readers that do not know the field refuse it
     art = read_artifact(data)
     assert sorted(art.qtensors) == ["conv", "tied", "v", "w", "wbf"]  # factors live on their tensor
     for name in ("w", "wbf", "conv"):

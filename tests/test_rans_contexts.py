@@ -10,7 +10,7 @@ import torch
 from helpers import standalone_loader
 
 from recurnorm import quant
-from recurnorm.budget import parents, rans, search
+from recurnorm.budget import kernel, parents, rans, search
 from recurnorm.budget.api import pack_qtensors, read_artifact, unpack, verify_bytes
 
 
@@ -92,7 +92,7 @@ def test_smooth_rows_and_the_sample_that_finds_them():
 def test_the_numpy_reference_writes_the_same_artifact(monkeypatch):
     _, data, params = _packed("int6", {"clip": "sigma:3"})
     assert params["pos"].get("parents") == 1 and params["emb"]["context"] == "block"
-    monkeypatch.setattr(rans, "_ransc", None)
+    monkeypatch.setattr(kernel, "c", None)
     again = _packed("int6", {"clip": "sigma:3"})[1]
     assert again == data
     assert read_artifact(again).qtensors  # and the reference decodes it
@@ -145,7 +145,7 @@ def test_map_contexts_code_such_rows_and_every_reader_gets_them_back(compact, mo
     assert len(pack_qtensors(qts)) > len(data)
     if not compact:
         monkeypatch.undo()
-        monkeypatch.setattr(rans, "_ransc", None)
+        monkeypatch.setattr(kernel, "c", None)
         assert pack_qtensors(qts) == data  # the numpy reference writes the same bytes
 
 

@@ -9,7 +9,7 @@ import pytest
 import zstandard
 from helpers import embedding_like, joint_like
 
-from recurnorm.budget import cluster, codecs, compress, race, rans, search
+from recurnorm.budget import cluster, codecs, compress, race, rans, search, spec
 from recurnorm.budget.codecs import StreamContext
 
 
@@ -212,7 +212,7 @@ def test_lanes_for_is_the_fewest_the_step_bound_allows_plus_ilp():
     nn, pp = np.meshgrid(n, payload, indexing="ij")
     lanes = rans.lanes_for(nn, pp)
     assert lanes.shape == nn.shape
-    assert np.all((lanes & (lanes - 1)) == 0) and np.all((lanes >= 1) & (lanes <= rans.MAX_LANES))
+    assert np.all((lanes & (lanes - 1)) == 0) and np.all((lanes >= 1) & (lanes <= spec.MAX_LANES))
     assert np.all(-(-nn // lanes) <= S)  # the step bound holds
     needed = np.ones_like(lanes)  # the fewest the step bound allows
     while np.any(-(-nn // needed) > S):
@@ -226,10 +226,10 @@ def test_lanes_for_is_the_fewest_the_step_bound_allows_plus_ilp():
     # More units or more payload never means fewer lanes.
     assert np.all(np.diff(lanes, axis=0) >= 0) and np.all(np.diff(lanes, axis=1) >= 0)
     assert lanes.min() == 1 and lanes.max() > rans.ILP_LANES  # both ends are reached
-    past = rans.lanes_for(np.array([rans.MAX_LANES * S + 1, rans.MAX_UNITS]), 1e9)  # (more steps, not lanes)
-    assert np.all(past == rans.MAX_LANES)
+    past = rans.lanes_for(np.array([spec.MAX_LANES * S + 1, spec.MAX_UNITS]), 1e9)  # (more steps, not lanes)
+    assert np.all(past == spec.MAX_LANES)
     with pytest.raises(ValueError, match="exceed"):
-        rans.lanes_for(rans.MAX_UNITS + 1, 1.0)
+        rans.lanes_for(spec.MAX_UNITS + 1, 1.0)
 
 
 def test_kmeans_batches_agree_with_single_problems():
@@ -342,7 +342,7 @@ def test_wide_grid_finds_joint_row_and_column_classes(monkeypatch):
     data, params = codecs.Rans().encode(codes.reshape(1, -1), ctx)
     assert params["context"] == "grid" and params["k"] == choice.k
     assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes.reshape(1, -1))
-    monkeypatch.setattr(rans, "MAX_CONTEXTS", 64)
+    monkeypatch.setattr(spec, "MAX_CONTEXTS", 64)
     capped, capped_params = codecs.Rans().encode(codes.reshape(1, -1), ctx)
     assert capped_params.get("k", 1) <= 64
     assert len(data) < 0.99 * len(capped)
@@ -366,7 +366,7 @@ def test_hostile_wide_grid_ids_and_counts_are_refused():
     data, params = codecs.Rans().encode(codes, ctx)
     k, kc = params["k"], params["kc"]
     assert params["context"] == "grid" and k > 64
-    for bad in ({"k": rans.MAX_CONTEXTS * 2, "kc": kc}, {"k": k, "kc": rans.MAX_CONTEXTS * 2}, {"k": k * 2}):
+    for bad in ({"k": spec.MAX_CONTEXTS * 2, "kc": kc}, {"k": k, "kc": spec.MAX_CONTEXTS * 2}, {"k": k * 2}):
         with pytest.raises(ArtifactError):
             codecs.Rans().decode(data, {**params, **bad}, ctx)
     tables, ids, words = rans.split_body(data, k, params["nsym"], 2048 + 256)

@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from recurnorm.budget import api, validate
+from recurnorm.budget import api, spec, validate
 from recurnorm.budget import format as fmt
 from recurnorm.cli.main import main
 from recurnorm.errors import ArtifactError
@@ -91,7 +91,7 @@ def _artifact_of_version_1(data: bytes) -> bytes:
     manifest, payload = fmt.split_container(data)
     manifest["version"] = 1
     raw = fmt.dumps(manifest)
-    return fmt.HEADER.pack(fmt.MAGIC, 1, 0, len(raw), hashlib.sha256(raw).digest()) + raw + payload
+    return spec.HEADER.pack(spec.MAGIC, 1, 0, len(raw), hashlib.sha256(raw).digest()) + raw + payload
 
 
 def test_versions_1_and_2_still_read(ckpt):
@@ -99,7 +99,7 @@ def test_versions_1_and_2_still_read(ckpt):
     v2 = pack_checkpoint(d, build_policy("bf16")).data
     v1 = _artifact_of_version_1(api.pack_qtensors(api.read_artifact(v2).qtensors, codecs=("deflate", "raw")))
     for data, version in ((v2, 2), (v1, 1)):
-        assert fmt.HEADER.unpack_from(data)[1] == version
+        assert spec.HEADER.unpack_from(data)[1] == version
         assert api.verify_bytes(data).ok
         back = api.unpack(data)
         assert all(torch.equal(back[k], v) for k, v in sd.items())

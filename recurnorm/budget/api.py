@@ -16,7 +16,7 @@ from ..quant import registry as quant_registry
 from ..quant.qtensor import QTensor
 from . import codecs as codecs_mod
 from . import format as fmt
-from . import heap, parents, race, validate
+from . import heap, parents, race, spec, validate
 from .codecs import DTYPES, StreamContext
 from .rans import order0_bits
 from .search import EFFORTS
@@ -52,7 +52,7 @@ def _check_qtensor(name: str, qt: QTensor, check: bool = True) -> None:
     why = check and validate.shape_problem(qt.shape)
     if why:
         raise QuantError(
-            f"tensor {name!r}: {why} (an artifact holds at most {fmt.MAX_NDIM} dims, each < 2^40, and so is "
+            f"tensor {name!r}: {why} (an artifact holds at most {spec.MAX_NDIM} dims, each < 2^40, and so is "
             "the product of those that are not 0)"
         )
     codes = np.asarray(qt.codes)
@@ -139,7 +139,7 @@ def _pack(qtensors, metadata: dict, codecs, effort: str, check: bool, jobs: int 
                 offset += len(data)
                 chunks.append(data) if sink is None else sink.write(data)
             entries.append(entry)
-    manifest = {"format": "rnpk", "version": fmt.VERSION, "metadata": metadata, "tensors": entries + aliases}
+    manifest = {"format": "rnpk", "version": spec.VERSION, "metadata": metadata, "tensors": entries + aliases}
     return fmt.write_container(manifest, chunks, (offset, sha.hexdigest()))
 
 
@@ -186,58 +186,20 @@ def _encode_tensor(name: str, qt: QTensor, names, codecs, effort: str, check: bo
     items: list[tuple[np.ndarray, StreamContext]] = []
     # Tensors whose rows are predicted: their codes as they are race the residuals and parents.
     unpredicted: dict[str, tuple[np.ndarray, StreamContext]] = {}
-
-    def entry(name: str, qt: QTensor) -> dict:
-        _check_qtensor(name, qt, check)
-        streams, arrays = {}, {"scales": qt.scales, "zeros": qt.zeros, "codes": np.asarray(qt.codes)}
-        codes, pays = arrays["codes"], None  # the tensor's rows predicted from earlier rows, where they pay
-        if codes.dtype == np.int8 and len(qt.shape) > 1 and codes.size == qt.numel > 0:
-            m = codes.reshape(qt.shape[0], -1)
-            wide = effort == "max"
-            arrays["parents"] = parents.find(m, wide) if wide or len(m) >= parents.SEARCH_ROWS else parents.previous(m)
-            if arrays["parents"] is not None:
-                res = parents.residuals(m, arrays["parents"])
-                pays = race.parents_pay(m, res, arrays["parents"], qt.scales, effort)
-                arrays["parents"], arrays["codes"] = (
-                    (None, codes) if pays is False else (arrays["parents"], res.reshape(codes.shape))
-                )
-        for kind in fmt.STREAM_KINDS:
-            arr = arrays.get(kind)
-            if arr is None:
-                continue
-            arr = np.ascontiguousarray(arr)
-            dtype = _stream_dtype(arr, f"tensor {name} {kind}")
-            scales = np.asarray(qt.scales) if kind == "codes" and qt.scales is not None else None
-            # Float words (codes, scales, zeros) go to the fields coding; readers decode a tensor's
-            # other streams before its codes, whose scale context needs its scales.
-            mant = codecs_mod.MANT.get(qt.format if kind == "codes" else dtype, 0)
-            ctx = StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort, mant=mant)
-            items.append((arr, ctx))
-            streams[kind] = {"dtype": dtype, "shape": list(arr.shape), "sha256": _sha(arr, dtype)}
-        if "parents" in streams and pays is None:
-            unpredicted[name] = (np.ascontiguousarray(codes), items[-1][1])  # (codes: the last item)
-        return {
-            "name": name,
-            "shape": [int(d) for d in qt.shape],
-            "dtype": str(qt.dtype),
-            "format": qt.format,
-            "params": qt.params,
-            "streams": streams,
-        }
-
     if not isinstance(qt, QTensor):
         raise QuantError(f"tensor {name}: expected a QTensor, got {type(qt).__name__}")
     if qt.lowrank is None:
-        entries = [entry(name, qt)]
+        entries = [_entry(name, qt, effort, check, items, unpredicted)]
     else:  # the factors first, so that a reader has them when it reaches the tensor
         factors = (f"{name}.lqer_l", f"{name}.lqer_r")
         clash = [n for n in factors if n in names]
         if clash:
             raise QuantError(f"tensor {name}: its lqer factor name {clash[0]!r} is taken by another tensor")
-        entries = [entry(n, f) for n, f in zip(factors, qt.lowrank, strict=True)]
-        entries.append({**entry(name, qt), "lowrank": list(factors)})
+        entries = [_entry(n, f, effort, check, items, unpredicted) for n, f in zip(factors, qt.lowrank, strict=True)]
+        entries.append({**_entry(name, qt, effort, check, items, unpredicted), "lowrank": list(factors)})
     encoded = race.encode_all(items + list(unpredicted.values()), codecs)
-    alone, encoded = dict(zip(unpredicted, encoded[len(items) :], strict=True)), iter(encoded[: len(items)])
+    alone = dict(zip(unpredicted, encoded[len(items) :], strict=True))
+    encoded = iter(encoded[: len(items)])
     out = []
     for e in entries:
         coded = {kind: next(encoded) for kind in e["streams"]}
@@ -248,6 +210,46 @@ def _encode_tensor(name: str, qt: QTensor, names, codecs, effort: str, check: bo
             e["streams"]["codes"]["sha256"] = _sha(unpredicted[e["name"]][0], e["streams"]["codes"]["dtype"])
         out.append((e, coded))
     return out
+
+
+def _entry(name: str, qt: QTensor, effort: str, check: bool, items: list, unpredicted: dict) -> dict:
+    """A tensor's manifest entry; its streams appended to items (and its codes as they are to
+    unpredicted, where its rows' parents must race them)."""
+    _check_qtensor(name, qt, check)
+    streams, arrays = {}, {"scales": qt.scales, "zeros": qt.zeros, "codes": np.asarray(qt.codes)}
+    codes, pays = arrays["codes"], None  # the tensor's rows predicted from earlier rows, where they pay
+    if codes.dtype == np.int8 and len(qt.shape) > 1 and codes.size == qt.numel > 0:
+        m = codes.reshape(qt.shape[0], -1)
+        wide = effort == "max"
+        found = parents.find(m, wide) if wide or len(m) >= parents.SEARCH_ROWS else parents.previous(m)
+        if found is not None:
+            res = parents.residuals(m, found)
+            pays = race.parents_pay(m, res, found, qt.scales, effort)
+            if pays is not False:
+                arrays["parents"], arrays["codes"] = found, res.reshape(codes.shape)
+    for kind in spec.STREAM_KINDS:
+        arr = arrays.get(kind)
+        if arr is None:
+            continue
+        arr = np.ascontiguousarray(arr)
+        dtype = _stream_dtype(arr, f"tensor {name} {kind}")
+        scales = np.asarray(qt.scales) if kind == "codes" and qt.scales is not None else None
+        # Float words (codes, scales, zeros) go to the fields coding; readers decode a tensor's
+        # other streams before its codes, whose scale context needs its scales.
+        mant = codecs_mod.MANT.get(qt.format if kind == "codes" else dtype, 0)
+        ctx = StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort, mant=mant)
+        items.append((arr, ctx))
+        streams[kind] = {"dtype": dtype, "shape": list(arr.shape), "sha256": _sha(arr, dtype)}
+    if "parents" in streams and pays is None:
+        unpredicted[name] = (np.ascontiguousarray(codes), items[-1][1])  # (codes: the last item)
+    return {
+        "name": name,
+        "shape": [int(d) for d in qt.shape],
+        "dtype": str(qt.dtype),
+        "format": qt.format,
+        "params": qt.params,
+        "streams": streams,
+    }
 
 
 def _decode_stream(
@@ -295,7 +297,7 @@ def _decoded(manifest: dict, payload: memoryview):
             yield [t], None
             continue
         st, dec = t["streams"], {}
-        for kind in fmt.STREAM_KINDS:
+        for kind in spec.STREAM_KINDS:
             if kind in st:
                 dec[kind] = _decode_stream(payload, st[kind], kind, t, dec.get("scales"), manifest["version"])
         fmt.release(payload)
@@ -455,7 +457,7 @@ def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -
         if not stat.S_ISREG(st.st_mode):
             raise ArtifactError(f"{path} is not a regular file")
         decoded = max_decoded_bytes  # (the default grows with the file: no size it refuses)
-        if decoded is not None and st.st_size > decoded + fmt.MAX_MANIFEST_BYTES + fmt.HEADER_SIZE:
+        if decoded is not None and st.st_size > decoded + spec.MAX_MANIFEST_BYTES + spec.HEADER_SIZE:
             raise ArtifactError(
                 f"{path}: {st.st_size:,} bytes, more than an artifact decoding to at most {decoded:,} bytes can hold"
             )

@@ -2,7 +2,7 @@
 
 k-means on code length (the bits an item's symbols cost under its class's distribution),
 started from classes ranked by spread around the mode, over a few coarse symbol bins. The
-compiled kernel (rans.kernel_kmeans, kernel_class_sums) runs each problem step for step as the
+compiled kernel (kernel.kmeans, kernel.class_sums) runs each problem step for step as the
 numpy here does, 2-4x quicker; without it, many problems run as one padded numpy batch (on
 small tensors the number of numpy calls is what clustering spends). Every matrix product
 multiplies integer-valued arrays whose sums are exact: the same classes on every machine.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import rans
+from . import kernel, rans
 
 KMEANS_ITEMS = 128  # cluster on at most this many items, then assign all
 KMEANS_BINS = 16  # k-means compares items over at most this many symbol bins
@@ -32,7 +32,7 @@ def axis_histograms(part: np.ndarray, axis: int, nsym: int) -> np.ndarray:
 def _use_kernel(hist: np.ndarray) -> bool:
     """Whether the compiled kernel takes a problem on these item histograms (it declines,
     returning None, where the reference's float32 sums would round)."""
-    return rans.has_kernel() and hist.size > 0
+    return kernel.on() and hist.size > 0
 
 
 def class_sums_all(hist: np.ndarray, ids_list, ks) -> list[np.ndarray]:
@@ -41,7 +41,7 @@ def class_sums_all(hist: np.ndarray, ids_list, ks) -> list[np.ndarray]:
     One 0/1 membership matrix product. Histograms hold integer counts (below 2**24), so
     the sums are exact in any order a BLAS adds them: the same on every machine.
     """
-    if _use_kernel(hist) and (got := rans.kernel_class_sums(hist, ids_list, ks)) is not None:
+    if _use_kernel(hist) and (got := kernel.class_sums(hist, ids_list, ks)) is not None:
         return got
     n_items = hist.shape[0]
     first = np.cumsum([0] + list(ks))
@@ -63,7 +63,7 @@ def spread_order(hist: np.ndarray) -> np.ndarray:
 def ranked_class_sums(hist: np.ndarray, order: np.ndarray, ks) -> list[np.ndarray]:
     """class_sums_all of rans.rank_buckets(order, k) for every k at once: runs are contiguous in order."""
     if _use_kernel(hist):  # the same sums, from each k's ranked classes
-        got = rans.kernel_class_sums(hist, rans.rank_buckets(order, list(ks)), ks)
+        got = kernel.class_sums(hist, rans.rank_buckets(order, list(ks)), ks)
         if got is not None:
             return got
     n = len(order)
@@ -193,4 +193,4 @@ def _kmeans_compiled(hist: np.ndarray, slots, iters: int, items: int) -> np.ndar
     counts past float32's exact integers."""
     if not _use_kernel(hist):
         return None
-    return rans.kernel_kmeans(hist, slots, iters, items, KMEANS_BINS, float(1 << LENGTH_BITS), _LOG_PRIOR)
+    return kernel.kmeans(hist, slots, iters, items, KMEANS_BINS, float(1 << LENGTH_BITS), _LOG_PRIOR)

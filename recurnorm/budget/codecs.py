@@ -16,8 +16,11 @@ import numpy as np
 
 from ..errors import ArtifactError
 from ..quant.grid import rows_layout
+from ..quant.passthrough import FLOAT_FORMATS
 from ..registry import Registry
-from . import compress, rans, search
+from . import compress, kernel, rans, search, spec
+
+EXTRA = {name: c.extra for name, c in spec.CONTEXTS.items() if c.extra}  # the one more param of a context (Choice.kc)
 
 # numpy dtypes a stream may hold; all are stored little-endian.
 DTYPES: dict[str, np.dtype] = {
@@ -37,7 +40,7 @@ class StreamContext:
     tensor_shape: tuple[int, ...] = ()
     scales: np.ndarray | None = None
     effort: str = "normal"  # encoder only: how hard codecs search ("normal" or "max")
-    version: int = 2  # decoder only: the artifact's format version
+    version: int = spec.VERSION  # decoder only: the artifact's format version
     mant: int = 0  # encoder only: mantissa bits of the float words it holds (0: not floats)
 
     @property
@@ -165,20 +168,20 @@ class Compressed(Codec):
 class Deflate(Compressed, name="deflate"):
     """Raw deflate (zlib, level 9): portable, quick; wins on small streams."""
 
-    compressor = compress.DEFLATE
+    compressor = spec.DEFLATE
 
 
 class Lzma(Compressed, name="lzma"):
     """Raw LZMA2 (9e): portable; 1-10% under deflate on scales and float words, slower."""
 
-    compressor = compress.LZMA
+    compressor = spec.LZMA
 
 
 class Zstd(Compressed, name="zstd"):
     """zstd (level 19). Not portable (the standard library has no zstd): read always, written
     only when asked for (`codecs=` naming it)."""
 
-    compressor = compress.ZSTD
+    compressor = spec.ZSTD
 
 
 def _symbols_to_array(sym: np.ndarray, off: int, ctx: StreamContext, nsym: int) -> np.ndarray:
@@ -216,17 +219,15 @@ class Rans(Codec, name="rans"):
     symbols as one. `search.plan` picks all of it by estimated size; a block plan races
     beside its choice."""
 
-    EXTRA = {"grid": "kc", "block": "rb", "map": "kr"}  # the one more param of these contexts (Choice.kc)
-
     def symbols(self, arr: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         """(symbols = codes - lowest, lowest, alphabet size), or None where rans cannot code arr
-        (floats, an alphabet over MAX_ALPHABET, or more than its coder's MAX_UNITS)."""
-        if not 0 < arr.size <= rans.MAX_UNITS or arr.dtype.kind not in "iub":
+        (floats, an alphabet over spec.MAX_ALPHABET, or more than its coder's spec.MAX_UNITS)."""
+        if not 0 < arr.size <= spec.MAX_UNITS or arr.dtype.kind not in "iub":
             return None
         lo, hi = int(arr.min()), int(arr.max())
-        if hi - lo >= rans.MAX_ALPHABET:
+        if hi - lo >= spec.MAX_ALPHABET:
             return None
-        # uint16 (the kernel's input): arithmetic modulo 2**16 leaves every symbol < MAX_ALPHABET exact
+        # uint16 (the kernel's input): arithmetic modulo 2**16 leaves every symbol < spec.MAX_ALPHABET exact
         sym = np.asarray(arr).ravel().astype(np.uint16)
         sym -= np.uint16(lo & 0xFFFF)
         return sym, lo, hi - lo + 1
@@ -256,7 +257,7 @@ class Rans(Codec, name="rans"):
     # all-MiniLM-L6-v2's embedding 0.1% off the coded size, where they win by 0.6-1%.
     BLOCK_MARGIN = 0.995
 
-    def encode(self, arr, ctx, plan=None, kinds=compress.PORTABLE):
+    def encode(self, arr, ctx, plan=None, kinds=spec.PORTABLE):
         """kinds: the compressors the tables and class ids may take (the smallest is kept)."""
         plan = plan or (self.prepare([(arr, ctx)])[0] or [None])[0]
         if plan is None:
@@ -266,7 +267,7 @@ class Rans(Codec, name="rans"):
         cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, np.uint8, kc=c.kc)
         nt, lanes = nsym**c.t, c.lanes
         tsym = rans.to_tuples(sym, nsym, c.t, np.uint16)
-        while ctx.kind != "codes" and -(-len(tsym) // lanes) > rans.WRITE_STEPS // 8 and lanes < rans.MAX_LANES:
+        while ctx.kind != "codes" and -(-len(tsym) // lanes) > rans.WRITE_STEPS // 8 and lanes < spec.MAX_LANES:
             lanes *= 2  # (the loader decodes scales in a lock-step round of their own, before the codes)
         if c.side is not None:  # the search counted this stream exactly and made its side data
             body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, lanes, c.prec, c.side.blobs(kinds))
@@ -278,66 +279,72 @@ class Rans(Codec, name="rans"):
         params = {"offset": offset, "nsym": nsym, "prec": c.prec, "lanes": lanes}
         if c.variant != "none":
             params.update(context=c.variant, k=c.k)
-        if c.variant in self.EXTRA:
-            params[self.EXTRA[c.variant]] = c.kc
+        if c.variant in EXTRA:
+            params[EXTRA[c.variant]] = c.kc
         if c.t > 1:
             params["tuple"] = c.t
         return body, params
 
     def decode(self, data, params, ctx):
-        offset, nsym = params.get("offset"), params.get("nsym")
-        variant, k = params.get("context", "none"), params.get("k", 1)
-        kc = params.get(extra := self.EXTRA.get(variant) if isinstance(variant, str) else None, 1)
-        t, lanes, prec = params.get("tuple", 1), params.get("lanes"), params.get("prec")
+        variant, k, t = params.get("context", "none"), params.get("k", 1), params.get("tuple", 1)
+        context = spec.CONTEXTS.get(variant) if isinstance(variant, str) else None
+        if context is None:
+            raise ArtifactError(f"unknown rans context {variant!r}")
+        kc, lanes, prec = params.get(context.extra, 1), params.get("lanes"), params.get("prec")
         for key, v, lo, hi in (
-            ("offset", offset, -(1 << 64), 1 << 64),
-            ("nsym", nsym, 1, rans.MAX_ALPHABET),
-            ("k", k, 1, rans.MAX_CONTEXTS),
-            (extra, kc, 1, 1 << 40 if variant == "block" else rans.MAX_CONTEXTS),
-            ("tuple", t, 1, 8),
-            ("lanes", lanes, 1, rans.MAX_LANES),
-            ("prec", prec, 1, rans.MAX_PREC),
+            ("offset", params.get("offset"), -(1 << 64), 1 << 64),
+            ("nsym", nsym := params.get("nsym"), 1, spec.MAX_ALPHABET),
+            ("k", k, 1, spec.MAX_CONTEXTS),
+            (context.extra, kc, 1, context.extra_max),
+            ("tuple", t, 1, spec.MAX_TUPLE),
+            ("lanes", lanes, 1, spec.MAX_LANES),
+            ("prec", prec, 1, spec.MAX_PREC),
         ):
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ArtifactError(f"rans param {key}={v!r} out of range")
         if lanes & (lanes - 1):
             raise ArtifactError(f"rans lanes={lanes} is not a power of two")
-        nt = nsym**t
-        if nt > rans.MAX_ALPHABET:
+        if nsym**t > spec.MAX_ALPHABET:
             raise ArtifactError("rans tuple alphabet too large")
-        if not isinstance(variant, str) or variant not in ("none", "scale", "row", "col", "grid", "block", "map"):
-            raise ArtifactError(f"unknown rans context {variant!r}")
-        if set(params) & set(self.EXTRA.values()) != ({extra} if extra else set()):
-            raise ArtifactError(f"rans {variant} context: {extra or 'no kc, rb or kr'} comes with it, and no other")
-        if (variant == "grid") != ("kc" in params) or (variant == "grid" and (k % kc or k // kc < 2 or kc < 2)):
+        if set(params) & set(EXTRA.values()) != ({context.extra} - {None}):
+            raise ArtifactError(
+                f"rans {variant} context: {context.extra or 'no kc, rb or kr'} comes with it, and no other"
+            )
+        if variant == "grid" and (k % kc or k // kc < 2 or kc < 2):
             raise ArtifactError(f"rans grid context: k={k} must be (row classes >= 2) x (kc={kc} >= 2)")
-        rows, cols = rows_layout(ctx.tensor_shape)
-        n = ctx.numel
-        n_ids = {"row": rows, "col": cols, "grid": rows + cols, "block": -(-rows // kc) * cols, "map": rows + kc * cols}
-        n_ids = n_ids.get(variant, 0)
+        return self._decode_classes(data, params, ctx, variant, kc)
+
+    def _decode_classes(self, data, params, ctx, variant: str, kc: int):
+        """decode, its params checked: the class ids against the tensor, then the codes."""
+        (rows, cols), n, k, context = (
+            rows_layout(ctx.tensor_shape),
+            ctx.numel,
+            params.get("k", 1),
+            spec.CONTEXTS[variant],
+        )
+        n_ids = context.ids(rows, cols, kc) if context.ids else 0
         # Class ids are stored per row/column: an empty tensor has none to give, and their
         # count is bounded by the codes' (a zero dimension must not declare 2**39 rows).
-        if variant in ("row", "col", *self.EXTRA) and (
-            rows * cols > n or len(ctx.tensor_shape) < 2 or rows * cols == 0 or n_ids > 2 * n
-        ):
+        if context.ids and (rows * cols > n or len(ctx.tensor_shape) < 2 or rows * cols == 0 or n_ids > 2 * n):
             raise ArtifactError("rans class context does not fit the tensor shape")
         if variant == "scale" and (len(ctx.shape) != 2 or ctx.scales is None):
             raise ArtifactError("rans scale context needs scales")
         if variant == "none" and k != 1:
             raise ArtifactError("rans context none has one table")
-        tables, ids, words = rans.split_body(data, k, nt, n_ids, ctx.version)
-        top = {"grid": k // kc, "map": kc}.get(variant)  # row classes
+        nsym, t = params["nsym"], params.get("tuple", 1)
+        tables, ids, words = rans.split_body(data, k, nsym**t, n_ids, ctx.version)
+        top = context.row_classes(k, kc) if context.row_classes else None
         if top and (ids[:rows].max() >= top or variant == "grid" and ids[rows:].max() >= kc):
             raise ArtifactError(f"rans {variant} class ids do not match the declared classes")
         cvec = geometry(ctx).context_vector(variant, k, ids, t, np.uint8, kc)
-        sym = rans.from_tuples(rans.ilv_decode(words, cvec, tables, prec, lanes, len(cvec)), nsym, t, n)
-        return _symbols_to_array(sym, offset, ctx, nsym)
+        units = rans.ilv_decode(words, cvec, tables, params["prec"], params["lanes"], len(cvec))
+        return _symbols_to_array(rans.from_tuples(units, nsym, t, n), params["offset"], ctx, nsym)
 
 
 # ----------------------------------------------------------------- fields
 
 # mantissa bits of each float format's words, and of a float stream's dtype (a quantizer's scales)
-MANT = {"fp32": 23, "fp16": 10, "bf16": 7, "float32": 23, "float16": 10, "bfloat16": 7}
+MANT = {k: m for name, (dtype, m) in FLOAT_FORMATS.items() for k in (name, str(dtype).removeprefix("torch."))}
 HI_MAX = 4  # top mantissa bits a head symbol may carry (exponent 8 + 4 bits: 4096 symbols)
 
 
@@ -357,8 +364,8 @@ class Fields(Codec, name="fields"):
         w, m = np.ascontiguousarray(arr).view(f"<u{arr.dtype.itemsize}").ravel(), ctx.mant
         g, ebits, s = geometry(ctx), 8 * w.itemsize - 1 - m, w.itemsize // 2
         counts = np.zeros(1 << ebits + HI_MAX, np.int64)  # of the exponents and HI_MAX top mantissa bits
-        if rans.has_kernel():  # (one pass, no shifted copy of the words)
-            rans._ransc.top_counts(w, w.itemsize, m - HI_MAX, counts)
+        if kernel.on():  # (one pass, no shifted copy of the words)
+            kernel.c.top_counts(w, w.itemsize, m - HI_MAX, counts)
         else:
             top = (w.view("<u2")[s - 1 :: s] >> np.uint16(m - HI_MAX + 16 - 16 * s)) & np.uint16(len(counts) - 1)
             counts += rans.context_counts(top, None, 1, len(counts))[0]
@@ -385,7 +392,7 @@ class Fields(Codec, name="fields"):
         Each plan: (head's context, tail, params, the head's rans plan)."""
         jobs, heads, out = [], [], [None] * len(items)
         for j, (arr, ctx) in enumerate(items):
-            if ctx.mant and 0 < arr.size <= rans.MAX_UNITS and arr.dtype.itemsize == (4 if ctx.mant > 16 else 2):
+            if ctx.mant and 0 < arr.size <= spec.MAX_UNITS and arr.dtype.itemsize == (4 if ctx.mant > 16 else 2):
                 head, nsym, lo, tail, params, counts = self.split(arr, ctx)
                 hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, ctx.effort)
                 jobs.append((head, nsym, geometry(hctx), counts))
@@ -406,10 +413,10 @@ class Fields(Codec, name="fields"):
         hctx, tail, params, head_plan = plan
         # The head's tables and class ids: deflate, lzma only at effort max (lzma-9e's ~0.1 ms a blob bought
         # 0.008% of MiniLM bf16, 0.027% of golf bf16, for 8-9% of their pack time; MiniLM int8 0.04%: kept).
-        kinds = compress.PORTABLE if ctx.effort == "max" else (compress.RAW, compress.DEFLATE)
+        kinds = spec.PORTABLE if ctx.effort == "max" else (spec.RAW, spec.DEFLATE)
         body, hparams = Rans().encode(None, hctx, head_plan, kinds)
         packed = compress.deflate(tail, tail_level) if np.any(tail_level) else tail
-        tail, z = (packed, compress.DEFLATE) if len(packed) < len(tail) else (tail, compress.RAW)
+        tail, z = (packed, spec.DEFLATE) if len(packed) < len(tail) else (tail, spec.RAW)
         hparams["lo"] = hparams.pop("offset")  # (the heads' least value: no offset of the words)
         return b"".join((tail, body)), {**hparams, **params, "tail": len(tail), "tz": z}
 
@@ -419,7 +426,7 @@ class Fields(Codec, name="fields"):
         if (
             not all(isinstance(v, int) and not isinstance(v, bool) for v in (m, h, tlen, z))
             or not (width > 8 and 0 <= h <= min(m, HI_MAX) and 1 <= m <= width - 2 and 0 <= tlen <= len(data))
-            or z not in compress.NAMES
+            or z not in spec.NAMES
             or "offset" in params
         ):
             raise ArtifactError(f"{ctx.kind} stream: fields params out of range")
@@ -442,9 +449,9 @@ def split_words(w: np.ndarray, m: int, h: int) -> tuple[np.ndarray, bytes | np.n
     planes (np.packbits), then the sign's plane. The compiled kernel where built; this numpy
     spelling is its reference (tests check both write the same bytes)."""
     n, (q, r) = w.size, divmod(m - h, 8)
-    if rans.has_kernel():
+    if kernel.on():
         head, tail = np.empty(n, np.uint16), np.empty(q * n + (r + 1) * -(-n // 8), np.uint8)
-        rans._ransc.fields_split(w, w.itemsize, m, h, head, tail)
+        kernel.c.fields_split(w, w.itemsize, m, h, head, tail)
         return head, tail
     u, top = w.dtype.type, 8 * w.itemsize - 1
     head = ((w >> u(m - h)) & u((1 << top - m + h) - 1)).astype(np.uint16)
@@ -459,8 +466,8 @@ def join_words(head: np.ndarray, tail: bytes, m: int, h: int, itemsize: int) -> 
     """split_words inverted; ValueError where a head reaches the sign or a bit plane's padding is not zero."""
     n, (q, r), width = head.size, divmod(m - h, 8), 8 * itemsize
     w = np.empty(n, f"<u{itemsize}")
-    if rans.has_kernel():
-        rans._ransc.fields_join(w, itemsize, m, h, np.ascontiguousarray(head, np.uint16), tail)
+    if kernel.on():
+        kernel.c.fields_join(w, itemsize, m, h, np.ascontiguousarray(head, np.uint16), tail)
         return w
     if n and int(head.max()) >> h >= 1 << width - 1 - m:
         raise ValueError("fields exponent out of range")

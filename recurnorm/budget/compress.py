@@ -21,19 +21,14 @@ import zstandard
 
 from ..errors import ArtifactError
 from . import bounded_zstd
-
-RAW, ZSTD, DEFLATE, LZMA = 0, 1, 2, 3
-NAMES = {RAW: "raw", ZSTD: "zstd", DEFLATE: "deflate", LZMA: "lzma"}
-PORTABLE = (RAW, DEFLATE, LZMA)  # the standard library decodes these
+from .spec import DEFLATE, DEFLATE_WBITS, LZMA, LZMA_DICT, NAMES, PORTABLE, RAW, ZSTD
 
 DEFLATE_LEVEL = 9
-DEFLATE_WBITS = -15  # raw deflate: no zlib header or checksum (the artifact hashes everything)
 CHUNK = (1 << 16) - 1  # deflate()'s chunks where it takes a level each: a stored block's most bytes
 # Raw LZMA2 (no .xz container: its header and check cost ~60 bytes a blob). The decoder
 # must be told a dictionary size at least the encoder's: LZMA_DICT for every reader; the
 # writer fits its dictionary to the input (as small, the same bytes on inputs we have
 # measured, and 2-15x faster on the small blobs that side data is).
-LZMA_DICT = 1 << 22
 LZMA_DECODE_FILTERS = [{"id": lzma.FILTER_LZMA2, "dict_size": LZMA_DICT}]
 ZSTD_LEVEL = 19
 

@@ -9,37 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import mmap
-import struct
 from typing import Any
 
 from ..errors import ArtifactError, QuantError
-from . import compress
-
-MAGIC = b"RNPK"
-VERSION = 2
-READ_VERSIONS = (1, 2)  # version 1: zstd side data and manifest (see rans.split_body)
-HEADER = struct.Struct("<4sHHQ32s")
-HEADER_SIZE = HEADER.size  # 48
-# Stored, and decompressed. A 16 MB model's manifest is ~50 KB, but the model's config.json
-# rides in it (a tokenizer's vocabulary makes one of several MB): 8 MiB holds a 6 MB config.
-# JSON of small containers parses to ~25-32 bytes of Python per byte, so this bounds parsing
-# (measured on 8 MiB: empty objects 200 MB and 0.5 s, lists of objects of lists 265 MB and
-# 4 s; 64 MiB took 1.4 GB).
-MAX_MANIFEST_BYTES = 8 << 20
-# The manifest's compressor id sits in the flags' low two bits. Per-tensor JSON repeats
-# keys and hex hashes: deflate or lzma take ~80% off.
-MANIFEST_COMPRESSOR_MASK = 3
-# Bit 2: some tensor carries an LQER correction ("lowrank"). A reader that does not know the
-# field must refuse the artifact rather than return the factors as tensors and the weights
-# uncorrected: format-2 readers refuse unknown flag bits.
-LOWRANK_FLAG = 4
-# Nesting: the manifest's own is 5 levels; a model's config (metadata.config) has room for 60.
-# Python's JSON reader recurses ~1,000 levels deep before it gives up on its own.
-MAX_JSON_DEPTH = 64
-MAX_CONFIG_DEPTH = MAX_JSON_DEPTH - 4  # config.json, under the manifest's {"metadata": {"config": ...}}
-MAX_NDIM = 16
-MAX_TENSORS = 1 << 20
-STREAM_KINDS = ("scales", "zeros", "parents", "codes")  # the order they are written and read in
+from . import compress, spec
 
 
 def dumps(obj: Any) -> bytes:
@@ -61,22 +34,22 @@ def write_container(manifest: dict, payload: bytes | list[bytes], length_sha: tu
     _check_writable(manifest, raw)
     m, flags = compress.smallest(raw)
     if has_lowrank(manifest):
-        flags |= LOWRANK_FLAG
-    header = HEADER.pack(MAGIC, VERSION, flags, len(m), hashlib.sha256(m).digest())
+        flags |= spec.LOWRANK_FLAG
+    header = spec.HEADER.pack(spec.MAGIC, spec.VERSION, flags, len(m), hashlib.sha256(m).digest())
     return b"".join([header, m, *parts])
 
 
 def _check_writable(manifest: dict, raw: bytes) -> None:
     """QuantError when readers would refuse this manifest for its size or nesting (a huge or
     deep config.json in the metadata): the packer never writes an artifact its reader refuses."""
-    if len(raw) > MAX_MANIFEST_BYTES:
+    if len(raw) > spec.MAX_MANIFEST_BYTES:
         raise QuantError(
             f"the manifest would be {len(raw):,} bytes (metadata {len(dumps(manifest.get('metadata', {}))):,}, "
-            f"with the model's config); artifacts hold at most {MAX_MANIFEST_BYTES:,}"
+            f"with the model's config); artifacts hold at most {spec.MAX_MANIFEST_BYTES:,}"
         )
-    if json_depth(manifest, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+    if json_depth(manifest, spec.MAX_JSON_DEPTH) > spec.MAX_JSON_DEPTH:
         raise QuantError(
-            f"the metadata (the model's config) nests deeper than an artifact's manifest may ({MAX_JSON_DEPTH} levels)"
+            f"the metadata (the model's config) nests deeper than an artifact's manifest may ({spec.MAX_JSON_DEPTH} levels)"
         )
 
 
@@ -86,14 +59,14 @@ def no_constant(name: str):
 
 def _manifest_json(stored: bytes, flags: int) -> bytes:
     """The manifest's JSON bytes from its stored form."""
-    return compress.decompress(flags & MANIFEST_COMPRESSOR_MASK, stored, MAX_MANIFEST_BYTES, "manifest")
+    return compress.decompress(flags & spec.MANIFEST_COMPRESSOR_MASK, stored, spec.MAX_MANIFEST_BYTES, "manifest")
 
 
 def split_container(data: bytes) -> tuple[dict, bytes]:
     """(manifest, payload) of a well-formed artifact, unvalidated: for tools that re-sign."""
-    _, _, flags, mlen, _ = HEADER.unpack_from(data, 0)
-    m = _manifest_json(bytes(data[HEADER_SIZE : HEADER_SIZE + mlen]), flags)
-    return json.loads(m, parse_constant=no_constant), bytes(data[HEADER_SIZE + mlen :])
+    _, _, flags, mlen, _ = spec.HEADER.unpack_from(data, 0)
+    m = _manifest_json(bytes(data[spec.HEADER_SIZE : spec.HEADER_SIZE + mlen]), flags)
+    return json.loads(m, parse_constant=no_constant), bytes(data[spec.HEADER_SIZE + mlen :])
 
 
 def json_depth(obj: Any, limit: int) -> int:
@@ -120,20 +93,20 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
 
     max_decoded_bytes: refuse artifacts whose tensors decode to more (default: validate's rule)."""
     data = memoryview(data)
-    if len(data) < HEADER_SIZE:
-        raise ArtifactError(f"truncated artifact: {len(data)} bytes, header needs {HEADER_SIZE}")
-    magic, version, flags, mlen, msha = HEADER.unpack_from(data, 0)
-    if magic != MAGIC:
-        raise ArtifactError(f"not a recurnorm artifact (magic {bytes(magic)!r}, expected {MAGIC!r})")
-    if version not in READ_VERSIONS:
+    if len(data) < spec.HEADER_SIZE:
+        raise ArtifactError(f"truncated artifact: {len(data)} bytes, header needs {spec.HEADER_SIZE}")
+    magic, version, flags, mlen, msha = spec.HEADER.unpack_from(data, 0)
+    if magic != spec.MAGIC:
+        raise ArtifactError(f"not a recurnorm artifact (magic {bytes(magic)!r}, expected {spec.MAGIC!r})")
+    if version not in spec.READ_VERSIONS:
         raise ArtifactError(
-            f"unsupported artifact version {version} (this reader knows {', '.join(map(str, READ_VERSIONS))})"
+            f"unsupported artifact version {version} (this reader knows {', '.join(map(str, spec.READ_VERSIONS))})"
         )
-    if flags & ~(MANIFEST_COMPRESSOR_MASK | LOWRANK_FLAG) or (version == 1 and flags > compress.ZSTD):
+    if flags & ~(spec.MANIFEST_COMPRESSOR_MASK | spec.LOWRANK_FLAG) or (version == 1 and flags > spec.ZSTD):
         raise ArtifactError(f"unsupported artifact flags {flags:#x}")
-    if mlen > MAX_MANIFEST_BYTES or HEADER_SIZE + mlen > len(data):
+    if mlen > spec.MAX_MANIFEST_BYTES or spec.HEADER_SIZE + mlen > len(data):
         raise ArtifactError(f"truncated artifact: manifest of {mlen} bytes does not fit")
-    mbytes = bytes(data[HEADER_SIZE : HEADER_SIZE + mlen])
+    mbytes = bytes(data[spec.HEADER_SIZE : spec.HEADER_SIZE + mlen])
     if hashlib.sha256(mbytes).digest() != msha:
         raise ArtifactError("manifest checksum mismatch (corrupt artifact)")
     mbytes = _manifest_json(mbytes, flags)
@@ -141,13 +114,13 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
         manifest = json.loads(mbytes.decode("utf-8"), parse_constant=no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ArtifactError(f"manifest is not valid JSON: {exc}") from None
-    if json_depth(manifest, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+    if json_depth(manifest, spec.MAX_JSON_DEPTH) > spec.MAX_JSON_DEPTH:
         raise ArtifactError("manifest nests too deeply")
     if not isinstance(manifest, dict):
         raise ArtifactError("manifest is not a JSON object")
     if not is_int(manifest.get("version")) or manifest.get("version") != version:
         raise ArtifactError(f"manifest version {manifest.get('version')!r} differs from the header's {version}")
-    payload = data[HEADER_SIZE + mlen :]
+    payload = data[spec.HEADER_SIZE + mlen :]
     plen = manifest.get("payload_length")
     if not is_int(plen) or plen != len(payload):
         raise ArtifactError(f"truncated or padded artifact: payload is {len(payload)} bytes, manifest says {plen}")
@@ -160,7 +133,7 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
     from . import validate  # it reads this module's limits
 
     validate.check_manifest(manifest, max_decoded_bytes)  # every field, before anything is decoded
-    if bool(flags & LOWRANK_FLAG) != has_lowrank(manifest):
+    if bool(flags & spec.LOWRANK_FLAG) != has_lowrank(manifest):
         raise ArtifactError("header flag for lqer corrections disagrees with the manifest")
     return manifest, payload
 

@@ -16,10 +16,10 @@ import numpy as np
 from ..codewrap import Payload, minify_renamed
 from ..codewrap.api import program_name
 from ..codewrap.selfextract import make
+from . import spec
 
 SOURCE = Path(__file__).with_name("rnpk_load.py")
 MODULE = "rnpk_load"  # the name programs import it by
-LOADER_CODECS = ("raw", "deflate", "lzma", "rans", "fields")  # what rnpk_load decodes
 PUBLIC = {"load", "decode", "RnpkError"}  # the names a user calls (and catches), kept as they are
 
 
@@ -43,24 +43,24 @@ def compact_loader() -> bytes:
 def loader_problem(data: bytes, manifest: dict) -> str | None:
     """Why the standalone loader cannot read a (valid) artifact, or None when it can: it reads
     format 2 with portable compressors everywhere (header, streams, rans side data)."""
-    from . import compress, format, rans
+    from . import rans
 
-    _, version, flags, mlen, _ = format.HEADER.unpack_from(data, 0)
-    if version != 2:
-        return f"format version {version} (the loader reads 2: repack it)"
-    if flags & format.MANIFEST_COMPRESSOR_MASK not in compress.PORTABLE:
+    _, version, flags, mlen, _ = spec.HEADER.unpack_from(data, 0)
+    if version != spec.VERSION:
+        return f"format version {version} (the loader reads {spec.VERSION}: repack it)"
+    if flags & spec.MANIFEST_COMPRESSOR_MASK not in spec.PORTABLE:
         return "the manifest is zstd-compressed"
-    payload = memoryview(data)[format.HEADER_SIZE + mlen :]
+    payload = memoryview(data)[spec.HEADER_SIZE + mlen :]
     for t in manifest["tensors"]:
         for kind, s in t.get("streams", {}).items():
             where = f"tensor {t['name']!r} {kind}"
-            if s["codec"] not in LOADER_CODECS:
+            if s["codec"] not in spec.PORTABLE_CODECS:
                 return f"{where} uses the {s['codec']} codec"
             body = payload[s["offset"] : s["offset"] + s["length"]]
             if s["codec"] == "fields":  # its tail, then a rans body
-                if s["params"]["tz"] not in compress.PORTABLE:
+                if s["params"]["tz"] not in spec.PORTABLE:
                     return f"{where} has a zstd-compressed fields tail"
                 body = body[s["params"]["tail"] :]
-            if s["codec"] in ("rans", "fields") and not set(rans.side_compressors(body)) <= set(compress.PORTABLE):
+            if s["codec"] in ("rans", "fields") and not set(rans.side_compressors(body)) <= set(spec.PORTABLE):
                 return f"{where} has zstd-compressed rans side data"
     return None

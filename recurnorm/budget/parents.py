@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ArtifactError
-from . import rans
+from . import kernel, rans
 
 STEP, SHIFT = 32, 5  # multipliers are k / STEP, |k| <= 2 * STEP
 ROW_BITS = 24  # what a predicted row pays for its parent and multiplier, about (stored: ~19 bits)
@@ -64,7 +64,41 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
     # gain). Three values or fewer: MiniLM's ternary embedding codes smaller as it is (0.5 s saved).
     if cols < 2 or int(codes.max()) - int(codes.min()) < 3:
         return None
-    rng, basis, codes = np.random.default_rng(0), None, np.ascontiguousarray(codes)  # (contiguous: the kernel's)
+    rng, codes = np.random.default_rng(0), np.ascontiguousarray(codes)  # (contiguous: the kernel's)
+    norm, sketch = _sketch(codes, rng)
+    unit = sketch / np.maximum(np.linalg.norm(sketch, axis=1), 1e-6)[:, None]
+    n = max(1, rows // CLUSTER)
+    home, probes = _probes(unit, _centres(unit, n, rng), min(PROBES * (4 if wide else 1), n))
+    probed = np.searchsorted(probes[0], np.arange(n + 1))  # rows probing cluster c: probes[1, probed[c] : ...]
+    members = np.argsort(home, kind="stable")
+    bounds = np.searchsorted(home[members], np.arange(n + 1))
+    sketch_per_norm = sketch / np.sqrt(norm)[:, None]  # (a parent's score: dot^2 / its energy)
+    best = (np.zeros(rows, np.float32), np.zeros(rows, np.int64), np.zeros(rows, np.int32))  # score, parent, dot
+    for c in range(n):
+        member, q = members[bounds[c] : bounds[c + 1]], probes[1, probed[c] : probed[c + 1]]
+        q = q[q > member[0]] if len(member) else q[:0]
+        if len(q):  # each row's best sketched candidate in the cluster
+            member = member[: np.searchsorted(member, q[-1])]
+            _offer(codes, norm, best, q, member, sketch[q] @ sketch_per_norm[member].T)
+    score, parent, dot = best
+    # Related rows come in families: each row also tries its parent's parent and its last earlier
+    # sibling (+1.2% of the gain for 0.02 s on MiniLM, as much as a third more probes)
+    by_parent, sibling = np.argsort(parent, kind="stable"), np.zeros(rows, np.int64)
+    sibling[by_parent[1:]] = by_parent[:-1]  # (the row before it in that order; a stranger costs nothing)
+    _offer(codes, norm, best, np.arange(rows), parent[parent])
+    _offer(codes, norm, best, np.arange(rows), sibling)
+    # bits saved, as by Gaussians of the row's energy and what its parent leaves of it
+    use = 0.5 * cols * np.log2((norm + cols) / (norm - score + cols)) > ROW_BITS
+    k = np.clip(np.rint(STEP * dot / norm[parent]), -2 * STEP, 2 * STEP).astype(np.int32)
+    out = np.zeros((rows, 2), np.int32)
+    out[use] = np.stack([np.flatnonzero(use) - parent[use], k[use]], 1)
+    return out if use.any() else None
+
+
+def _sketch(codes: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's energy, at least 1; its coordinates on the SKETCH leading directions of the rows)."""
+    rows, cols = codes.shape
+    basis = None
     if cols > SKETCH:  # (a subspace iteration on some rows: near the leading directions, no cols x cols eigh)
         some, basis = codes[:: max(1, rows // 4096)].astype(np.float32), rng.standard_normal((cols, SKETCH), np.float32)
         for _ in range(2):
@@ -74,11 +108,13 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
     for i in range(0, rows, 4096):
         x = codes[i : i + 4096].astype(np.float32)
         norm[i : i + 4096], sketch[i : i + 4096] = np.einsum("ij,ij->i", x, x), x if basis is None else x @ basis
-    norm = np.maximum(norm, 1)
-    unit = sketch / np.maximum(np.linalg.norm(sketch, axis=1), 1e-6)[:, None]
-    # clusters of directions, either sign (a parent's multiplier may be negative): a few k-means steps.
-    # Rows x clusters products go a block of rows at a time: whole, a 128K-row vocabulary's took 1.2 GB.
-    n = max(1, rows // CLUSTER)
+    return np.maximum(norm, 1), sketch
+
+
+def _centres(unit: np.ndarray, n: int, rng) -> np.ndarray:
+    """n clusters of directions, either sign (a parent's multiplier may be negative): a few k-means
+    steps. Rows x clusters products go a block of rows at a time: whole, a 128K-row vocabulary's took 1.2 GB."""
+    rows = len(unit)
     centres, sample = unit[rng.choice(rows, n, replace=False)], unit[rng.choice(rows, min(rows, 64 * n), replace=False)]
     for _ in range(2):
         moved, d = np.zeros_like(centres), centres.shape[1]
@@ -88,50 +124,33 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
             some = sample[b : b + 4096] * np.sign(cos[np.arange(len(near)), near])[:, None]
             np.add.at(moved.reshape(-1), (near[:, None] * d + np.arange(d)).ravel(), some.ravel())
         centres = moved / np.maximum(np.linalg.norm(moved, axis=1), 1e-6)[:, None]
-    p = min(PROBES * (4 if wide else 1), n)  # clusters a row probes
-    home, probes = np.zeros(rows, np.int64), []  # each row's cluster, and (cluster, row) of its p nearest
-    for b in range(0, rows, 4096):
+    return centres
+
+
+def _probes(unit: np.ndarray, centres: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's cluster; (cluster, row) of its p nearest clusters, sorted by cluster)."""
+    n, home, probes = len(centres), np.zeros(len(unit), np.int64), []
+    for b in range(0, len(unit), 4096):
         cos = np.abs(unit[b : b + 4096] @ centres.T)
         home[b : b + 4096] = np.argmax(cos, 1)  # (np.argpartition: 10x slower; zero rows probe nothing)
         r, c = np.nonzero((cos >= np.partition(cos, n - p, 1)[:, n - p : n - p + 1]) & (cos > 0))
         probes.append(np.stack([c, r + b]))
     probes = np.concatenate(probes, 1)
-    probes = probes[:, np.argsort(probes[0].astype(np.uint16) if n <= 1 << 16 else probes[0], kind="stable")]  # (radix)
-    probed = np.searchsorted(probes[0], np.arange(n + 1))  # rows probing cluster c: probes[1, probed[c] : ...]
-    members = np.argsort(home, kind="stable")
-    bounds = np.searchsorted(home[members], np.arange(n + 1))
-    sketch_per_norm = sketch / np.sqrt(norm)[:, None]  # (a parent's score: dot^2 / its energy)
-    score, parent, dot = np.zeros(rows, np.float32), np.zeros(rows, np.int64), np.zeros(rows, np.int32)
+    return home, probes[:, np.argsort(probes[0].astype(np.uint16) if n <= 1 << 16 else probes[0], kind="stable")]
 
-    def offer(q: np.ndarray, cand: np.ndarray, sketched: np.ndarray | None = None) -> None:
-        """Rows q take parents (sketched [q, cand]: each row's best earlier one) where they score better, exactly."""
-        if rans._ransc is not None:  # (the kernel: the same steps, without numpy's row copies)
-            return rans._ransc.offer(codes, q, cand, sketched, norm, score, parent, dot)
-        if sketched is not None:  # (a parent comes before its row: member[0] does)
-            cand = cand[np.argmax(np.abs(sketched) * (cand < q[:, None]), 1)]
-        d = (codes[q].astype(np.int16) * codes[cand]).sum(1, dtype=np.int32)  # (gathering int8: 10x quicker)
-        s = d.astype(np.float32) ** 2 / norm[cand]
-        better = (s > score[q]) & (cand < q)
-        score[q[better]], parent[q[better]], dot[q[better]] = s[better], cand[better], d[better]
 
-    for c in range(n):
-        member, q = members[bounds[c] : bounds[c + 1]], probes[1, probed[c] : probed[c + 1]]
-        q = q[q > member[0]] if len(member) else q[:0]
-        if len(q):  # each row's best sketched candidate in the cluster
-            member = member[: np.searchsorted(member, q[-1])]
-            offer(q, member, sketch[q] @ sketch_per_norm[member].T)
-    # Related rows come in families: each row also tries its parent's parent and its last earlier
-    # sibling (+1.2% of the gain for 0.02 s on MiniLM, as much as a third more probes)
-    by_parent, sibling = np.argsort(parent, kind="stable"), np.zeros(rows, np.int64)
-    sibling[by_parent[1:]] = by_parent[:-1]  # (the row before it in that order; a stranger costs nothing)
-    offer(np.arange(rows), parent[parent])
-    offer(np.arange(rows), sibling)
-    # bits saved, as by Gaussians of the row's energy and what its parent leaves of it
-    use = 0.5 * cols * np.log2((norm + cols) / (norm - score + cols)) > ROW_BITS
-    k = np.clip(np.rint(STEP * dot / norm[parent]), -2 * STEP, 2 * STEP).astype(np.int32)
-    out = np.zeros((rows, 2), np.int32)
-    out[use] = np.stack([np.flatnonzero(use) - parent[use], k[use]], 1)
-    return out if use.any() else None
+def _offer(codes, norm, best, q: np.ndarray, cand: np.ndarray, sketched: np.ndarray | None = None) -> None:
+    """Rows q take parents (sketched [q, cand]: each row's best earlier one) where they score better,
+    exactly; best: (score, parent, dot) of every row, updated in place."""
+    score, parent, dot = best
+    if kernel.on():  # (the kernel: the same steps, without numpy's row copies)
+        return kernel.c.offer(codes, q, cand, sketched, norm, score, parent, dot)
+    if sketched is not None:  # (a parent comes before its row: member[0] does)
+        cand = cand[np.argmax(np.abs(sketched) * (cand < q[:, None]), 1)]
+    d = (codes[q].astype(np.int16) * codes[cand]).sum(1, dtype=np.int32)  # (gathering int8: 10x quicker)
+    s = d.astype(np.float32) ** 2 / norm[cand]
+    better = (s > score[q]) & (cand < q)
+    score[q[better]], parent[q[better]], dot[q[better]] = s[better], cand[better], d[better]
 
 
 def residuals(codes: np.ndarray, parents: np.ndarray) -> np.ndarray:

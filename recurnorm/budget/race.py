@@ -13,11 +13,9 @@ from functools import cached_property
 import numpy as np
 import zstandard
 
-from . import codecs, compress, rans
+from . import codecs, compress, rans, spec
 from .codecs import StreamContext, get
-
-# Portable: what the standard library and numpy decode (the standalone loader reads these).
-DEFAULT_CODECS = ("rans", "fields", "deflate", "lzma", "raw")
+from .spec import PORTABLE_CODECS
 
 QUICK_MIN = 1 << 15  # below this many bytes a full deflate-9 costs under a millisecond: no probe
 REPEATS = 0.97  # a zstd-1 pass under this share of a bound has found repetition
@@ -98,7 +96,7 @@ class Stream:
     """One stream in the race and the encoder's scratch: its laid-out bytes, deflate's sizes
     for lzma. Dropped after its race."""
 
-    def __init__(self, arr: np.ndarray, ctx: StreamContext, names=DEFAULT_CODECS) -> None:
+    def __init__(self, arr: np.ndarray, ctx: StreamContext, names=PORTABLE_CODECS) -> None:
         self.arr, self.ctx, self.names = arr, ctx, names
         self.laid: dict[str, LaidOut] = {}
         self.deflate: list[tuple[int, dict]] | None = None
@@ -140,7 +138,7 @@ def parents_pay(plain: np.ndarray, res: np.ndarray, parents: np.ndarray, scales,
 
 def encode_all(items: list[tuple[np.ndarray, StreamContext]], names=None) -> list[tuple[str, dict, bytes]]:
     """The race on every (array, context): rans and fields plan all streams in one search first."""
-    names = tuple(names or DEFAULT_CODECS)
+    names = tuple(names or PORTABLE_CODECS)
     for name in names:
         get(name)  # (an unknown name fails before any work)
     codes = [i for i, (_, ctx) in enumerate(items) if ctx.kind == "codes"]
@@ -158,7 +156,7 @@ def encode_all(items: list[tuple[np.ndarray, StreamContext]], names=None) -> lis
 
 def encode_best(arr: np.ndarray, ctx: StreamContext, names=None, plans=None) -> tuple[str, dict, bytes]:
     """The smallest encoding of one stream among the codecs named: (codec name, params, bytes)."""
-    names = names or DEFAULT_CODECS
+    names = names or PORTABLE_CODECS
     s, plans = Stream(arr, ctx, names), plans or {}
     best = ("raw", {}, codecs.to_le_bytes(arr, ctx.dtype))
     for name in (n for n in RACE if n in names):
@@ -210,10 +208,10 @@ def _deflate(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
 
 def _lzma(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
     if s.lzma_parents():
-        return [(compress.compress(compress.LZMA, s.laid_out("shuffle").raw), {"layout": "shuffle"})]
+        return [(compress.compress(spec.LZMA, s.laid_out("shuffle").raw), {"layout": "shuffle"})]
     if not s.on("lzma_race"):  # every layout
         layouts = codecs.layouts_for(s.ctx.dtype)
-        return [(compress.compress(compress.LZMA, s.laid_out(lay).raw), {"layout": lay}) for lay in layouts]
+        return [(compress.compress(spec.LZMA, s.laid_out(lay).raw), {"layout": lay}) for lay in layouts]
     if s.deflate is None:  # deflate was not in the race: its sizes are needed all the same
         _deflate(s, best)
     if not s.deflate:  # deflate skipped these bytes (floats the probe judged, codes without repetition)
@@ -222,7 +220,7 @@ def _lzma(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
     laid = s.laid_out(params["layout"])
     if size > best * (1.0 if len(laid.raw) > 1 << 18 else GATES["lzma_race"]):
         return []
-    return [(compress.compress(compress.LZMA, laid.raw), params)]
+    return [(compress.compress(spec.LZMA, laid.raw), params)]
 
 
 def _zstd(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
@@ -232,7 +230,7 @@ def _zstd(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
     if s.on("zstd_slow_race"):
         data, lay = min(quick, key=lambda q: len(q[0]))  # first layout on ties
         slow = [lay] if len(data) <= best * GATES["zstd_slow_race"] else []
-    slow = [(compress.compress(compress.ZSTD, s.laid_out(lay).raw), lay) for lay in slow]
+    slow = [(compress.compress(spec.ZSTD, s.laid_out(lay).raw), lay) for lay in slow]
     return [(data, {"layout": lay}) for data, lay in quick + slow]
 
 

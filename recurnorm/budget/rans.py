@@ -1,16 +1,10 @@
-"""Context-modelled rANS over integer code symbols, with stored integer tables.
+"""Context-modelled rANS over integer code symbols, with stored integer tables: a stream is
+split by a per-position context id (spec.CONTEXTS); each context has its own table.
 
-A stream is split by a per-position context id (none, the row's scale bucket,
-or a row/column class of the tensor's 2-D view); each context has its own table.
-
-The packer writes our own interleaved rANS (`ilv_encode`/`ilv_decode`):
-`lanes` independent 32-bit states with 16-bit renormalization. Its only
-overhead is 4 bytes of final state per lane, so the packer uses as few lanes as
-the decoder's step bound allows. The compiled kernel (`_ransc.c`) codes it at
-hundreds of MB/s; the numpy functions here are its specification and the
-fallback where the kernel is not built (vectorized over lanes: one Python step
-per `lanes` units, so slow on few lanes, but the same bytes). The standalone
-loader (`loader.py`) decodes every stream of an artifact in one lock-step loop.
+The packer writes our own interleaved rANS (`ilv_encode`/`ilv_decode`): `lanes` independent
+32-bit states with 16-bit renormalization, whose only overhead is 4 bytes of final state a
+lane. The compiled kernel (kernel.py) codes it at hundreds of MB/s; the numpy functions here
+are its specification and fallback (one Python step per `lanes` units: slow, the same bytes).
 """
 
 from __future__ import annotations
@@ -20,50 +14,7 @@ import warnings
 import numpy as np
 
 from ..errors import ArtifactError
-from . import compress
-
-try:  # the compiled kernel (setup.py builds it when a C compiler is present)
-    from . import _ransc
-except ImportError:  # pragma: no cover - depends on the build machine
-    _ransc = None
-
-
-def has_kernel() -> bool:
-    """Whether the compiled kernel is built (else the numpy reference codes: same bytes, slower)."""
-    return _ransc is not None
-
-
-def kernel_histograms(sym16: np.ndarray, rows: int, cols: int, nsym: int, axis: int, stride: int) -> np.ndarray:
-    """Per-row (axis 0) or per-column (axis 1) symbol counts of a rows x cols matrix of uint16
-    symbols, every `stride`-th position along the other axis, in one pass of the kernel."""
-    hist = np.zeros(((rows, cols)[axis], nsym), dtype=np.float32)
-    _ransc.histograms(sym16, rows, cols, nsym, axis, stride, hist)
-    return hist
-
-
-def kernel_kmeans(
-    hist: np.ndarray, slots, iters: int, sample_items: int, bins: int, length_scale: float, prior: float
-) -> np.ndarray | None:
-    """[len(slots), items] classes of cluster._kmeans for one problem, in the kernel; None
-    where its float32 sums would not be exact integers (the numpy reference then runs)."""
-    h = np.ascontiguousarray(hist, dtype=np.float32)
-    ks = np.ascontiguousarray(slots, dtype=np.int64)
-    out = np.empty((len(ks), len(h)), dtype=np.int64)
-    done = _ransc.kmeans(h, len(h), h.shape[1], ks, iters, sample_items, bins, length_scale, prior, out)
-    return out if done else None
-
-
-def kernel_class_sums(hist: np.ndarray, ids_list, ks) -> list[np.ndarray] | None:
-    """cluster.class_sums_all in the kernel: [k, nsym] float32 class sums per clustering, or
-    None where the reference's float32 sums would round (the numpy reference then runs)."""
-    h = np.ascontiguousarray(hist, dtype=np.float32)
-    ids = np.ascontiguousarray(np.concatenate([np.asarray(i, dtype=np.int64) for i in ids_list]).ravel())
-    ks = np.ascontiguousarray(ks, dtype=np.int64)
-    out = np.empty((int(ks.sum()), h.shape[1]), dtype=np.float32)
-    if not _ransc.class_sums(h, h.shape[0], h.shape[1], ids, ks, out):
-        return None
-    return np.split(out, np.cumsum(ks)[:-1])
-
+from . import compress, kernel, spec
 
 _FALLBACK_NOTE_UNITS = 1 << 20  # say once why coding is slow, past this many units
 
@@ -82,11 +33,6 @@ def _note_fallback(units: int) -> None:
         )
 
 
-MAX_ALPHABET = 1 << 12  # larger alphabets go to zstd/raw
-MAX_CONTEXTS = 256  # context ids are one byte a position (uint8) in every coder and the loader
-MAX_PREC = 16  # interleaved coder: 32-bit states, 16-bit words leave at most 16 table bits
-MAX_LANES, MAX_STEPS = 4096, 1 << 16  # interleaved decode loop bound: ceil(n / lanes) never exceeds MAX_STEPS
-MAX_UNITS = MAX_LANES * MAX_STEPS  # the most units a stream's coder holds (a bigger stream: deflate, lzma, raw)
 # What the packer writes: at most 2**14 steps a stream. The standalone numpy loader decodes
 # all of an artifact's streams in one lock-step loop of that many steps (~20 numpy calls a
 # step); the extra lanes cost 4 bytes each, ~0.03% on big tensors (measured: benchmarks/ship.py).
@@ -223,10 +169,10 @@ def context_counts(sym: np.ndarray, ctx: np.ndarray | None, k: int, nsym: int) -
 
     The compiled kernel counts uint16 symbols under uint8 ids in one pass; numpy bincounts
     an int64 index of ctx * nsym + sym (the same counts)."""
-    if _ransc is not None and nsym <= MAX_ALPHABET and k <= MAX_CONTEXTS:
+    if kernel.on() and nsym <= spec.MAX_ALPHABET and k <= spec.MAX_CONTEXTS:
         out = np.zeros(k * nsym, dtype=np.int64)
         c = np.ascontiguousarray(ctx, dtype=np.uint8) if k > 1 and ctx is not None else None
-        _ransc.counts(np.ascontiguousarray(sym, dtype=np.uint16), c, nsym, k, out)
+        kernel.c.counts(np.ascontiguousarray(sym, dtype=np.uint16), c, nsym, k, out)
         return out.reshape(k, nsym)
     if k == 1 or ctx is None:
         return np.bincount(sym, minlength=k * nsym).reshape(k, nsym)
@@ -264,18 +210,7 @@ def rank_buckets(order: np.ndarray, k) -> np.ndarray:
 
 
 def context_vector(
-    variant: str,
-    k: int,
-    n: int,
-    rows: int,
-    cols: int,
-    L: int,
-    scales: np.ndarray | None,
-    ids: np.ndarray | None,
-    step: int = 1,
-    dtype=np.int64,
-    kc: int = 1,
-    order: np.ndarray | None = None,
+    variant: str, k, n, rows, cols, L, scales, ids, step=1, dtype=np.int64, kc=1, order=None
 ) -> np.ndarray:
     """Context id of code positions 0, step, 2*step, ... < n (= G*L).
 
@@ -283,7 +218,7 @@ def context_vector(
     grid: row class * kc + column class (ids: the rows' classes, then the columns').
     block: the id of the position's block of kc rows and its column (ids: [ceil(rows / kc), cols]).
     map: map[row class, column] (ids: the rows' classes, then map [row classes, cols]).
-    Decoders ask for uint8 (k <= MAX_CONTEXTS = 256): one byte per declared position, not eight.
+    Decoders ask for uint8 (k <= spec.MAX_CONTEXTS = 256): one byte per declared position, not eight.
     order: scale_order(scales), when the caller has it already (the search asks for many k).
     """
     m = -(-n // step)
@@ -296,11 +231,15 @@ def context_vector(
         if L % step == 0:
             return np.repeat(buckets, L // step)
         return buckets[np.arange(0, n, step, dtype=np.int64) // L]
-    if variant not in ("row", "col", "grid", "block", "map"):
+    if variant not in spec.CONTEXTS:
         raise ArtifactError(f"unknown rans context {variant!r}")
-    numel = rows * cols
-    ctx = np.zeros(m, dtype=dtype)
-    inside = -(-numel // step)  # positions below numel; padding positions stay in context 0
+    return _class_vector(variant, rows, cols, ids, step, np.zeros(m, dtype=dtype), kc)
+
+
+def _class_vector(variant: str, rows: int, cols: int, ids, step: int, ctx: np.ndarray, kc: int) -> np.ndarray:
+    """context_vector of the class contexts, written into ctx (zeros)."""
+    dtype = ctx.dtype.type
+    inside = -(-rows * cols // step)  # positions below numel; padding positions stay in context 0
     if variant in ("block", "map"):  # a row's (or block's) row of ids [., cols]
         ids = np.asarray(ids)
         at = ids[:rows] if variant == "map" else np.arange(rows) // kc
@@ -375,16 +314,7 @@ def _read_varint(body: bytes, pos: int) -> tuple[int, int]:
 
 
 def encode(
-    sym: np.ndarray,
-    ctx: np.ndarray,
-    k: int,
-    nsym: int,
-    ids: np.ndarray | None,
-    tables: np.ndarray,
-    lanes: int,
-    prec: int,
-    side=None,
-    kinds=compress.PORTABLE,
+    sym, ctx, k: int, nsym: int, ids, tables: np.ndarray, lanes: int, prec: int, side=None, kinds=spec.PORTABLE
 ) -> bytes:
     """Encode symbols in [0, nsym) with the stored table [k, nsym] (rows summing to 2**prec)
     of each context id: the stream header, side data, then ilv_encode's bytes.
@@ -410,7 +340,7 @@ def _side_header(body: bytes, version: int) -> tuple[tuple[int, int], tuple[int,
     th, pos = _read_varint(body, 0)
     ih, pos = _read_varint(body, pos)
     if version == 1:
-        t, i = ((h >> 1, compress.ZSTD if h & 1 else compress.RAW) for h in (th, ih))
+        t, i = ((h >> 1, spec.ZSTD if h & 1 else spec.RAW) for h in (th, ih))
     else:
         t, i = ((h >> 2, h & 3) for h in (th, ih))
     return t, i, pos
@@ -449,17 +379,17 @@ _L = 1 << 16  # state lower bound; states live in [2**16, 2**32)
 
 
 def lanes_for(n, payload_bytes) -> np.ndarray:
-    """Lane counts for n units (arrays broadcast): as few as WRITE_STEPS allows (past MAX_LANES: up to MAX_STEPS;
+    """Lane counts for n units (arrays broadcast): as few as WRITE_STEPS allows (past spec.MAX_LANES: up to spec.MAX_STEPS;
     each lane costs 4 flush bytes), up to ILP_LANES while those bytes stay under payload / FLUSH_SHARE."""
     n = np.asarray(n, dtype=np.int64)
     budget = np.asarray(payload_bytes, dtype=np.float64) / FLUSH_SHARE
     lanes = np.ones(np.broadcast(n, budget).shape, dtype=np.int64)
     while np.any(grow := (lanes < ILP_LANES) & (8 * lanes <= budget)):
         lanes = np.where(grow, 2 * lanes, lanes)
-    while np.any(grow := (-(-n // lanes) > WRITE_STEPS) & (lanes < MAX_LANES)):
+    while np.any(grow := (-(-n // lanes) > WRITE_STEPS) & (lanes < spec.MAX_LANES)):
         lanes = np.where(grow, 2 * lanes, lanes)
-    if np.any(-(-n // lanes) > MAX_STEPS):
-        raise ValueError(f"{int(n.max())} units exceed the interleaved coder's {MAX_UNITS}")
+    if np.any(-(-n // lanes) > spec.MAX_STEPS):
+        raise ValueError(f"{int(n.max())} units exceed the interleaved coder's {spec.MAX_UNITS}")
     return lanes
 
 
@@ -485,14 +415,14 @@ def ilv_encode(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, prec: 
 
     The compiled kernel when it is built, else the numpy reference: the same bytes.
     """
-    if _ransc is None:
+    if not kernel.on():
         _note_fallback(len(sym))
         return ilv_encode_numpy(sym, ctx, freq, prec, lanes)
     k, nsym = freq.shape
     c = np.ascontiguousarray(ctx, dtype=np.uint8) if k > 1 and ctx is not None else None
     sym16, f = np.ascontiguousarray(sym, dtype=np.uint16), np.ascontiguousarray(freq, dtype=np.uint32).ravel()
     try:
-        return _ransc.encode(sym16, c, f, nsym, prec, lanes)
+        return kernel.c.encode(sym16, c, f, nsym, prec, lanes)
     except ValueError as exc:  # our own tables: a bug, not bad input
         raise ValueError(f"rans encode: {exc}") from None
 
@@ -500,10 +430,10 @@ def ilv_encode(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, prec: 
 def ilv_decode(data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int, lanes: int, n: int) -> np.ndarray:
     """Inverse of ilv_encode for n symbols; ArtifactError on any inconsistency."""
     steps = -(-n // lanes)
-    if steps > MAX_STEPS or len(data) < 4 * lanes or len(data) % 2:
+    if steps > spec.MAX_STEPS or len(data) < 4 * lanes or len(data) % 2:
         raise ArtifactError("interleaved rans stream does not fit its lanes")
     k, nsym = freq.shape
-    if _ransc is None:  # (the kernel checks the tables of the contexts it meets as it goes)
+    if not kernel.on():  # (the kernel checks the tables of the contexts it meets as it goes)
         # One context: its (all-zero) vector is never read, so never touched into memory.
         used = bincount(ctx, minlength=k) > 0 if k > 1 else np.array([n > 0])
         if np.any(freq.sum(axis=1)[used] != 1 << prec):
@@ -516,7 +446,7 @@ def ilv_decode(data: bytes, ctx: np.ndarray | None, freq: np.ndarray, prec: int,
     c = np.ascontiguousarray(ctx, dtype=np.uint8) if k > 1 and ctx is not None else None
     out = np.empty(n, dtype=np.uint16)
     try:
-        _ransc.decode(data, c, f, nsym, prec, lanes, out)
+        kernel.c.decode(data, c, f, nsym, prec, lanes, out)
     except ValueError as exc:
         raise ArtifactError(str(exc)) from None
     return out  # (uint16: callers narrow it to their codes' type in the same copy that adds the offset)

@@ -27,27 +27,10 @@ import zlib
 import numpy as np
 
 # bitsandbytes' NF4 table, each the shortest decimal that rounds to the float32 it uses
-NF4 = np.array(
-    [
-        -1,
-        -0.6961928,
-        -0.52507305,
-        -0.3949175,
-        -0.28444138,
-        -0.18477343,
-        -0.091050036,
-        0,
-        0.0795803,
-        0.1609302,
-        0.2461123,
-        0.33791524,
-        0.44070983,
-        0.562617,
-        0.72295684,
-        1,
-    ],
-    np.float32,
-)
+# fmt: off
+NF4 = np.array([-1, -0.6961928, -0.52507305, -0.3949175, -0.28444138, -0.18477343, -0.091050036, 0, 0.0795803,
+                0.1609302, 0.2461123, 0.33791524, 0.44070983, 0.562617, 0.72295684, 1], np.float32)
+# fmt: on
 BF16 = np.dtype("<u2", metadata={"bf16": 1})  # numpy has no bfloat16: its bits, marked
 MANIFEST = 8 << 20  # the manifest's bytes, stored and decompressed
 
@@ -181,41 +164,43 @@ def fields(body, p, n, dt, done):
     return body[o:], fill
 
 
-def decode_rans(streams):
-    """Decode every stream together: lane j of a stream takes units j, j + lanes, ...; each
-    step advances every lane of every stream that still has units, in one set of numpy calls."""
-    if not streams:
-        return
-    streams.sort(key=lambda s: -s.steps)  # lanes still at work are then a prefix
+def tables(streams):
+    """Every stream's tables as one sorted key per (table row, symbol): row << 17 | its cumulative
+    count, so one searchsorted finds the symbol of every lane in every stream's tables. Row `rows`
+    has one symbol owning all 2**prec slots: the padding units after a stream's last one leave the
+    lane's state as it is. Also each unit's slot, [step, lane]: its context + 1 (0: padding)."""
     keys, freq, sym, rows, units, small = [], [], [], 0, 0, 1
     for s in streams:
         k, nt = s.f.shape
-        # One sorted key per (table row, symbol): row << 17 | its cumulative count, so one
-        # searchsorted finds the symbol of every lane in every stream's tables. Row `rows` has
-        # one symbol owning all 2**prec slots: the padding units after a stream's last one
-        # leave the lane's state as it is.
         keys += [[rows << 17], ((np.arange(k)[:, None] + rows + 1) << 17 | np.cumsum(s.f, 1) - s.f).ravel()]
         freq += [[1 << s.prec], s.f.ravel()]
         sym += [[0], np.tile(np.arange(nt), k)]
-        s.at, s.row, rows, units = units, rows, rows + k + 1, units + s.lanes * s.steps
+        s.at, s.row = units, rows
+        rows += k + 1
+        units += s.lanes * s.steps
         small &= k < 255 and nt < 257
-    keys, freq, sym = map(np.concatenate, (keys, freq, sym))
-    # One slot a unit, laid out [step, lane]: its context + 1 (0: padding, the no-op row),
-    # replaced by its symbol once decoded.
     a = np.zeros(units, np.uint8 if small else np.uint16)
     for s in streams:
         v = a[s.at : s.at + len(s.ctx)]
         v[:] = s.ctx
         v += 1
         s.ctx = len(v)
+    return *map(np.concatenate, (keys, freq, sym)), a
+
+
+def decode_rans(streams):
+    """Decode every stream together: lane j of a stream takes units j, j + lanes, ...; each
+    step advances every lane of every stream that still has units, in one set of numpy calls."""
+    if not streams:
+        return
+    streams.sort(key=lambda s: -s.steps)  # lanes still at work are then a prefix
+    keys, freq, sym, a = tables(streams)  # a: each unit's context + 1, replaced by its symbol once decoded
     W = [s.lanes for s in streams]
     lane0 = np.cumsum([0] + W)  # each stream's first lane
     sid = np.repeat(np.arange(len(W)), W)
-    stride, shift, row = (
-        np.repeat(W, W),
-        np.repeat([s.prec for s in streams], W),
-        np.repeat([s.row for s in streams], W),
-    )
+    stride = np.repeat(W, W)
+    shift = np.repeat([s.prec for s in streams], W)
+    row = np.repeat([s.row for s in streams], W)
     base = np.arange(lane0[-1]) - lane0[sid] + np.repeat([s.at for s in streams], W)
     x = np.concatenate([s.x for s in streams]).astype(int)
     words = np.concatenate([s.words for s in streams] + [np.zeros(1, np.uint16)])
@@ -246,77 +231,75 @@ def decode_rans(streams):
         s.done(v[: s.n])
 
 
+def needs(t):
+    """The bytes decoding a stored tensor needs, from its entry, before any array is made: its
+    output (at least 4 bytes a weight when quantized) or its streams and rans tables (32 bytes
+    an entry), whichever is more (recurnorm's sum, never above it)."""
+    return max(
+        dims(t["shape"]) * max(np.dtype(t["dtype"].replace("bf", "f")).itemsize, 4 * (t["format"] != "raw")),
+        sum(
+            dims(s["shape"]) * np.dtype(s["dtype"]).itemsize
+            + (
+                "nsym" in s["params"]
+                and 32 * s["params"].get("k", 1) * min(s["params"]["nsym"], 4097) ** min(s["params"].get("tuple", 1), 9)
+            )
+            for s in t["streams"].values()
+        ),
+    )
+
+
+def stream(pay, t, kind, arrays, rans):
+    """One stream of a tensor: decoded into arrays now, or its rans stream appended to rans."""
+    s = t["streams"][kind]
+    dt, n, p, key = np.dtype(s["dtype"]).newbyteorder("<"), dims(s["shape"]), s["params"], (t["name"], kind)
+    body = pay[s["offset"] : s["offset"] + s["length"]]
+
+    def done(sym):  # symbols + offset (wrapping in the dtype's width) = the codes; then their hash
+        a = sym.astype(dt, copy=sym.base is not None)  # (a fields stream's words: as they are)
+        off = p.get("offset", 0)
+        if off:
+            v = a.view(f"<u{dt.itemsize}")
+            v += v.dtype.type(off % 256**dt.itemsize)
+        a = a.reshape(s["shape"])
+        need(hashlib.sha256(a).hexdigest() == s["sha256"], f"{key} hash mismatch")
+        arrays[key] = a
+
+    if s["codec"] in ("rans", "fields"):
+        L = s["shape"][1] if len(s["shape"]) == 2 else n
+        if s["codec"] == "fields":
+            body, done = fields(body, p, n, dt, done)
+        return rans.append(Stream(body, p, n, t["shape"], L, arrays.get((t["name"], "scales")), done))
+    kind = {"raw": 0, "deflate": 2, "lzma": 3}.get(s["codec"], 1)  # zstd is not portable
+    done(unpack_layout(inflate(kind, body, n * dt.itemsize), p.get("layout", "plain"), dt))
+
+
 def decode(src, max_bytes=1 << 30):
     """({name: numpy array}, metadata) of an artifact (a path or its bytes)."""
     limit = max_bytes + MANIFEST + 48
     if not isinstance(src, (bytes, bytearray, memoryview)):
-        with open(src, "rb") as f:
-            n = f.seek(0, 2)
-            need(n <= limit, "larger than max_bytes allows")
+        with open(src, "rb") as f:  # (its size first: a read of limit bytes would allocate them)
+            need(f.seek(0, 2) <= limit, "larger than max_bytes allows")
             f.seek(0)
-            src = f.read(n + 1)
+            src = f.read()
     data = memoryview(src)
     try:
-        magic, ver, flags, mlen, sha = struct.unpack_from("<4sHHQ32s", data)
         need(len(data) <= limit, "larger than max_bytes allows")
+        magic, ver, flags, mlen, sha = struct.unpack_from("<4sHHQ32s", data)
         need(magic == b"RNPK" and ver == 2 and flags < 8 and mlen <= MANIFEST, "not a format-2 .rnpk")  # bit 2: lqer
         m = bytes(data[48 : 48 + mlen])
         need(hashlib.sha256(m).digest() == sha, "manifest hash mismatch")
         man = json.loads(inflate(flags & 3, m, MANIFEST), parse_constant=int)  # (no NaN/Infinity)
         pay = data[48 + mlen :]
         need(hashlib.sha256(pay).hexdigest() == man["payload_sha256"], "payload hash mismatch")
-        # The bytes decoding needs, from the manifest, before any array is made: per stored
-        # tensor its output (at least 4 bytes a weight when quantized) or its streams and rans
-        # tables (32 bytes an entry), whichever is more (recurnorm's sum, never above it).
         todo = [t for t in man["tensors"] if "alias_of" not in t]
-        size = sum(
-            max(
-                dims(t["shape"]) * max(np.dtype(t["dtype"].replace("bf", "f")).itemsize, 4 * (t["format"] != "raw")),
-                sum(
-                    dims(s["shape"]) * np.dtype(s["dtype"]).itemsize
-                    + (
-                        "nsym" in s["params"]
-                        and 32
-                        * s["params"].get("k", 1)
-                        * min(s["params"]["nsym"], 4097) ** min(s["params"].get("tuple", 1), 9)
-                    )
-                    for s in t["streams"].values()
-                ),
-            )
-            for t in todo
-        )
-        need(size <= max_bytes, "larger than max_bytes allows")
+        need(sum(map(needs, todo)) <= max_bytes, "larger than max_bytes allows")
         arrays = {}
-
-        def stream(t, kind):
-            s = t["streams"][kind]
-            dt, n, p, key = np.dtype(s["dtype"]).newbyteorder("<"), dims(s["shape"]), s["params"], (t["name"], kind)
-            body = pay[s["offset"] : s["offset"] + s["length"]]
-
-            def done(sym):  # symbols + offset (wrapping in the dtype's width) = the codes; then their hash
-                a = sym.astype(dt, copy=sym.base is not None)  # (a fields stream's words: as they are)
-                off = p.get("offset", 0)
-                if off:
-                    v = a.view(f"<u{dt.itemsize}")
-                    v += v.dtype.type(off % 256**dt.itemsize)
-                a = a.reshape(s["shape"])
-                need(hashlib.sha256(a).hexdigest() == s["sha256"], f"{key} hash mismatch")
-                arrays[key] = a
-
-            if s["codec"] in ("rans", "fields"):
-                L = s["shape"][1] if len(s["shape"]) == 2 else n
-                if s["codec"] == "fields":
-                    body, done = fields(body, p, n, dt, done)
-                return rans.append(Stream(body, p, n, t["shape"], L, arrays.get((t["name"], "scales")), done))
-            kind = {"raw": 0, "deflate": 2, "lzma": 3}.get(s["codec"], 1)  # zstd is not portable
-            done(unpack_layout(inflate(kind, body, n * dt.itemsize), p.get("layout", "plain"), dt))
-
         for kinds in (("scales", "zeros", "parents"), ("codes",)):  # (a codes stream's contexts need its scales)
             rans = []
             for t in todo:
                 for kind in kinds:
                     if kind in t["streams"]:
-                        stream(t, kind)
+                        stream(pay, t, kind, arrays, rans)
             decode_rans(rans)
         out = {}
         for t in man["tensors"]:

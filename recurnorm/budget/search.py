@@ -1,24 +1,17 @@
 """How a rans stream is coded: its context, classes, tuple size and table precision.
 
-`plan(jobs)` scores every candidate of every stream by an estimate of its
-bytes: order-0; the code row's scale bucket; row or column classes of the
-tensor's 2-D view (cluster.py), each for several class counts k; and grids of
-row class x column class (up to 256 contexts) where rows and columns each pay.
-Class contexts code single symbols even where order-0 codes tuples (a tuple
-spans columns of different classes). All of a model's
-streams are searched together: their clusterings run as padded batches and
-their candidates are scored in the same arrays, vectorized across k and table
-precisions, because on small tensors numpy's per-call overhead, not
-arithmetic, is what a search spends. A first pass ranks every candidate by
-ideal code lengths, each family (scale, row, col) at its first two k; a
-family tries its larger k only where the second k beat the first (`deeper`).
-The leaders are scored at every precision, and the
-finalists get their side data (tables, class ids) made for real, which the
-encoder then writes as is. `EFFORTS` sets how wide it looks. Big matrices also get a
-block-statistics candidate (`block_choice`), made after the plan, to race beside it.
-
-Counts of big streams come from a strided sample (scaled up): they only rank
-the candidates; the encoder counts the chosen one exactly."""
+`plan(jobs)` scores every candidate of every stream by an estimate of its bytes: order-0,
+the code row's scale bucket, row or column classes of the tensor's 2-D view (cluster.py) at
+several class counts k, and grids of row x column classes where rows and columns each pay
+(class contexts code single symbols: a tuple spans columns of different classes). A model's
+streams are searched together, vectorized across streams, k and precisions: on small tensors
+numpy's per-call overhead is what a search spends. A first pass ranks candidates by ideal code
+lengths (a family's larger k only where its second k beat its first: `deeper`); the leaders
+are scored at every precision, and the finalists' side data made for real, which the encoder
+writes as is. `EFFORTS` sets how wide it looks. Big matrices also get block and map
+candidates (`block_choice`, `map_choice`) to race beside the plan. Counts of big streams'
+units come from a strided sample (the same with or without the kernel): they only rank the
+candidates; the encoder counts the chosen one exactly."""
 
 from __future__ import annotations
 
@@ -27,7 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
-from . import compress, rans
+from . import compress, kernel, rans, spec
 from .cluster import axis_histograms, class_sums_all, cluster_many, ranked_class_sums
 
 PRECS = (8, 10, 12, 14, 16)
@@ -54,8 +47,8 @@ class Effort:
     finalists: int  # (candidate, precision) pairs whose side data is compacted for real
     kmeans_iters: int
     per_symbol: int  # contexts are tried on streams of at least this many codes per alphabet symbol
-    all_grids: bool  # grid contexts from every row k x column k (else the `grids` most promising)
-    sweep: bool  # each family's first SWEEP_FIRST ks, the rest only where more classes paid (else all)
+    all_grids: bool = False  # grid contexts from every row k x column k (else the `grids` most promising)
+    sweep: bool = True  # each family's first SWEEP_FIRST ks, the rest only where more classes paid (else all)
     grids: int = 3
 
 
@@ -66,28 +59,10 @@ EFFORTS = {
     # there; 4 k-means iterations find the classes 8 do. 32 classes on big streams: a real
     # token embedding (all-MiniLM-L6-v2, 30522 x 384 ternary) wants 32 column classes (sign
     # lean x density) under 8 row classes: 0.963 of its order-0 bound, ids and tables counted.
-    "normal": Effort(
-        small_ks=(2,),
-        ks=(2, 4, 8, 16),
-        big_ks=(4, 8, 16, 32),
-        leaders=3,
-        finalists=3,
-        kmeans_iters=4,
-        per_symbol=128,
-        all_grids=False,
-        sweep=True,
-    ),
+    "normal": Effort((2,), (2, 4, 8, 16), (4, 8, 16, 32), leaders=3, finalists=3, kmeans_iters=4, per_symbol=128),
     # The last bytes under a hard cap: every k everywhere, every candidate scored fully.
     "max": Effort(
-        small_ks=(2, 4, 8, 16),
-        ks=(2, 4, 8, 16, 32),
-        big_ks=(2, 4, 8, 16, 32),
-        leaders=64,
-        finalists=8,
-        kmeans_iters=8,
-        per_symbol=0,
-        all_grids=True,
-        sweep=False,
+        (2, 4, 8, 16), (2, 4, 8, 16, 32), (2, 4, 8, 16, 32), 64, 8, 8, per_symbol=0, all_grids=True, sweep=False
     ),
 }
 
@@ -164,8 +139,8 @@ class Stream:
         self.t = tuple_size(nsym, sym.size)
         self.units = -(-sym.size // self.t)
         self.big = self.units >= BIG_SYMBOLS
-        # exact counts: the kernel's histograms count every position, and unit_counts samples none
-        self.exact = not self.big or rans.has_kernel() and sym.size < SEARCH_SAMPLE
+        # exact counts: the histograms count every position, and unit_counts samples none
+        self.exact = not self.big or sym.size < SEARCH_SAMPLE
         self._units: dict[int, np.ndarray] = {}
         self._totals: dict[int, np.ndarray] = {} if total is None else {1: total}  # (the caller's exact counts)
         self._hists: dict[str, tuple[np.ndarray, float]] = {}
@@ -185,8 +160,7 @@ class Stream:
     def histograms(self, family: str) -> tuple[np.ndarray, float]:
         """(item histograms, sample -> whole factor): code rows ("scale"), tensor rows or columns.
 
-        The other axis is sampled down to about SEARCH_SAMPLE positions; every item keeps a
-        share of its own positions. Code rows that are the tensor's rows are counted once.
+        Code rows that are the tensor's rows are counted once.
         """
         geo = self.geo
         if family == "scale":
@@ -195,18 +169,13 @@ class Stream:
                 family = "row"
         else:
             view, axis = (geo.rows, geo.cols), 0 if family == "row" else 1
-        if family not in self._hists:
-            numel = view[0] * view[1]
-            # The kernel counts every position (one linear pass): sampled rows of a wide
-            # embedding keep too few positions each to tell their classes apart.
-            stride = 1 if rans.has_kernel() else max(1, numel // SEARCH_SAMPLE)
-            mat = self.sym[:numel].reshape(view)
-            part = mat[:, ::stride] if axis == 0 else mat[::stride]
-            if rans.has_kernel():  # the same integer counts, one pass in C
-                hist = rans.kernel_histograms(self.sym16, *view, self.nsym, axis, stride)
+        if family not in self._hists:  # every position counted, by the kernel or its reference alike:
+            # sampled rows of a wide embedding keep too few positions each to tell their classes apart
+            if kernel.on():
+                hist = kernel.histograms(self.sym16, *view, self.nsym, axis, 1)
             else:
-                hist = axis_histograms(part, axis, self.nsym)
-            self._hists[family] = (hist, numel / part.size)
+                hist = axis_histograms(self.sym[: view[0] * view[1]].reshape(view), axis, self.nsym)
+            self._hists[family] = (hist, 1.0)
         return self._hists[family]
 
     @cached_property
@@ -449,7 +418,7 @@ class SideData:
         the first time a finalist's turn comes."""
         return compress.estimate(self.varints) + (compress.estimate(self.ids) if self.ids is not None else 0)
 
-    def blobs(self, kinds=compress.PORTABLE) -> tuple[tuple[bytes, int], tuple[bytes, int]]:
+    def blobs(self, kinds=spec.PORTABLE) -> tuple[tuple[bytes, int], tuple[bytes, int]]:
         """rans.encode's side=: the compacted table and ids (each the smallest of `kinds`)."""
         ids = compress.smallest(self.ids, kinds) if self.ids is not None else (b"", 0)
         return compress.smallest(self.varints, kinds), ids
@@ -536,12 +505,12 @@ def grid_candidates(stream: Stream, cands: list[Candidate], rough: np.ndarray, h
         (-(gain["row", kr] + gain["col", kc] - (kr * kc - kr - kc) * stream.nsym), kr, kc)
         for kr in rks
         for kc in cks
-        if kr * kc <= rans.MAX_CONTEXTS
+        if kr * kc <= spec.MAX_CONTEXTS
     )
     # The best k of each axis alone always (its pair often wins where tables are dear), then
     # the best-ranked others.
     best = (max(rks, key=lambda k: gain["row", k]), max(cks, key=lambda k: gain["col", k]))
-    pairs = [best] if best[0] * best[1] <= rans.MAX_CONTEXTS else []
+    pairs = [best] if best[0] * best[1] <= spec.MAX_CONTEXTS else []
     pairs += [(kr, kc) for g, kr, kc in ranked if g < 0 and (kr, kc) != best]
     pairs = pairs[: None if how.all_grids else how.grids]
     rows = len(ids["row", rks[0]])
@@ -706,7 +675,7 @@ def map_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Choic
             break
         b0, *bits = [np.rint(-16 * np.log2((c + 0.5) / (tot + nsym / 2))) for c in (tot - sum(counts), *counts)]
         rid = (b0.sum(0) + sum(m @ (b - b0).astype(np.float32) for m, b in zip(masks, bits, strict=True))).argmin(1)
-    per = rans.MAX_CONTEXTS // kr
+    per = spec.MAX_CONTEXTS // kr
     cmap = cluster_many(list(np.stack([tot - sum(counts), *counts], 2).transpose(1, 0, 2)), [[per]] * kr, 32, cols)
     ids = np.concatenate([rid, (np.stack(cmap) + per * np.arange(kr)[:, None, None]).ravel()]).astype(np.uint8)
     found = _measured(x.ravel(), nsym, geo, Choice("map", per * kr, 1, ids, 0, best.lanes, 0, None, kr), best, (8, 12))

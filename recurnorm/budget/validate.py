@@ -18,6 +18,7 @@ from ..errors import ArtifactError, DecodedLimitError, QuantError
 from ..quant import registry as quant_registry
 from . import codecs as codecs_mod
 from . import format as fmt
+from . import spec
 from .codecs import DTYPES
 
 DEFAULT_MAX_DECODED_BYTES = 1 << 30  # the least the default allows (a few KB of hostile artifact get this)
@@ -51,7 +52,7 @@ def shape_problem(shape) -> str | None:
     [0, 2^39, 2^39], whose size they compute from the nonzero dims)."""
     if (
         not isinstance(shape, (list, tuple))
-        or len(shape) > fmt.MAX_NDIM
+        or len(shape) > spec.MAX_NDIM
         or not all(fmt.is_int(d) and 0 <= d < 1 << 40 for d in shape)
         or math.prod(d for d in shape if d) >= 1 << 40
     ):
@@ -110,13 +111,13 @@ def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
     max_decoded_bytes: the limit on those bytes (default: default_max_decoded_bytes of the payload).
     """
     version = manifest.get("version")
-    if manifest.get("format") != "rnpk" or not fmt.is_int(version) or version not in fmt.READ_VERSIONS:
+    if manifest.get("format") != "rnpk" or not fmt.is_int(version) or version not in spec.READ_VERSIONS:
         raise ArtifactError("manifest format/version fields are wrong")
     if not isinstance(manifest.get("metadata", {}), dict):
         raise ArtifactError("manifest metadata is not an object")
     tensors = manifest.get("tensors")
-    if not isinstance(tensors, list) or len(tensors) > fmt.MAX_TENSORS:
-        raise ArtifactError(f"manifest tensors must be a list of at most {fmt.MAX_TENSORS:,} entries")
+    if not isinstance(tensors, list) or len(tensors) > spec.MAX_TENSORS:
+        raise ArtifactError(f"manifest tensors must be a list of at most {spec.MAX_TENSORS:,} entries")
     plen = manifest["payload_length"]
     limit = default_max_decoded_bytes(plen) if max_decoded_bytes is None else max_decoded_bytes
     stored: dict[str, int] = {}  # name -> decoded bytes
@@ -199,31 +200,13 @@ def _check_tensor(t: dict, name: str, plen: int) -> int:
         kind = "a float" if quantizer.float_only else "an integer or bool"
         raise ArtifactError(f"{where}: format {t['format']} stands for {kind} tensor, not {t['dtype']}")
     streams = t.get("streams")
-    if not isinstance(streams, dict) or "codes" not in streams or set(streams) - set(fmt.STREAM_KINDS):
+    if not isinstance(streams, dict) or "codes" not in streams or set(streams) - set(spec.STREAM_KINDS):
         raise ArtifactError(f"{where}: streams must hold codes (and scales/zeros/parents)")
-    stream_bytes = tables = 0
-    shapes: dict[str, tuple[int, ...]] = {}
-    for kind in [k for k in fmt.STREAM_KINDS if k in streams]:
-        s = streams[kind]
-        swhere = f"{where} {kind}"
-        if not isinstance(s, dict):
-            raise ArtifactError(f"{swhere}: not an object")
-        codec, dtype = s.get("codec"), s.get("dtype")
-        if not isinstance(codec, str) or codec not in codecs_mod.available():
-            raise ArtifactError(f"{swhere}: unknown codec {_short(codec)}")
-        if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise ArtifactError(f"{swhere}: unsupported dtype {_short(dtype)}")
-        if not isinstance(s.get("params"), dict) or not isinstance(s.get("sha256"), str):
-            raise ArtifactError(f"{swhere}: params/sha256 missing")
-        off, length = s.get("offset"), s.get("length")
-        if not (fmt.is_int(off) and fmt.is_int(length) and 0 <= off and 0 <= length and off + length <= plen):
-            raise ArtifactError(f"{swhere}: bytes [{off}, {off}+{length}) outside the payload")
-        sshape = shapes[kind] = _shape(s.get("shape"), swhere)
-        n = math.prod(sshape)
-        stream_bytes += n * DTYPES[dtype].itemsize
-        tables += _table_entries(codec, s["params"])
-        if codec == "raw" and length != n * DTYPES[dtype].itemsize:
-            raise ArtifactError(f"{swhere}: raw stream length does not match its shape")
+    shapes = {
+        kind: _check_stream(streams[kind], f"{where} {kind}", plen) for kind in spec.STREAM_KINDS if kind in streams
+    }
+    stream_bytes = sum(math.prod(shapes[k]) * DTYPES[streams[k]["dtype"]].itemsize for k in shapes)
+    tables = sum(_table_entries(streams[k]["codec"], streams[k]["params"]) for k in shapes)
     G_L = shapes["codes"]
     if len(G_L) != 2:
         raise ArtifactError(f"{where} codes: shape {list(G_L)} is not [groups, group length]")
@@ -251,15 +234,38 @@ def _check_tensor(t: dict, name: str, plen: int) -> int:
     return max(numel * stage, stream_bytes) + 8 * G + TABLE_ENTRY_BYTES * tables
 
 
+def _check_stream(s: dict, where: str, plen: int) -> tuple[int, ...]:
+    """A stream entry's shape, after checking its codec, dtype, params, hash and place in the payload."""
+    if not isinstance(s, dict):
+        raise ArtifactError(f"{where}: not an object")
+    codec, dtype = s.get("codec"), s.get("dtype")
+    if not isinstance(codec, str) or codec not in codecs_mod.available():
+        raise ArtifactError(f"{where}: unknown codec {_short(codec)}")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ArtifactError(f"{where}: unsupported dtype {_short(dtype)}")
+    if not isinstance(s.get("params"), dict) or not isinstance(s.get("sha256"), str):
+        raise ArtifactError(f"{where}: params/sha256 missing")
+    off, length = s.get("offset"), s.get("length")
+    if not (fmt.is_int(off) and fmt.is_int(length) and 0 <= off and 0 <= length and off + length <= plen):
+        raise ArtifactError(f"{where}: bytes [{off}, {off}+{length}) outside the payload")
+    shape = _shape(s.get("shape"), where)
+    if codec == "raw" and length != math.prod(shape) * DTYPES[dtype].itemsize:
+        raise ArtifactError(f"{where}: raw stream length does not match its shape")
+    return shape
+
+
 def _table_entries(codec: str, params: dict) -> int:
     """Frequency-table entries a rans stream declares (k x nsym^tuple); 0 for other codecs and
     for parameters out of range, which the codec's decode refuses before making anything."""
-    from .rans import MAX_ALPHABET, MAX_CONTEXTS
-
     if codec not in ("rans", "fields"):  # (a fields stream's heads are a rans stream)
         return 0
     k, nsym, t = params.get("k", 1), params.get("nsym"), params.get("tuple", 1)
-    if not all(fmt.is_int(v) and v >= 1 for v in (k, nsym, t)) or k > MAX_CONTEXTS or nsym > MAX_ALPHABET or t > 8:
+    if (
+        not all(fmt.is_int(v) and v >= 1 for v in (k, nsym, t))
+        or k > spec.MAX_CONTEXTS
+        or nsym > spec.MAX_ALPHABET
+        or t > spec.MAX_TUPLE
+    ):
         return 0
     return k * nsym**t
 

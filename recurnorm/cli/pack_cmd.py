@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..budget.cap import DEFAULT_MAX_BYTES
-from ..budget.format import MAGIC
+from ..budget.spec import MAGIC
 from ..display import echo
 from ..errors import ArtifactError, OverCapError
 from .exitcodes import OVER_CAP

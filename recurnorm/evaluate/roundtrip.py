@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError
+from ..quant.passthrough import FLOAT_FORMATS
 from ..train.distributed import device_of, resolve_device
 from . import report as rep
 from .probes import check_probes, fragility_probe, shuffle_probe
@@ -57,7 +58,7 @@ class RoundtripResult:
 
 
 # Passthrough formats export every tensor in that format: fp32 is the lossless reference.
-PASSTHROUGH = ("fp32", "fp16", "bf16")
+PASSTHROUGH = tuple(FLOAT_FORMATS)
 
 
 def export_policy(

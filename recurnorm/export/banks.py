@@ -33,6 +33,7 @@ import numpy as np
 from torch import Tensor
 
 from ..errors import QuantError
+from ..quant.passthrough import FLOAT_FORMATS
 from ..quant.qtensor import QTensor
 
 MIN_SIDE = 16
@@ -44,7 +45,7 @@ RECORD_BANKS = {
     "mlp_up_bank": ("blocks.{i}.mlp.fc.weight",),
     "mlp_down_bank": ("blocks.{i}.mlp.proj.weight",),
 }
-PASSTHROUGH = ("fp32", "fp16", "bf16")
+PASSTHROUGH = tuple(FLOAT_FORMATS)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import ConfigError
 from ..model.checkpoint import state_dict_for_export
+from ..quant.passthrough import FLOAT_FORMATS
 from ..quant.qtensor import QTensor
 from .policy import GPTQ_MARK, ExportPolicy, Plan
 
@@ -167,7 +168,7 @@ class GPTQExporter:
         done, missed = [], {}
         for name, (fmt, opts, _) in plan.items():
             t = state.get(name)
-            if t is None or t.dim() != 2 or fmt in ("fp32", "fp16", "bf16", "raw"):
+            if t is None or t.dim() != 2 or fmt in (*FLOAT_FORMATS, "raw"):
                 continue
             quantizer, why = self._gptq_format(name, fmt, opts, state)
             if quantizer is None:

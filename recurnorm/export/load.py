@@ -15,6 +15,7 @@ from pathlib import Path
 from torch import nn
 
 from ..budget import format as fmt
+from ..budget import spec
 from ..errors import ArtifactError, CheckpointError, ConfigError
 
 
@@ -178,7 +179,7 @@ def _read_config(cfg_path: Path) -> dict:
     from ..io import read_input
 
     # (an artifact's manifest, which carries it, holds at most MAX_MANIFEST_BYTES)
-    data = read_input(cfg_path, fmt.MAX_MANIFEST_BYTES, "the checkpoint's config", CheckpointError)
+    data = read_input(cfg_path, spec.MAX_MANIFEST_BYTES, "the checkpoint's config", CheckpointError)
     try:
         config = json.loads(data.decode("utf-8"), parse_constant=fmt.no_constant)
     except RecursionError:
@@ -187,10 +188,10 @@ def _read_config(cfg_path: Path) -> dict:
         raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{cfg_path}: expected a JSON object of model settings, got {type(config).__name__}")
-    if fmt.json_depth(config, fmt.MAX_CONFIG_DEPTH) > fmt.MAX_CONFIG_DEPTH:
+    if fmt.json_depth(config, spec.MAX_CONFIG_DEPTH) > spec.MAX_CONFIG_DEPTH:
         raise CheckpointError(
-            f"{cfg_path}: nests more than {fmt.MAX_CONFIG_DEPTH} levels deep (the artifact's manifest holds "
-            f"{fmt.MAX_JSON_DEPTH}, its own included)"
+            f"{cfg_path}: nests more than {spec.MAX_CONFIG_DEPTH} levels deep (the artifact's manifest holds "
+            f"{spec.MAX_JSON_DEPTH}, its own included)"
         )
     return config
 
@@ -207,15 +208,15 @@ def check_pack_limits(state: dict, path) -> None:
     if len(state) > MAX_PACK_TENSORS:  # before any tensor is quantized (20,000 took 33 s and 1.6 GB)
         raise CheckpointError(
             f"{path}: {len(state):,} tensors; an artifact holds at most {MAX_PACK_TENSORS:,} (its manifest, "
-            f"~300-600 bytes an entry, at most {fmt.MAX_MANIFEST_BYTES:,} bytes)"
+            f"~300-600 bytes an entry, at most {spec.MAX_MANIFEST_BYTES:,} bytes)"
         )
     # Names alone can fill the manifest: every stored entry takes its name and ~270 bytes
     # more, and at least half the entries are stored (an alias per stored tensor at most).
     least = sum(len(json.dumps(name)) for name in state) + MIN_ENTRY_BYTES * len(state) // 2
-    if least > fmt.MAX_MANIFEST_BYTES:
+    if least > spec.MAX_MANIFEST_BYTES:
         raise CheckpointError(
             f"{path}: its {len(state):,} tensor names would make a manifest of over {least:,} bytes; "
-            f"an artifact's holds at most {fmt.MAX_MANIFEST_BYTES:,}"
+            f"an artifact's holds at most {spec.MAX_MANIFEST_BYTES:,}"
         )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..budget.cap import DEFAULT_MAX_BYTES, Budget
 from ..errors import ConfigError
+from ..quant.passthrough import FLOAT_FORMATS
 from .policy import ExportPolicy
 
 # Code bytes of trained weights / code bytes of the same config's fresh init, per format:
@@ -39,8 +40,8 @@ TRAINED_EMBED_RATIO = {"int8": 0.9172}
 EMBED = "embed.weight"
 # Trained float controls (gains start at exactly 1.0 and compress to nothing) store at about
 # this fraction of their raw bytes; measured by the same script (fp32 rows; fp16/bf16 assumed alike).
-PASSTHROUGH_FILL = {"fp32": 0.69, "fp16": 0.69, "bf16": 0.69}
-PASSTHROUGH_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
+PASSTHROUGH_FILL = dict.fromkeys(FLOAT_FORMATS, 0.69)
+PASSTHROUGH_ITEMSIZE = {name: dtype.itemsize for name, (dtype, _) in FLOAT_FORMATS.items()}
 MAX_D_MODEL = 8192
 MAX_DEPTH = 256
 

@@ -47,11 +47,12 @@ from torch import Tensor
 
 from ..errors import ConfigError, QuantError
 from ..quant import extras
+from ..quant.passthrough import FLOAT_FORMATS
 from ..quant.qtensor import QTensor
 
 DEFAULT_QUANTIZER = "int8"
 KEEP_FLOAT_MAX_NUMEL = 65_536  # small float *vectors* cost little: keep them fp16
-PASSTHROUGH = ("fp32", "fp16", "bf16")
+PASSTHROUGH = tuple(FLOAT_FORMATS)
 
 # Name conventions, one block per family. Globs, matched against state-dict names.
 RECURNORM_CONTROLS = (

@@ -12,6 +12,10 @@ from ..errors import QuantError
 from .qtensor import QTensor
 from .registry import Quantizer, dtype_name, range_problem, torch_dtype
 
+# The float passthrough formats, defined once (export, evaluate and the packer read them here):
+# name -> (the torch dtype its words hold, mantissa bits).
+FLOAT_FORMATS = {"fp32": (torch.float32, 23), "fp16": (torch.float16, 10), "bf16": (torch.bfloat16, 7)}
+
 
 class _FloatBits(Quantizer):
     """Floats kept as floats in that precision: fp32 keeps every bit of fp32, bf16 and fp16 tensors.
@@ -37,7 +41,7 @@ class _FloatBits(Quantizer):
 
     def check_values(self, qt: QTensor) -> str | None:
         bits = np.ascontiguousarray(qt.codes).view(self.view_uint)
-        mant = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[self.store]  # mantissa bits
+        mant = FLOAT_FORMATS[self.name][1]
         if not bits.size:
             return None
         # The largest magnitude is the largest bit pattern without the sign (one pass): NaN or
@@ -63,16 +67,16 @@ class _FloatBits(Quantizer):
         return values.reshape(-1)[: qt.numel].reshape(qt.shape)
 
 
-class FP32(_FloatBits, name="fp32"):
+class FP32(_FloatBits, name="fp32"):  # (store: FLOAT_FORMATS["fp32"][0])
     """Lossless float32."""
 
 
 class FP16(_FloatBits, name="fp16"):
-    store, view_int, view_uint = torch.float16, torch.int16, np.uint16
+    store, view_int, view_uint = FLOAT_FORMATS["fp16"][0], torch.int16, np.uint16
 
 
 class BF16(_FloatBits, name="bf16"):
-    store, view_int, view_uint = torch.bfloat16, torch.int16, np.uint16
+    store, view_int, view_uint = FLOAT_FORMATS["bf16"][0], torch.int16, np.uint16
 
 
 class Raw(Quantizer, name="raw"):

@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE.parent))  # tests/: helpers
 from helpers import embedding_like  # noqa: E402
 
 from recurnorm import quant  # noqa: E402
-from recurnorm.budget import compress, pack_qtensors, read_artifact, unpack  # noqa: E402
+from recurnorm.budget import compress, pack_qtensors, read_artifact, spec, unpack  # noqa: E402
 from recurnorm.budget import format as fmt  # noqa: E402
 from recurnorm.budget.rans import _read_varint, varint_encode  # noqa: E402
 from recurnorm.export.pack import export_qtensors  # noqa: E402
@@ -211,7 +211,7 @@ def _rans_v1(body: bytes) -> bytes:
         n, kind = h >> 2, h & 3
         raw = compress.decompress(kind, body[pos : pos + n], 1 << 30, "side blob", magicless=True)
         pos += n
-        z = compress.compress(compress.ZSTD, raw, magicless=True) if raw else b""
+        z = compress.compress(spec.ZSTD, raw, magicless=True) if raw else b""
         blobs.append((z, 1) if raw and len(z) < len(raw) else (raw, 0))
     head = varint_encode(np.array([2 * len(b) + z for b, z in blobs]))
     return head + b"".join(b for b, _ in blobs) + body[pos:]
@@ -231,11 +231,9 @@ def to_version1(data: bytes) -> bytes:
         at += len(body)
     new_payload = b"".join(parts)
     manifest.update(version=1, payload_length=len(new_payload), payload_sha256=hashlib.sha256(new_payload).hexdigest())
-    stored = compress.compress(compress.ZSTD, fmt.dumps(manifest))  # flag bit 0: a zstd frame
+    stored = compress.compress(spec.ZSTD, fmt.dumps(manifest))  # flag bit 0: a zstd frame
     return (
-        fmt.HEADER.pack(fmt.MAGIC, 1, compress.ZSTD, len(stored), hashlib.sha256(stored).digest())
-        + stored
-        + new_payload
+        spec.HEADER.pack(spec.MAGIC, 1, spec.ZSTD, len(stored), hashlib.sha256(stored).digest()) + stored + new_payload
     )
 
 
