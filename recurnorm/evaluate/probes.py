@@ -16,7 +16,7 @@ import re
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..train.distributed import device_of
+from ..model.run import device_of
 
 PROBES = ("fragility", "shuffle")
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError
-from ..train.distributed import device_of, resolve_device
+from ..model.run import device_of
+from ..train.distributed import resolve_device
 from . import report as rep
 from .probes import check_probes, fragility_probe, shuffle_probe
 
