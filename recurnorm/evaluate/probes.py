@@ -86,8 +86,8 @@ def fragility_probe(
     model, corpus, quant: str, bpb_controls_float: float | None = None, quant_options: dict | None = None
 ) -> dict:
     """bpb with controls quantized like the weights minus bpb with controls kept in float."""
+    from .exported import export_model
     from .loss import loss
-    from .roundtrip import export_model  # roundtrip imports this module
 
     device = device_of(model)
     if bpb_controls_float is None:
