@@ -10,8 +10,8 @@ import pytest
 from recurnorm.budget.api import pack_qtensors
 from recurnorm.cli.exitcodes import LOSS_REGRESSION, for_error
 from recurnorm.errors import ArtifactError, ConfigError, LossRegressionError
+from recurnorm.evaluate.exported import export_policy, pack_model
 from recurnorm.evaluate.gate import loss_gate
-from recurnorm.evaluate.roundtrip import export_policy, pack_model
 from recurnorm.export.load import model_from_artifact
 from recurnorm.model import save_checkpoint, state_dict_for_export
 from recurnorm.train.corpus import Corpus

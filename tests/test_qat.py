@@ -10,7 +10,8 @@ import torch
 
 from recurnorm.errors import ConfigError
 from recurnorm.export import load as export_load
-from recurnorm.export import qat as export_qat
+from recurnorm.export import qat as qat_export
+from recurnorm.export.pack import export_qat
 from recurnorm.model import ModelConfig, RecurrentLM, save_checkpoint
 from recurnorm.train import qat
 from recurnorm.train.config import TrainConfig
@@ -28,7 +29,7 @@ def _roundtrip(model):
     """Export through real artifact bytes and rebuild a fresh model the way evaluation does."""
     from recurnorm.export.load import model_from_artifact
 
-    data = export_qat.export_qat(model)
+    data = export_qat(model)
     return export_load.prepare_exported(model_from_artifact(data)).eval(), data
 
 
@@ -120,9 +121,9 @@ def test_policy_quantizes_exactly_the_projections(trained_tiny):
 
     model = copy.deepcopy(trained_tiny[0])
     qat.apply_qat(model, {"format": "int4", "options": {"group": 32}})
-    plan = export_qat.qat_policy(model.config).plan(state_dict_for_export(model))
+    plan = qat_export.qat_policy(model.config).plan(state_dict_for_export(model))
     projected = {f"{n}.weight" for n, _ in model.projections()}
-    assert set(export_qat.projection_weight_names(model.config)) == projected
+    assert set(qat_export.projection_weight_names(model.config)) == projected
     for name, (fmt, opts, _) in plan.items():
         if name in projected:
             assert (fmt, opts) == ("int4", {"group": 32})
@@ -204,7 +205,7 @@ def test_load_model_reapplies_qat_and_not_on_artifacts(qat_ternary, tmp_path):
     _assert_same_logits(ft, loaded, x)
     qat.check_qat(loaded)
     art = tmp_path / "m.rnpk"
-    art.write_bytes(export_qat.export_qat(ft))
+    art.write_bytes(export_qat(ft))
     from_artifact = export_load.load_model(art)
     assert not from_artifact.qat_state.weights  # grid weights are not fake-quantized again
     _assert_same_logits(ft, from_artifact, x)
@@ -226,7 +227,7 @@ def test_cli_pack_of_a_qat_checkpoint_ships_the_training_codes(qat_ternary, tmp_
 
     artifact = read_artifact(art.read_bytes())
     spec = ft.config.qat
-    projections = export_qat.projection_weight_names(ft.config)
+    projections = qat_export.projection_weight_names(ft.config)
     state = ft.state_dict()
     for name in projections:
         stored = artifact.qtensors[name]

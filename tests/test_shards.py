@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from recurnorm.cli.main import main
 from recurnorm.errors import DataError, OutputExistsError
 from recurnorm.train import data
-from recurnorm.train.data import split_document_list
+from recurnorm.train.documents import split_document_list
 from recurnorm.train.sentencepiece import SentencePieceTokenizer, train_sentencepiece
 from recurnorm.train.shards import (
     HEADER_BYTES,

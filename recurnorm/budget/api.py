@@ -285,7 +285,7 @@ def iter_artifact(data: bytes, max_decoded_bytes: int | None = None):
     """(manifest, its tensors decoded one at a time, after read_artifact's checks): ([entries],
     QTensor) per stored tensor (an LQER tensor's factor entries first, the factors on its
     QTensor), ([alias entry], None) per alias. A mapped file's pages are let go as read."""
-    manifest, payload = fmt.read_container(data, max_decoded_bytes)
+    manifest, payload = validate.read_container(data, max_decoded_bytes)
     return manifest, _decoded(manifest, payload)
 
 

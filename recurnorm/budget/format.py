@@ -88,10 +88,9 @@ def json_depth(obj: Any, limit: int) -> int:
             return depth
 
 
-def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[dict, memoryview]:
+def read_container(data: bytes) -> tuple[dict, memoryview]:
     """Check header, checksums and the manifest's structure; return (manifest, payload).
-
-    max_decoded_bytes: refuse artifacts whose tensors decode to more (default: validate's rule)."""
+    Its fields are checked next, by validate.read_container (the one readers call)."""
     data = memoryview(data)
     if len(data) < spec.HEADER_SIZE:
         raise ArtifactError(f"truncated artifact: {len(data)} bytes, header needs {spec.HEADER_SIZE}")
@@ -130,11 +129,6 @@ def read_container(data: bytes, max_decoded_bytes: int | None = None) -> tuple[d
         release(payload)
     if sha.hexdigest() != manifest.get("payload_sha256"):
         raise ArtifactError("payload checksum mismatch (corrupt artifact)")
-    from . import validate  # it reads this module's limits
-
-    validate.check_manifest(manifest, max_decoded_bytes)  # every field, before anything is decoded
-    if bool(flags & spec.LOWRANK_FLAG) != has_lowrank(manifest):
-        raise ArtifactError("header flag for lqer corrections disagrees with the manifest")
     return manifest, payload
 
 

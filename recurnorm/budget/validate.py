@@ -105,6 +105,16 @@ def default_max_decoded_bytes(stored_bytes: int) -> int:
     return max(DEFAULT_MAX_DECODED_BYTES, min(DECODED_PER_STORED_BYTE * stored_bytes, memory))
 
 
+def read_container(data, max_decoded_bytes: int | None = None) -> tuple[dict, memoryview]:
+    """format.read_container (header, checksums, JSON), then every manifest field before anything
+    is decoded (max_decoded_bytes: default_max_decoded_bytes), then the header's lqer flag."""
+    manifest, payload = fmt.read_container(data)
+    check_manifest(manifest, max_decoded_bytes)
+    if bool(spec.HEADER.unpack_from(data, 0)[2] & spec.LOWRANK_FLAG) != fmt.has_lowrank(manifest):
+        raise ArtifactError("header flag for lqer corrections disagrees with the manifest")
+    return manifest, payload
+
+
 def check_manifest(manifest: dict, max_decoded_bytes: int | None = None) -> int:
     """Check every field before anything is decoded; the decoded bytes the artifact needs.
 

@@ -529,7 +529,7 @@ def verify(
     budget.code_total()  # a bad --code: a usage error, up front
     factory = None
     if model_factory is not None:
-        from ..evaluate.factory import load_factory
+        from ..model.factory import load_factory
 
         factory = load_factory(model_factory)  # fail before any artifact work on a bad spec
 

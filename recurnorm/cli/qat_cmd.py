@@ -79,7 +79,7 @@ def finetune(
 
     from ..errors import OutputExistsError
     from ..evaluate import loss
-    from ..export.qat import export_qat
+    from ..export.pack import export_qat
     from ..io import atomic_write_bytes, check_writable
     from ..model import load_checkpoint
     from ..train.data import load_corpus

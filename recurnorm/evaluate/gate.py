@@ -48,12 +48,13 @@ def loss_gate(
 
     ``reference_ckpt`` is a checkpoint directory (or a model); ``data`` a corpus
     spec or a Corpus. The raised error carries the report as ``exc.report``.
-    ``model_factory`` (``module:function`` or a callable, see evaluate.factory)
+    ``model_factory`` (``module:function`` or a callable, see model/factory.py)
     builds both models for checkpoints that are not RecurrentLMs.
     """
-    from ..export.load import model_from_artifact
+    from ..export.load import factory_model_from_artifact, factory_model_from_checkpoint, model_from_artifact
+    from ..model.factory import resolve
+    from ..model.run import seq_len_of, vocab_size_of
     from ..train.data import as_corpus
-    from . import factory as fac
     from .loss import loss
 
     if not max_loss_delta >= 0:
@@ -62,24 +63,24 @@ def loss_gate(
         artifact_model = model_from_artifact(artifact_path_or_bytes)
         reference = _load_reference(reference_ckpt)
     else:
-        build = fac.resolve(model_factory)
-        artifact_model = fac.artifact_model(build, artifact_path_or_bytes)
+        build = resolve(model_factory)
+        artifact_model = factory_model_from_artifact(build, artifact_path_or_bytes)
         reference = (
-            fac.reference_model(build, reference_ckpt)
+            factory_model_from_checkpoint(build, reference_ckpt)
             if isinstance(reference_ckpt, (str, os.PathLike))
             else reference_ckpt
         )
     corpus = as_corpus(data, tokenizer)
     for name, model in (("artifact", artifact_model), ("reference", reference)):
-        vocab = fac.vocab_size_of(model)  # a foreign module that does not say is probed once
+        vocab = vocab_size_of(model)  # a foreign module that does not say is probed once
         if vocab is not None and corpus.vocab_size > vocab:
             raise DataError(
                 f"the {name} model has vocab_size {vocab}, the data "
                 f"{corpus.source} needs {corpus.vocab_size}; pass the tokenizer it "
                 "was trained with"
             )
-    ref = loss(reference, corpus, seq_len=fac.seq_len_of(reference))
-    got = loss(artifact_model, corpus, seq_len=fac.seq_len_of(artifact_model))
+    ref = loss(reference, corpus, seq_len=seq_len_of(reference))
+    got = loss(artifact_model, corpus, seq_len=seq_len_of(artifact_model))
     delta = got.bits_per_byte - ref.bits_per_byte
     report = GateReport(
         bpb_reference=ref.bits_per_byte,

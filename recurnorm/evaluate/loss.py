@@ -21,10 +21,9 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, DataError
+from ..model.run import device_of, summed_loss
 from ..train.corpus import Corpus
-from ..train.distributed import device_of
 from ..train.tokens import TokenStream
-from .factory import summed_loss
 
 
 @dataclass(frozen=True)

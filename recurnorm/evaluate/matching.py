@@ -45,7 +45,7 @@ class WidthMatch:
 def fresh_artifact_bytes(config: dict, quant: str, seed: int = 0, quant_options: dict | None = None) -> int:
     """The planner's predicted artifact bytes for this config after training (recurnorm.export.plan)."""
     from ..export.plan import predict_size
-    from .roundtrip import export_policy
+    from .exported import export_policy
 
     return predict_size(
         config, lambda m: export_policy(m, quant, quant_options=quant_options), seed=seed

@@ -16,7 +16,7 @@ import re
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..train.distributed import device_of
+from ..model.run import device_of
 
 PROBES = ("fragility", "shuffle")
 
@@ -86,8 +86,8 @@ def fragility_probe(
     model, corpus, quant: str, bpb_controls_float: float | None = None, quant_options: dict | None = None
 ) -> dict:
     """bpb with controls quantized like the weights minus bpb with controls kept in float."""
+    from .exported import export_model
     from .loss import loss
-    from .roundtrip import export_model  # roundtrip imports this module
 
     device = device_of(model)
     if bpb_controls_float is None:

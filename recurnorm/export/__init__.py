@@ -13,9 +13,9 @@ from __future__ import annotations
 from .fit import fit_budget
 from .gptq import gptq_export
 from .load import load_model, model_from_artifact, prepare_exported
-from .pack import pack_checkpoint, pack_state, quantize
+from .pack import export_qat, pack_checkpoint, pack_state, quantize
 from .policy import ExportPolicy, Rule
-from .qat import export_config, export_qat, lossless_policy, projection_weight_names, qat_policy
+from .qat import export_config, lossless_policy, projection_weight_names, qat_policy
 from .spec import build_policy, parse_format, parse_quant
 
 __all__ = [

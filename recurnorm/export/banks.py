@@ -174,7 +174,7 @@ def _float_factors(lowranks: list, rows: int, L_shape: tuple, R_shape: tuple) ->
 
 def _row_view(qt: QTensor, row_len: int, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
     """(codes [n, row_len], scales [n, row_len / g], zeros or None, g) of a grid QTensor."""
-    from ..quant.grid import rows_layout
+    from ..quant.qtensor import rows_layout
 
     if not qt.format.startswith("int") or qt.format == "int8_pg" or qt.scales is None:
         raise QuantError(f"{where}: format {qt.format} cannot share one tensor with its bank's other slices")

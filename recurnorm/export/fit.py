@@ -270,7 +270,7 @@ def solve(costs: np.ndarray, losses: np.ndarray, capacity: int) -> list[int] | N
 
 def calibration_loss_fn(model: nn.Module, batches: list[Tensor]) -> LossFn:
     """Mean next-token cross entropy on training-split windows with some weights swapped in."""
-    from ..evaluate.factory import summed_loss
+    from ..model.run import summed_loss
     from .banks import unbank
 
     params = unbank(dict(model.state_dict(keep_vars=False)))  # a stack's slices are views: written in place
@@ -299,7 +299,7 @@ def fisher_diagonal(model: nn.Module, batches: list[Tensor], micro: int = 1) -> 
     The diagonal Fisher estimate of the loss curvature: Δloss of a perturbation δ is
     about ½ Σ F δ². One backward per micro-batch of ``micro`` windows (training split).
     """
-    from ..evaluate.factory import summed_loss
+    from ..model.run import summed_loss
 
     named = model.state_dict(keep_vars=True)  # tied weights under each of their names
     params = {n: p for n, p in named.items() if isinstance(p, nn.Parameter) and p.requires_grad}

@@ -34,7 +34,7 @@ def calibration_windows(
     model: nn.Module, train_tokens, n_tokens: int = DEFAULT_CALIB_TOKENS, seq_len: int | None = None
 ) -> list[Tensor]:
     """Training-split windows [B, seq_len] of the model's own context length."""
-    from ..evaluate.factory import seq_len_of
+    from ..model.run import seq_len_of
     from ..quant.gptq import calibration_batches
 
     seq = seq_len or seq_len_of(model)
@@ -129,7 +129,7 @@ class GPTQExporter:
         each run as ``model(batch)``, instead of training-token windows. ``hessians``: {weight
         name: H} given (a competitor's own, ``--hessians``): no calibration is run for them.
         Hessians are keyed by tensor name (a stack's slices by theirs, export/banks.py)."""
-        from ..evaluate.factory import run_forward
+        from ..model.run import run_forward
         from .banks import unbank
 
         self.model = model

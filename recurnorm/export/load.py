@@ -87,6 +87,34 @@ def load(source: str | os.PathLike | bytes, *, as_model: bool = False):
     return unpack(read_artifact_bytes(source))
 
 
+def factory_model_from_checkpoint(factory, path: str | os.PathLike) -> nn.Module:
+    """A --model-factory model (spec or callable) with a checkpoint's weights (dir,
+    .safetensors, .pt/.pth/.bin)."""
+    from ..model.factory import build_model, resolve
+
+    state, config = load_checkpoint_state(path)
+    return build_model(resolve(factory), config, state, str(path))
+
+
+def factory_model_from_artifact(factory, artifact: str | os.PathLike | bytes) -> nn.Module:
+    """A --model-factory model with an artifact's dequantized weights (config from its
+    metadata, or None)."""
+    from ..budget.api import read_artifact
+    from ..model.factory import build_model, resolve
+    from ..quant import dequantize_all
+
+    source = "artifact" if isinstance(artifact, (bytes, bytearray, memoryview)) else str(artifact)
+    art = read_artifact(read_artifact_bytes(artifact))
+    config = art.metadata.get("config")
+    return build_model(
+        resolve(factory),
+        config if isinstance(config, dict) else None,
+        dequantize_all(art.qtensors),
+        source,
+        error=ArtifactError,
+    )
+
+
 def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
     """(state_dict, config or None) from a .safetensors file, a checkpoint dir, or a .pt/.pth/.bin."""
     import torch

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..quant import extras
 from ..quant.qtensor import QTensor
 from .banks import restack, unbank
 from .options import ExportOptions, Format
 from .policy import ExportPolicy, Plan
+from .qat import export_config, is_qat_pending, qat_policy
 
 
 def export_metadata(
@@ -112,6 +113,15 @@ def pack_state(
     return pack_plan(state, qts, plan, policy, metadata, effort=effort, codecs=codecs)
 
 
+def export_qat(model: nn.Module, base: ExportPolicy | None = None, metadata: dict | None = None) -> bytes:
+    """Artifact bytes of a QAT model: qat_policy codes, the config (qat exported) in metadata."""
+    from ..model import state_dict_for_export
+
+    policy = qat_policy(model.config, base)
+    meta = {**(metadata or {}), "config": export_config(model.config), "quant": model.config.qat["format"]}
+    return pack_state(state_dict_for_export(model), policy, metadata=meta)
+
+
 def pack_plan(
     state: dict, qts: dict[str, QTensor], plan: Plan, policy: ExportPolicy, metadata: dict | None, **kw
 ) -> bytes:
@@ -131,8 +141,6 @@ def checkpoint_policy(
     Its projections use the recorded QAT quantizer whatever -q says; the config
     is marked exported so that loaders do not fake-quantize the grid weights again.
     """
-    from .qat import export_config, is_qat_pending, qat_policy
-
     if not is_qat_pending(config, source):
         return policy, config
     from ..model import ModelConfig
@@ -161,8 +169,6 @@ def pack(
     model is exported with the QAT policy, as ``recurnorm pack`` does. A rule
     that changes no tensor raises ConfigError.
     """
-    from torch import nn
-
     from ..model import state_dict_for_export
     from .spec import build_policy
 

@@ -1,4 +1,5 @@
-"""Exporting a QAT model: exactly the codes its training saw.
+"""The export policy of a QAT model: exactly the codes its training saw (``pack.export_qat``
+packs a QAT model with it).
 
 ``qat_policy(config)`` is an ExportPolicy whose overrides quantize exactly the
 fake-quantized projection weights with the training quantizer and options;
@@ -9,8 +10,6 @@ reproduces the QAT model's logits exactly).
 from __future__ import annotations
 
 from dataclasses import replace
-
-from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from .policy import ExportPolicy
@@ -62,13 +61,3 @@ def export_config(config) -> dict:
     if d.get("qat") is not None:
         d["qat"] = {**d["qat"], "exported": True}
     return d
-
-
-def export_qat(model: nn.Module, base: ExportPolicy | None = None, metadata: dict | None = None) -> bytes:
-    """Artifact bytes of a QAT model: qat_policy codes, the config (qat exported) in metadata."""
-    from ..model import state_dict_for_export
-    from .pack import pack_state
-
-    policy = qat_policy(model.config, base)
-    meta = {**(metadata or {}), "config": export_config(model.config), "quant": model.config.qat["format"]}
-    return pack_state(state_dict_for_export(model), policy, metadata=meta)

@@ -56,9 +56,9 @@ def load_source(path: str | Path, model_factory=None, need_model: bool = False) 
     if not need_model:
         return src
     if model_factory is not None:
-        from ..evaluate import factory as fac
+        from ..model.factory import build_model, resolve
 
-        src.model = fac.build_model(fac.resolve(model_factory), config, state, str(path))
+        src.model = build_model(resolve(model_factory), config, state, str(path))
     elif isinstance(config, dict) and "scheme" in config:
         from .load import load_model
 
@@ -287,7 +287,7 @@ def ship_source(
         else:
             loss_fn = calibration_loss_fn(src.model, windows)
         if sensitivity == "hessian":
-            from ..evaluate.factory import run_forward
+            from ..model.run import run_forward
             from .banks import unbank
             from .gptq import collect_all_hessians
 

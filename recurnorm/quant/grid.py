@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..errors import QuantError
-from .qtensor import QTensor
+from .qtensor import QTensor, rows_layout
 from .registry import Quantizer, dtype_name, range_problem
 
 FP16_MAX = 65504.0
@@ -25,13 +25,6 @@ FP16_MAX = 65504.0
 def to_fp16_grid(x: Tensor) -> Tensor:
     """Round float32 values to the nearest fp16 (clamped), kept as float32."""
     return x.clamp(-FP16_MAX, FP16_MAX).to(torch.float16).to(torch.float32)
-
-
-def rows_layout(shape: tuple[int, ...]) -> tuple[int, int]:
-    """(rows, row length): dim 0 against the rest; 0-D and 1-D tensors are one row."""
-    if len(shape) >= 2:
-        return shape[0], math.prod(shape[1:])
-    return 1, math.prod(shape)
 
 
 # Codes are laid out [groups, group]: a group larger than the tensor pads it to the group's

@@ -4,7 +4,7 @@ A tensor W, viewed as ``[rows, cols]``, is quantized to Ŵ; its error ``E = W �
 approximated by a rank-r product ``Lᵀ R`` (``L [r, rows]``, ``R [r, cols]``) from the
 truncated SVD, and L and R are quantized with ordinary formats (``r · (rows + cols)``
 values: 4 · 960 for a 192 × 768 matrix, 2.6% of its weights). Readers add
-``Σ_k L̂[k]ᵀ R̂[k]`` to Ŵ, one rank at a time in float32 (`apply`): elementwise products
+``Σ_k L̂[k]ᵀ R̂[k]`` to Ŵ, one rank at a time in float32 (`lowrank.apply`): elementwise products
 and sums are exactly rounded, so numpy (the standalone loader) and torch give the same bits.
 
 Options, beside the tensor's format (``-q int6:lqer=4:lqer_l=int8``):
@@ -27,7 +27,6 @@ What differs from the Parameter Golf record that uses it (openai/parameter-golf,
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,8 +34,9 @@ import torch
 from torch import Tensor
 
 from ..errors import QuantError
-from .grid import rows_layout
-from .qtensor import QTensor
+from .lowrank import apply, matrix_view  # noqa: F401  (the reader's half, re-exported)
+from .qtensor import QTensor, rows_layout
+from .registry import dequantize, get
 
 LQER_KEYS = ("lqer", "lqer_l", "lqer_r")
 FACTOR_FORMATS = ("int2", "int3", "int4", "int5", "int6", "int8", "fp16")
@@ -102,8 +102,6 @@ def column_scale(H: Tensor | None) -> Tensor | None:
 def correct(W: Tensor, qt: QTensor, spec: LowRank, H: Tensor | None = None, name: str = "tensor") -> QTensor:
     """qt with an LQER correction of its error to W (the matrix view of W); a vector or scalar
     has no low-rank structure and comes back as it is."""
-    from .registry import dequantize, get
-
     if len(qt.shape) < 2 or 0 in qt.shape:
         return qt
     rows, cols = rows_layout(tuple(qt.shape))
@@ -119,37 +117,6 @@ def correct(W: Tensor, qt: QTensor, spec: LowRank, H: Tensor | None = None, name
     return replace(qt, lowrank=(qL, qR))
 
 
-def apply(W: Tensor, L: Tensor, R: Tensor) -> Tensor:
-    """W [rows, cols] + Σ_k L[k]ᵀ R[k] in float32, rank by rank: the order every reader sums in."""
-    out = W.float()
-    for a, b in zip(L.float(), R.float(), strict=True):
-        out = out + a[:, None] * b[None, :]
-    return out
-
-
-def matrix_view(shape: tuple[int, ...], left_cols: int | None = None) -> tuple[int, int]:
-    """(rows, cols) a correction of a tensor of this shape is laid on: ``[shape[0], rest]``, or
-    for a stack of matrices (>= 3 dims, export/banks.py) ``[rest, shape[-1]]`` when its left
-    factor says so (its length is the rows)."""
-    rows, cols = rows_layout(shape)
-    if len(shape) > 2 and left_cols is not None and left_cols != rows:
-        return math.prod(shape[:-1]), shape[-1]
-    return rows, cols
-
-
-def apply_to(t: Tensor, qt: QTensor) -> Tensor:
-    """The dequantized tensor t (float32, qt's shape) with qt's correction added."""
-    from .registry import dequantize
-
-    L, R = (dequantize(f) for f in qt.lowrank)
-    rows, cols = matrix_view(tuple(qt.shape), L.shape[-1])
-    if L.shape != (L.shape[0], rows) or R.shape != (L.shape[0], cols):
-        raise QuantError(f"lqer factors {list(L.shape)} and {list(R.shape)} do not fit a [{rows}, {cols}] matrix")
-    return apply(t.reshape(rows, cols), L, R).reshape(t.shape)
-
-
 def error_norm(W: Tensor, qt: QTensor) -> float:
     """‖W − dequantize(qt)‖_F (the correction included): what LQER reduces."""
-    from .registry import dequantize
-
     return float((W.detach().float() - dequantize(qt)).norm())

@@ -9,6 +9,13 @@ from typing import Any
 import numpy as np
 
 
+def rows_layout(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, row length): dim 0 against the rest; 0-D and 1-D tensors are one row."""
+    if len(shape) >= 2:
+        return shape[0], math.prod(shape[1:])
+    return 1, math.prod(shape)
+
+
 @dataclass
 class QTensor:
     """A quantized tensor: integer codes plus what is needed to dequantize them.
@@ -27,7 +34,7 @@ class QTensor:
     - ``lowrank``: None, or a low-rank correction of the quantization error (LQER,
       ``quant/lqer.py``): two QTensors ``L [r, rows]`` and ``R [r, cols]`` of the tensor
       viewed as ``[rows, cols]``, added to the dequantized values
-      ``Σ_k L[k]ᵀ R[k]`` (``lqer.apply``, the one order every reader sums in).
+      ``Σ_k L[k]ᵀ R[k]`` (``lowrank.apply``, the one order every reader sums in).
     """
 
     format: str

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..errors import QuantError
 from ..registry import Registry, resolve_options
+from . import lowrank
 from .qtensor import QTensor
 
 _REGISTRY: Registry[Quantizer] = Registry("format", QuantError)
@@ -269,9 +270,7 @@ def dequantize(qt: QTensor, *, original_dtype: bool = False) -> Tensor:
     correction, when it has one)."""
     t = get(qt.format, **qt.params).dequantize(qt)
     if qt.lowrank is not None:
-        from .lqer import apply_to
-
-        t = apply_to(t, qt)
+        t = lowrank.add_to(t, qt, *(dequantize(f) for f in qt.lowrank))
     return restore_dtype(t, qt) if original_dtype else t
 
 

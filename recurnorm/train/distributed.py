@@ -13,7 +13,8 @@ set that folder (``recurnorm train --nproc`` does), prints one ``error: rank r
 of N: ...`` line, and exits; torchrun then stops the other ranks and the
 launcher names the rank and its error.
 
-``resolve_device`` and ``device_of`` are the one place a device is chosen or read.
+``resolve_device`` is the one place a device is chosen; ``device_of`` (model/run.py, below
+every stage that runs a model) the one place it is read.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
+from ..model.run import device_of  # noqa: F401  (train's callers read it here)
 
 ERROR_DIR_ENV = "RECURNORM_ERROR_DIR"
 # Fault injection for the tests and for rehearsing a launch: "RANK:STEP" makes that
@@ -92,15 +94,6 @@ def resolve_device(requested: str = "auto") -> torch.device:
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(requested)
-
-
-def device_of(module: torch.nn.Module) -> torch.device:
-    """Device of the module's first parameter or buffer; CPU for a parameterless module."""
-    for t in module.parameters():
-        return t.device
-    for t in module.buffers():
-        return t.device
-    return torch.device("cpu")
 
 
 def env_world() -> tuple[int, int, int]:

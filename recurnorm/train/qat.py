@@ -48,9 +48,9 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError, RecurnormError
 from ..model.lm import projection_block
+from ..model.run import device_of
 from ..quant.fake import absmax_act_quant, quantize_dequantize, ste_mix
 from .config import DEFAULT, TrainConfig
-from .distributed import device_of
 
 DEFAULT_RAMP = 0.5
 QAT_KEYS = ("format", "options", "ramp", "act_quant", "noise", "stepwise", "extra_norm", "exported")

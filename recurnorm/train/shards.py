@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import DataError, OutputExistsError
 from ..io import atomic_write_bytes, check_writable
 from .corpus import Corpus
+from .documents import load_documents
 from .tokens import TokenStream
 
 MAGIC = 20240520
@@ -210,22 +211,6 @@ def _as_sentencepiece(tokenizer: Any):
     if isinstance(tokenizer, (str, os.PathLike)):
         return SentencePieceTokenizer(tokenizer)
     raise DataError(f"expected a SentencePiece model path, got {type(tokenizer).__name__}")
-
-
-# ---------------------------------------------------------------- documents
-
-
-def load_documents(spec: str, val_fraction: float = 0.1) -> tuple[list[str], list[str]]:
-    """Train and validation documents of "default", a text file or a .txt directory.
-
-    Documents are read by ``recurnorm.train.data`` (the same sources as
-    ``load_corpus``) and split by ``split_document_list``, so shards hold the
-    same documents as the text corpus, one BOS per document.
-    """
-    from .data import default_documents, read_documents, split_document_list
-
-    docs = default_documents() if spec == "default" else read_documents(spec)
-    return split_document_list(docs, val_fraction)
 
 
 # ---------------------------------------------------------------- make shards
