@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import mmap
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,8 @@ from . import codecs as codecs_mod
 from . import format as fmt
 from . import heap, parents, race, spec, validate
 from .codecs import DTYPES, StreamContext
+from .options import PackOptions
 from .rans import order0_bits
-from .search import EFFORTS
 
 
 @dataclass
@@ -83,6 +83,7 @@ def pack_qtensors(
     codecs=None,
     effort: str = "normal",
     *,
+    options: PackOptions | None = None,
     check: bool = True,
     jobs: int = 1,
     sink=None,
@@ -90,29 +91,31 @@ def pack_qtensors(
     """Entropy-pack QTensors into artifact bytes; one QTensor under two names is stored once.
 
     effort: "normal" (fast), or "max": a wider codec search for the last bytes, and every
-    tensor's rows predicted from earlier similar rows (parents.py; not only tall ones). The
-    search ranks codings by estimates, so "max" also packs at "normal" and keeps the smaller
-    artifact: it is never larger.
+    tensor's rows predicted from earlier similar rows (parents.py; not only tall ones); never
+    larger than "normal". options: the same as PackOptions (options.py), or any variant of it
+    (not with effort).
     check: refuse (QuantError) names, shapes and values that readers refuse; False only to
     forge such artifacts (tests/hostile_corpus.py).
     jobs: tensors coded at once (the same bytes for any number). qtensors may make each QTensor
     as asked (no tied names); with sink (a file), the payload goes there tensor by tensor and the
     header and manifest come back (written first, then the payload).
     """
-    if effort not in EFFORTS:
-        raise QuantError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
+    if options is not None and effort != "normal":
+        raise QuantError("give effort or options, not both")
+    options = options or PackOptions.for_effort(effort)
     heap.settle()  # temporaries from the heap, not fresh pages (heap.py)
     metadata = dict(metadata or {})
     try:
         fmt.dumps(metadata)
     except (TypeError, ValueError) as exc:
         raise QuantError(f"metadata is not JSON-serializable: {exc}") from None
-    if effort == "max" and sink is None:
-        return min((_pack(qtensors, metadata, codecs, e, check, jobs) for e in ("normal", "max")), key=len)
-    return _pack(qtensors, metadata, codecs, effort, check, jobs, sink)
+    if options.also_normal and sink is None:  # (the search ranks codings by estimates: "max" may miss)
+        tries = (PackOptions(), replace(options, also_normal=False))
+        return min((_pack(qtensors, metadata, codecs, o, check, jobs) for o in tries), key=len)
+    return _pack(qtensors, metadata, codecs, options, check, jobs, sink)
 
 
-def _pack(qtensors, metadata: dict, codecs, effort: str, check: bool, jobs: int = 1, sink=None) -> bytes:
+def _pack(qtensors, metadata: dict, codecs, options: PackOptions, check: bool, jobs: int = 1, sink=None) -> bytes:
     first_name: dict[int, str] = {}
     stored, aliases = [], []
     tied = isinstance(qtensors, dict)  # (a mapping that makes QTensors as asked holds no tied names)
@@ -130,7 +133,7 @@ def _pack(qtensors, metadata: dict, codecs, effort: str, check: bool, jobs: int 
         stored.append(name)
     entries, sha, offset, chunks = [], hashlib.sha256(), 0, []
     # Tensor by tensor, in order (jobs at once): each tensor's streams are written before the next's.
-    for done in _ordered(lambda n: _encode_tensor(n, qtensors[n], qtensors, codecs, effort, check), stored, jobs):
+    for done in _ordered(lambda n: _encode_tensor(n, qtensors[n], qtensors, codecs, options, check), stored, jobs):
         for entry, coded in done:
             for kind, stream in entry["streams"].items():
                 codec, params, data = coded[kind]
@@ -181,7 +184,7 @@ def _startable_threads(n: int) -> int:
     return len(threads)
 
 
-def _encode_tensor(name: str, qt: QTensor, names, codecs, effort: str, check: bool) -> list[tuple[dict, dict]]:
+def _encode_tensor(name: str, qt: QTensor, names, codecs, options: PackOptions, check: bool) -> list[tuple[dict, dict]]:
     """(manifest entry, {kind: (codec, params, bytes)}) of a stored tensor, its LQER factors first."""
     items: list[tuple[np.ndarray, StreamContext]] = []
     # Tensors whose rows are predicted: their codes as they are race the residuals and parents.
@@ -189,14 +192,14 @@ def _encode_tensor(name: str, qt: QTensor, names, codecs, effort: str, check: bo
     if not isinstance(qt, QTensor):
         raise QuantError(f"tensor {name}: expected a QTensor, got {type(qt).__name__}")
     if qt.lowrank is None:
-        entries = [_entry(name, qt, effort, check, items, unpredicted)]
+        entries = [_entry(name, qt, options, check, items, unpredicted)]
     else:  # the factors first, so that a reader has them when it reaches the tensor
         factors = (f"{name}.lqer_l", f"{name}.lqer_r")
         clash = [n for n in factors if n in names]
         if clash:
             raise QuantError(f"tensor {name}: its lqer factor name {clash[0]!r} is taken by another tensor")
-        entries = [_entry(n, f, effort, check, items, unpredicted) for n, f in zip(factors, qt.lowrank, strict=True)]
-        entries.append({**_entry(name, qt, effort, check, items, unpredicted), "lowrank": list(factors)})
+        entries = [_entry(n, f, options, check, items, unpredicted) for n, f in zip(factors, qt.lowrank, strict=True)]
+        entries.append({**_entry(name, qt, options, check, items, unpredicted), "lowrank": list(factors)})
     encoded = race.encode_all(items + list(unpredicted.values()), codecs)
     alone = dict(zip(unpredicted, encoded[len(items) :], strict=True))
     encoded = iter(encoded[: len(items)])
@@ -212,7 +215,7 @@ def _encode_tensor(name: str, qt: QTensor, names, codecs, effort: str, check: bo
     return out
 
 
-def _entry(name: str, qt: QTensor, effort: str, check: bool, items: list, unpredicted: dict) -> dict:
+def _entry(name: str, qt: QTensor, options: PackOptions, check: bool, items: list, unpredicted: dict) -> dict:
     """A tensor's manifest entry; its streams appended to items (and its codes as they are to
     unpredicted, where its rows' parents must race them)."""
     _check_qtensor(name, qt, check)
@@ -220,11 +223,11 @@ def _entry(name: str, qt: QTensor, effort: str, check: bool, items: list, unpred
     codes, pays = arrays["codes"], None  # the tensor's rows predicted from earlier rows, where they pay
     if codes.dtype == np.int8 and len(qt.shape) > 1 and codes.size == qt.numel > 0:
         m = codes.reshape(qt.shape[0], -1)
-        wide = effort == "max"
-        found = parents.find(m, wide) if wide or len(m) >= parents.SEARCH_ROWS else parents.previous(m)
+        tall = len(m) >= options.parents_search_rows
+        found = parents.find(m, options.parents_probes) if tall else parents.previous(m, options.parents_smooth)
         if found is not None:
             res = parents.residuals(m, found)
-            pays = race.parents_pay(m, res, found, qt.scales, effort)
+            pays = race.parents_pay(m, res, found, qt.scales, options)
             if pays is not False:
                 arrays["parents"], arrays["codes"] = found, res.reshape(codes.shape)
     for kind in spec.STREAM_KINDS:
@@ -237,7 +240,7 @@ def _entry(name: str, qt: QTensor, effort: str, check: bool, items: list, unpred
         # Float words (codes, scales, zeros) go to the fields coding; readers decode a tensor's
         # other streams before its codes, whose scale context needs its scales.
         mant = codecs_mod.MANT.get(qt.format if kind == "codes" else dtype, 0)
-        ctx = StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort, mant=mant)
+        ctx = StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, options, mant=mant)
         items.append((arr, ctx))
         streams[kind] = {"dtype": dtype, "shape": list(arr.shape), "sha256": _sha(arr, dtype)}
     if "parents" in streams and pays is None:

@@ -8,14 +8,14 @@ streams are searched together, vectorized across streams, k and precisions: on s
 numpy's per-call overhead is what a search spends. A first pass ranks candidates by ideal code
 lengths (a family's larger k only where its second k beat its first: `deeper`); the leaders
 are scored at every precision, and the finalists' side data made for real, which the encoder
-writes as is. `EFFORTS` sets how wide it looks. Big matrices also get block and map
+writes as is. `Effort` sets how wide it looks. Big matrices also get block and map
 candidates (`block_choice`, `map_choice`) to race beside the plan. Counts of big streams'
 units come from a strided sample (the same with or without the kernel): they only rank the
 candidates; the encoder counts the chosen one exactly."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -38,33 +38,24 @@ SWEEP_FIRST = 2  # class counts each context family tries before `deeper` looks 
 
 @dataclass(frozen=True)
 class Effort:
-    """How hard the search looks: class counts tried, candidates kept, k-means iterations."""
+    """How hard the search looks: class counts tried, candidates kept, k-means iterations. The
+    defaults are effort normal's (options.py holds max's), measured on trained checkpoints: below
+    32K codes a second table is all a context can pay for, and with fewer than 128 codes per symbol
+    not even that (0 of 32 int8 tensors of 16K codes took one); big streams have cheap tables, so
+    more classes win there; 4 k-means iterations find the classes 8 do. 32 classes on big streams:
+    a real token embedding (all-MiniLM-L6-v2, 30522 x 384 ternary) wants 32 column classes (sign
+    lean x density) under 8 row classes: 0.963 of its order-0 bound, ids and tables counted."""
 
-    small_ks: tuple[int, ...]  # streams below MID_SYMBOLS
-    ks: tuple[int, ...]
-    big_ks: tuple[int, ...]  # streams from BIG_SYMBOLS on
-    leaders: int  # candidates scored at every precision
-    finalists: int  # (candidate, precision) pairs whose side data is compacted for real
-    kmeans_iters: int
-    per_symbol: int  # contexts are tried on streams of at least this many codes per alphabet symbol
+    small_ks: tuple[int, ...] = (2,)  # streams below MID_SYMBOLS
+    ks: tuple[int, ...] = (2, 4, 8, 16)
+    big_ks: tuple[int, ...] = (4, 8, 16, 32)  # streams from BIG_SYMBOLS on
+    leaders: int = 3  # candidates scored at every precision
+    finalists: int = 3  # (candidate, precision) pairs whose side data is compacted for real
+    kmeans_iters: int = 4
+    per_symbol: int = 128  # contexts are tried on streams of at least this many codes per alphabet symbol
     all_grids: bool = False  # grid contexts from every row k x column k (else the `grids` most promising)
     sweep: bool = True  # each family's first SWEEP_FIRST ks, the rest only where more classes paid (else all)
     grids: int = 3
-
-
-EFFORTS = {
-    # Measured on trained checkpoints: below 32K codes a second table is all a context
-    # can pay for, and with fewer than 128 codes per symbol not even that (0 of 32 int8
-    # tensors of 16K codes took one); big streams have cheap tables, so more classes win
-    # there; 4 k-means iterations find the classes 8 do. 32 classes on big streams: a real
-    # token embedding (all-MiniLM-L6-v2, 30522 x 384 ternary) wants 32 column classes (sign
-    # lean x density) under 8 row classes: 0.963 of its order-0 bound, ids and tables counted.
-    "normal": Effort((2,), (2, 4, 8, 16), (4, 8, 16, 32), leaders=3, finalists=3, kmeans_iters=4, per_symbol=128),
-    # The last bytes under a hard cap: every k everywhere, every candidate scored fully.
-    "max": Effort(
-        (2, 4, 8, 16), (2, 4, 8, 16, 32), (2, 4, 8, 16, 32), 64, 8, 8, per_symbol=0, all_grids=True, sweep=False
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -219,7 +210,7 @@ def _families(st: Stream, ks) -> dict[str, list[int]]:
 
 
 def candidates_many(
-    streams: list[Stream], effort: Effort = EFFORTS["normal"]
+    streams: list[Stream], effort: Effort = Effort()
 ) -> tuple[list[list[Candidate]], dict[tuple[int, str], list[int]]]:
     """Every stream's first candidates: order-0, and each context family (scale buckets,
     row/col classes) at its first class counts; with the class counts held back for
@@ -580,14 +571,13 @@ def _choose_group(
     return out
 
 
-def plan(jobs: list[tuple], effort: str = "normal", **narrower) -> list[Choice]:
+def plan(jobs: list[tuple], how: Effort = Effort()) -> list[Choice]:
     """The cheapest coding found for each stream (symbols in [0, nsym), laid out as geo says;
-    a job may add the symbols' exact counts). narrower: Effort fields that differ from the effort's.
+    a job may add the symbols' exact counts), looking as wide as `how` says.
 
     All streams are searched together, so a model's many small tensors share each numpy
     call instead of paying its overhead once per tensor.
     """
-    how = replace(EFFORTS[effort], **narrower)
     streams = [Stream(*job) for job in jobs]
     cands, later = candidates_many(streams, how)
     groups: dict[int, list[int]] = {}
