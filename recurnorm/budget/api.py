@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import math
 import mmap
+import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -12,11 +15,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArtifactError, OverCapError, QuantError
+from ..quant import dequantize_all
 from ..quant import registry as quant_registry
 from ..quant.qtensor import QTensor
 from . import codecs as codecs_mod
 from . import format as fmt
 from . import heap, parents, race, spec, validate
+from .cap import Budget
 from .codecs import DTYPES, StreamContext
 from .options import PackOptions
 from .rans import order0_bits
@@ -149,8 +154,6 @@ def _pack(qtensors, metadata: dict, codecs, options: PackOptions, check: bool, j
 def _ordered(fn, items: list, jobs: int):
     """fn of each item, in order, at most jobs at a time (each holds a tensor), in threads: the
     coders' numpy and C loops let go of the interpreter."""
-    from concurrent.futures import ThreadPoolExecutor
-
     jobs = _startable_threads(min(jobs, len(items))) if jobs > 1 else 1
     if jobs < 2:
         yield from map(fn, items)
@@ -168,8 +171,6 @@ def _startable_threads(n: int) -> int:
     """How many of n threads the system starts at once: a ulimit on address space or tasks
     refuses some ("can't start new thread"; 8 MB of stack each), on a many-core machine
     too. Each is held until the last has started, then let go."""
-    import threading
-
     hold, threads = threading.Event(), []
     try:
         for _ in range(n):
@@ -308,13 +309,7 @@ def _decoded(manifest: dict, payload: memoryview):
             m = dec["codes"].reshape(t["shape"][0], -1)
             dec["codes"] = parents.restore(m, dec["parents"], f"tensor {t['name']!r}").reshape(dec["codes"].shape)
         qt = QTensor(
-            format=t["format"],
-            shape=tuple(t["shape"]),
-            dtype=t["dtype"],
-            codes=dec["codes"],
-            scales=dec.get("scales"),
-            zeros=dec.get("zeros"),
-            params=t["params"],
+            t["format"], tuple(t["shape"]), t["dtype"], dec["codes"], dec.get("scales"), dec.get("zeros"), t["params"]
         )
         validate.check_decoded(t["name"], qt)
         if t["name"] in factor_names:
@@ -395,8 +390,6 @@ def _codec_label(s: dict) -> str:
 
 def unpack(data: bytes, max_decoded_bytes: int | None = None) -> dict[str, Any]:
     """Artifact bytes to a dequantized state dict in the original dtypes."""
-    from ..quant import dequantize_all
-
     return dequantize_all(read_artifact(data, max_decoded_bytes).qtensors)
 
 
@@ -426,8 +419,6 @@ def verify_bytes(data: bytes, budget=None, path: str = "<bytes>", max_decoded_by
     ok means `unpack` succeeds: read_artifact checks what each quantizer needs; with a loader
     in the budget, ok also means the standalone loader reads it (the portable profile).
     """
-    from .cap import Budget
-
     budget = budget or Budget()
     try:
         manifest, rows = decoded_stats(data, max_decoded_bytes)
@@ -452,8 +443,6 @@ def verify_bytes(data: bytes, budget=None, path: str = "<bytes>", max_decoded_by
 def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -> bytes:
     """An artifact file's bytes, memory-mapped: regular files only (not /dev/zero or a FIFO), and no larger
     than its decoded bytes allow (no stream is longer than its raw form plus the manifest)."""
-    import stat
-
     path = Path(path)
     try:
         st = path.stat()

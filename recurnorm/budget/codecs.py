@@ -317,12 +317,8 @@ class Rans(Codec, name="rans"):
 
     def _decode_classes(self, data, params, ctx, variant: str, kc: int):
         """decode, its params checked: the class ids against the tensor, then the codes."""
-        (rows, cols), n, k, context = (
-            rows_layout(ctx.tensor_shape),
-            ctx.numel,
-            params.get("k", 1),
-            spec.CONTEXTS[variant],
-        )
+        (rows, cols), n = rows_layout(ctx.tensor_shape), ctx.numel
+        k, context = params.get("k", 1), spec.CONTEXTS[variant]
         n_ids = context.ids(rows, cols, kc) if context.ids else 0
         # Class ids are stored per row/column: an empty tensor has none to give, and their
         # count is bounded by the codes' (a zero dimension must not declare 2**39 rows).

@@ -11,8 +11,6 @@ from ..errors import QuantError
 from . import parents, spec
 from .search import Effort
 
-EFFORTS = ("normal", "max")
-
 
 @dataclass(frozen=True)
 class Gates:
@@ -25,11 +23,10 @@ class Gates:
     # byte-grouped together (about deflate-1's size, 6x sooner), lands over the best (the fields
     # coding). Saves 96-98% on MiniLM and golf-shaped bf16/fp32; same bytes.
     float_probe: int | None = 1 << 12
-    # Quantized codes from this many bytes on where zstd-1 finds no repetition: no deflate or
-    # lzma (rans codes them under their order-0 bound, where deflate's Huffman and lzma's
-    # literals land above it). Saves 50% on MiniLM int8, 45% on golf-shaped int8; same bytes.
-    # (Below it a table costs rans more than deflate's Huffman: deflate won small int8 streams
-    # of the tiny models, 0.2% of their bytes.)
+    # Quantized codes from this many bytes on where zstd-1 finds no repetition: no deflate or lzma (rans codes
+    # them under their order-0 bound, where deflate's Huffman and lzma's literals land above it). Saves 50% on
+    # MiniLM int8, 45% on golf-shaped int8; same bytes. (Below it a table costs rans more than deflate's
+    # Huffman: deflate won small int8 streams of the tiny models, 0.2% of their bytes.)
     codes_norep: int | None = 1 << 16
     # lzma on deflate's best layout only, where deflate is within this factor of the best (over
     # 256 KiB: where deflate leads). Saves 79% on MiniLM int4 (lzma-9e: ~0.3 s a MB), 86% on
@@ -85,20 +82,13 @@ class PackOptions:
         """ "normal": PackOptions(). "max", the last bytes under a hard cap: every k everywhere, every
         candidate scored fully, lzma on heads' side data, no shortcut, every int8 matrix's parents
         searched in 4 x PROBES clusters; and "normal"'s artifact where it is smaller."""
-        if effort not in EFFORTS:
-            raise QuantError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
         if effort == "normal":
             return cls()
+        if effort != "max":
+            raise QuantError(f"effort {effort!r} is not one of normal, max")
         ks = (2, 4, 8, 16, 32)
         wide = Effort(
-            ks[:4], ks, ks, leaders=64, finalists=8, kmeans_iters=8, per_symbol=0, all_grids=True, sweep=False
-        )
-        return cls(
-            wide,
-            wide,
-            spec.PORTABLE,
-            Gates.off(),
-            parents_search_rows=0,
-            parents_probes=4 * parents.PROBES,
-            also_normal=True,
-        )
+            ks[:4], ks, ks, 64, 8, 8, per_symbol=0, all_grids=True, sweep=False
+        )  # (leaders, finalists, iters)
+        parents_everywhere = {"parents_search_rows": 0, "parents_probes": 4 * parents.PROBES}
+        return cls(wide, wide, spec.PORTABLE, Gates.off(), **parents_everywhere, also_normal=True)

@@ -134,7 +134,7 @@ class Stream:
         self.exact = not self.big or sym.size < SEARCH_SAMPLE
         self._units: dict[int, np.ndarray] = {}
         self._totals: dict[int, np.ndarray] = {} if total is None else {1: total}  # (the caller's exact counts)
-        self._hists: dict[str, tuple[np.ndarray, float]] = {}
+        self._hists: dict[str, np.ndarray] = {}
 
     def tuples(self, t: int) -> np.ndarray:
         """The units of t symbols, as uint16 (unit alphabets are at most 4096)."""
@@ -148,11 +148,9 @@ class Stream:
             self._totals[t] = rans.context_counts(self.tuples(t), None, 1, self.nsym**t)[0]
         return self._totals[t]
 
-    def histograms(self, family: str) -> tuple[np.ndarray, float]:
-        """(item histograms, sample -> whole factor): code rows ("scale"), tensor rows or columns.
-
-        Code rows that are the tensor's rows are counted once.
-        """
+    def histograms(self, family: str) -> np.ndarray:
+        """Item histograms of code rows ("scale"), tensor rows or columns (code rows that are the
+        tensor's rows are counted once)."""
         geo = self.geo
         if family == "scale":
             view, axis = (geo.code_rows, geo.row_len), 0
@@ -166,7 +164,7 @@ class Stream:
                 hist = kernel.histograms(self.sym16, *view, self.nsym, axis, 1)
             else:
                 hist = axis_histograms(self.sym[: view[0] * view[1]].reshape(view), axis, self.nsym)
-            self._hists[family] = (hist, 1.0)
+            self._hists[family] = hist
         return self._hists[family]
 
     @cached_property
@@ -184,11 +182,10 @@ class Stream:
         counts = rans.context_counts(tsym[::us], cvec, k, nt)
         return counts * (tsym.size / len(cvec))
 
-    def class_counts(self, sums: list[np.ndarray], scale: float) -> list[np.ndarray]:
-        """Row/col class counts of several clusterings (scaled up from the sample) plus the
-        padding codes, which sit in context 0 (positions past numel): a few array calls for
-        all of them."""
-        counts = np.concatenate(sums) * scale
+    def class_counts(self, sums: list[np.ndarray]) -> list[np.ndarray]:
+        """Row/col class counts of several clusterings plus the padding codes, which sit in
+        context 0 (positions past numel): a few array calls for all of them."""
+        counts = np.concatenate(sums)
         firsts = np.cumsum([0] + [len(c) for c in sums[:-1]])
         counts[firsts] = np.maximum(counts[firsts] + self.total(1) - np.add.reduceat(counts, firsts, axis=0), 0)
         return np.split(counts, firsts[1:])
@@ -263,20 +260,18 @@ def family_candidates(
     for (j, family), kk in wanted.items():
         st = streams[j]
         if family != "scale":
-            hist, scale = st.histograms(family)
-            problems.append((j, family, hist, scale, kk))
+            problems.append((j, family, st.histograms(family), kk))
         elif st.t == 1:
-            ghist, scale = st.histograms("scale")
-            sums = ranked_class_sums(ghist, st.geo.scale_order, kk)
-            out[j] += [Candidate("scale", k, 1, c * scale) for k, c in zip(kk, sums, strict=True)]
+            sums = ranked_class_sums(st.histograms("scale"), st.geo.scale_order, kk)
+            out[j] += [Candidate("scale", k, 1, c) for k, c in zip(kk, sums, strict=True)]
         else:
             out[j] += [Candidate("scale", k, st.t, st.unit_counts(st.t, "scale", k, None)) for k in kk]
-    clusterings = cluster_many([p[2] for p in problems], [p[4] for p in problems], effort.kmeans_iters)
-    for (j, variant, hist, scale, kk), idsets in zip(problems, clusterings, strict=True):
+    clusterings = cluster_many([p[2] for p in problems], [p[3] for p in problems], effort.kmeans_iters)
+    for (j, variant, hist, kk), idsets in zip(problems, clusterings, strict=True):
         st = streams[j]
         # Single symbols always (tuples span several columns, so a column's class would
         # describe only a tuple's first symbol): from the histograms, no pass over the stream.
-        counts = st.class_counts(class_sums_all(hist, idsets, kk), scale)
+        counts = st.class_counts(class_sums_all(hist, idsets, kk))
         out[j] += [Candidate(variant, k, 1, c, ids) for k, c, ids in zip(kk, counts, idsets, strict=True)]
         if st.t > 1:
             counts = [st.unit_counts(st.t, variant, k, ids) for k, ids in zip(kk, idsets, strict=True)]
