@@ -97,8 +97,8 @@ def pack_qtensors(
 
     effort: "normal" (fast), or "max": a wider codec search for the last bytes, and every
     tensor's rows predicted from earlier similar rows (parents.py; not only tall ones); never
-    larger than "normal". options: the same as PackOptions (options.py), or any variant of it
-    (not with effort).
+    larger than "normal". options: instead of effort, a PackOptions (options.py): for_effort(effort)
+    is what effort means, and a variant of it is a dataclasses.replace.
     check: refuse (QuantError) names, shapes and values that readers refuse; False only to
     forge such artifacts (tests/hostile_corpus.py).
     jobs: tensors coded at once (the same bytes for any number). qtensors may make each QTensor
