@@ -3,6 +3,7 @@ on, skips work and keeps an artifact no larger than the full race's (the gate of
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields, replace
 
 import numpy as np
@@ -10,8 +11,9 @@ import pytest
 import torch
 
 from recurnorm import quant
-from recurnorm.budget import codecs, compress, pack_qtensors
+from recurnorm.budget import codecs, compress, pack_qtensors, spec
 from recurnorm.budget.options import Gates, PackOptions
+from recurnorm.errors import QuantError
 
 ZSTD = ("rans", "zstd", "raw")
 
@@ -84,12 +86,6 @@ def test_gate_skips_work_and_keeps_the_full_race_s_bytes(gate, monkeypatch):
 def test_packs_with_other_options_at_once_each_write_their_own_bytes():
     """Options travel with each pack, not in module state: packs in threads with different
     options give what each gives alone, and the string effort is its PackOptions."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from recurnorm.errors import QuantError
-
-    from recurnorm.budget import spec
-
     qts = {**_related_rows(2048), **_golf_like("bf16", 256)}
     variants = [
         PackOptions(),
