@@ -320,13 +320,14 @@ def _families(seed: int, rows: int, cols: int) -> np.ndarray:
 def test_kernel_parents_search_equals_numpy_reference(monkeypatch, rows, cols, wide):
     """parents.find proposes the same parents with the kernel's offer as with numpy's."""
     from recurnorm.budget import parents
+    from recurnorm.budget.options import PackOptions
 
-    codes = _families(rows, rows, cols)
-    fast = parents.find(codes, wide)
+    codes, probes = _families(rows, rows, cols), PackOptions.for_effort("max" if wide else "normal").parents_probes
+    fast = parents.find(codes, probes)
     assert fast is not None and (fast[:, 0] > 0).mean() > 0.3
-    assert np.array_equal(parents.find(np.asfortranarray(codes), wide), fast)  # (the kernel takes a contiguous copy)
+    assert np.array_equal(parents.find(np.asfortranarray(codes), probes), fast)  # (the kernel takes a contiguous copy)
     monkeypatch.setattr(kernel, "c", None)
-    assert np.array_equal(parents.find(codes, wide), fast)
+    assert np.array_equal(parents.find(codes, probes), fast)
 
 
 @compiled

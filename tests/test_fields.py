@@ -13,6 +13,7 @@ from recurnorm import quant
 from recurnorm.budget import codecs, compress, kernel, rans, rnpk_load, spec
 from recurnorm.budget.api import pack_qtensors, read_artifact, unpack, verify_bytes
 from recurnorm.budget.codecs import StreamContext
+from recurnorm.budget.options import PackOptions
 from recurnorm.errors import ArtifactError
 
 WORDS = {"bf16": (np.uint16, 7), "fp16": (np.uint16, 10), "fp32": (np.uint32, 23)}
@@ -79,7 +80,9 @@ def test_a_float_head_s_tables_and_class_ids_are_lzma_d_only_at_effort_max(monke
     assert spec.LZMA not in rans.side_compressors(data[params["tail"] :])
     kinds.clear()  # (effort max: lzma races there too, as everywhere)
     arr = (w.view(np.uint32) >> 16).astype(np.uint16).reshape(1, -1)
-    codecs.Fields().encode(arr, StreamContext("codes", "uint16", arr.shape, w.shape, effort="max", mant=7))
+    codecs.Fields().encode(
+        arr, StreamContext("codes", "uint16", arr.shape, w.shape, options=PackOptions.for_effort("max"), mant=7)
+    )
     assert spec.LZMA in kinds
     codes = np.repeat(np.arange(64, dtype=np.int8), 512).reshape(1, -1)
     codecs.Rans().encode(codes, StreamContext("codes", "int8", codes.shape, (codes.size,)))

@@ -12,6 +12,7 @@ from helpers import standalone_loader
 from recurnorm import quant
 from recurnorm.budget import parents
 from recurnorm.budget.api import pack_qtensors, read_artifact, unpack
+from recurnorm.budget.options import PackOptions
 from recurnorm.errors import ArtifactError
 
 
@@ -49,15 +50,14 @@ def test_effort_max_packs_smaller_and_every_reader_restores_the_codes(compact):
     assert got["emb"].tobytes() == unpack(best)["emb"].numpy().tobytes()
 
 
-def test_every_pack_searches_a_tall_tensor(monkeypatch):
-    """A token embedding's rows are searched at effort normal too (tensors of SEARCH_ROWS rows
-    or more): its kids' parents lie far back, where `previous` does not look."""
-    emb = _related_rows(roots=1024, kids=parents.SEARCH_ROWS)
+def test_every_pack_searches_a_tall_tensor():
+    """A token embedding's rows are searched at effort normal too (tensors of parents_search_rows
+    rows or more): its kids' parents lie far back, where `previous` does not look."""
+    emb = _related_rows(roots=1024, kids=PackOptions().parents_search_rows)
     qts = {"emb": quant.get("int8").quantize(emb, name="emb")}
     searched = pack_qtensors(qts)
     assert "parents" in read_artifact(searched).manifest["tensors"][0]["streams"]
-    monkeypatch.setattr(parents, "SEARCH_ROWS", len(emb) + 1)
-    assert len(searched) < 0.9 * len(pack_qtensors(qts))
+    assert len(searched) < 0.9 * len(pack_qtensors(qts, options=PackOptions(parents_search_rows=len(emb) + 1)))
     assert np.array_equal(read_artifact(searched).qtensors["emb"].codes, qts["emb"].codes)
 
 
@@ -103,7 +103,7 @@ def test_parents_that_do_not_pay_lose_the_race(monkeypatch):
     }
     plain = pack_qtensors(qts)
     every = np.r_[[[0, 0]], np.tile([[1, parents.STEP]], (299, 1))].astype(np.int32)
-    monkeypatch.setattr(parents, "previous", lambda c: every)
+    monkeypatch.setattr(parents, "previous", lambda c, smooth: every)
     proposed = pack_qtensors(qts)
     assert proposed == plain and "parents" not in read_artifact(proposed).manifest["tensors"][0]["streams"]
 

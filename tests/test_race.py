@@ -1,14 +1,19 @@
-"""The codec race: every shortcut in race.GATES, on small stand-ins for the cases it was measured
-on, skips work and keeps an artifact no larger than the full race's (the gate off)."""
+"""The codec race: every shortcut in options.Gates, on small stand-ins for the cases it was measured
+on, skips work and keeps an artifact no larger than the full race's (the gate off, by options)."""
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields, replace
 
 import numpy as np
 import pytest
 import torch
 
 from recurnorm import quant
-from recurnorm.budget import codecs, compress, pack_qtensors, race
+from recurnorm.budget import codecs, compress, pack_qtensors, spec
+from recurnorm.budget.options import Gates, PackOptions
+from recurnorm.errors import QuantError
 
 ZSTD = ("rans", "zstd", "raw")
 
@@ -47,7 +52,10 @@ CASES = {
 COST = {"lzma_race": 0.001}
 
 
-def _pack(qts, names, monkeypatch) -> tuple[bytes, int]:
+GATES = sorted(g.name for g in fields(Gates))
+
+
+def _pack(qts, names, monkeypatch, options=None) -> tuple[bytes, int]:
     """The artifact, and the bytes laid out for, or handed to, deflate, lzma and zstd-19."""
     work = []
     with monkeypatch.context() as m:
@@ -58,18 +66,40 @@ def _pack(qts, names, monkeypatch) -> tuple[bytes, int]:
             "compress",
             lambda kind, raw, *a, real=compress.compress: work.append(len(raw)) or real(kind, raw, *a),
         )
-        return pack_qtensors(qts, codecs=names), sum(work)
+        return pack_qtensors(qts, codecs=names, options=options), sum(work)
 
 
 def test_every_gate_has_a_stand_in():
-    assert sorted(CASES) == sorted(race.GATES)
+    assert sorted(CASES) == GATES
 
 
-@pytest.mark.parametrize("gate", sorted(race.GATES))
+@pytest.mark.parametrize("gate", GATES)
 def test_gate_skips_work_and_keeps_the_full_race_s_bytes(gate, monkeypatch):
     qts, names = CASES[gate]
     gated, work = _pack(qts, names, monkeypatch)
-    monkeypatch.setitem(race.GATES, gate, None)
-    full, full_work = _pack(qts, names, monkeypatch)
+    off = PackOptions(gates=replace(Gates(), **{gate: None}))
+    full, full_work = _pack(qts, names, monkeypatch, off)
     assert work < full_work  # the gate is exercised
     assert len(gated) <= len(full) * (1 + COST.get(gate, 0))
+
+
+def test_packs_with_other_options_at_once_each_write_their_own_bytes():
+    """Options travel with each pack, not in module state: packs in threads with different
+    options give what each gives alone, and the string effort is its PackOptions."""
+    qts = {**_related_rows(2048), **_golf_like("bf16", 256)}
+    variants = [
+        PackOptions(),
+        PackOptions.for_effort("max"),
+        PackOptions(parents_search_rows=0),
+        PackOptions(fields_side_compressors=spec.PORTABLE),
+    ]
+    alone = [pack_qtensors(qts, options=o) for o in variants]
+    assert len(set(alone)) == len(variants)  # (each variant writes other bytes)
+    assert alone[0] == pack_qtensors(qts) and alone[1] == pack_qtensors(qts, effort="max")
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda o: pack_qtensors(qts, options=o), variants * 2))
+    assert together == alone * 2
+    with pytest.raises(QuantError, match="not both"):
+        pack_qtensors(qts, effort="max", options=PackOptions())
+    with pytest.raises(AttributeError):  # (frozen: a variant is a replace, never an edit)
+        PackOptions().parents_smooth = 1.0

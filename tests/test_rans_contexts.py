@@ -12,6 +12,7 @@ from helpers import standalone_loader
 from recurnorm import quant
 from recurnorm.budget import kernel, parents, rans, search
 from recurnorm.budget.api import pack_qtensors, read_artifact, unpack, verify_bytes
+from recurnorm.budget.options import PackOptions
 
 
 def _weights(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -80,13 +81,14 @@ def test_predicted_rows_and_blocks_make_streams_smaller(monkeypatch):
 def test_smooth_rows_and_the_sample_that_finds_them():
     rng = np.random.default_rng(1)
     smooth = np.cumsum(rng.integers(-2, 3, size=(64, 32)), axis=0).astype(np.int8)
-    p = parents.previous(smooth)
+    smoothness = PackOptions().parents_smooth
+    p = parents.previous(smooth, smoothness)
     assert p is not None and (p[1:] == (1, parents.STEP)).all() and (p[0] == 0).all()
     res = parents.residuals(smooth, p)
     assert np.abs(res[1:]).max() <= 2 and np.array_equal(parents.restore(res, p, "t"), smooth)
     noise = rng.integers(-50, 50, size=(64, 32)).astype(np.int8)
-    assert parents.previous(noise) is None
-    assert parents.previous(smooth[:1]) is None  # one row: nothing to predict it from
+    assert parents.previous(noise, smoothness) is None
+    assert parents.previous(smooth[:1], smoothness) is None  # one row: nothing to predict it from
 
 
 def test_the_numpy_reference_writes_the_same_artifact(monkeypatch):

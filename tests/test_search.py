@@ -11,6 +11,9 @@ from helpers import embedding_like, joint_like
 
 from recurnorm.budget import cluster, codecs, compress, race, rans, search, spec
 from recurnorm.budget.codecs import StreamContext
+from recurnorm.budget.options import PackOptions
+
+MAX = PackOptions.for_effort("max")
 
 
 def _ctx(codes, tensor_shape=None, scales=None):
@@ -19,7 +22,7 @@ def _ctx(codes, tensor_shape=None, scales=None):
 
 def _choose(sym, nsym, geo, effort="normal"):
     """The cheapest coding found for one stream."""
-    return search.plan([(sym, nsym, geo)], effort)[0]
+    return search.plan([(sym, nsym, geo)], PackOptions.for_effort(effort).search)[0]
 
 
 def _choice(codes, tensor_shape=None, scales=None):
@@ -102,7 +105,7 @@ def test_more_classes_are_tried_only_where_the_second_k_paid():
     # max effort sweeps nothing: every k in the first round
     ctx = _ctx(flat)
     sym, _, nsym = codecs.Rans().symbols(flat)
-    cands, later = search.candidates_many([search.Stream(sym, nsym, codecs.geometry(ctx))], search.EFFORTS["max"])
+    cands, later = search.candidates_many([search.Stream(sym, nsym, codecs.geometry(ctx))], MAX.search)
     assert later == {} and sorted({c.k for c in cands[0] if c.variant == "col"}) == [2, 4, 8, 16, 32]
 
 
@@ -257,7 +260,7 @@ def test_grid_context_finds_row_and_column_structure_together():
     assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes.reshape(1, -1))
     # Better than either axis alone, by more than the grid's extra tables and ids.
     stream = search.Stream(sym, nsym, codecs.geometry(ctx))
-    alone = search.candidates_many([stream], search.EFFORTS["max"])[0][0]  # every k of each axis
+    alone = search.candidates_many([stream], MAX.search)[0][0]  # every k of each axis
     best_axis = min(
         search.score([c], stream.units, search.PRECS, False).total().min() for c in alone if c.variant in ("row", "col")
     )
@@ -266,7 +269,7 @@ def test_grid_context_finds_row_and_column_structure_together():
 
 def test_plan_counts_the_grid_pairs_asked_for_and_a_float_head_asks_for_one(monkeypatch):
     """Grids are counted for the `grids` best-ranked (row k, column k) pairs; a float head's
-    search counts one, of 4 or 8 classes an axis (codecs.Fields.SEARCH), at normal effort."""
+    search counts one, of 4 or 8 classes an axis (PackOptions.fields_search), at normal effort."""
     kinds, asked = [], []
     count, plan = search.Stream.unit_counts, search.plan
     monkeypatch.setattr(search.Stream, "unit_counts", lambda st, t, v, *a: kinds.append(v) or count(st, t, v, *a))
@@ -276,15 +279,15 @@ def test_plan_counts_the_grid_pairs_asked_for_and_a_float_head_asks_for_one(monk
     counted = {}
     for grids in (1, 3):
         kinds.clear()
-        assert search.plan([(sym, nsym, geo)], "normal", grids=grids)[0].variant == "grid"
+        assert search.plan([(sym, nsym, geo)], search.Effort(grids=grids))[0].variant == "grid"
         counted[grids] = kinds.count("grid")
     assert counted[1] == 1 < counted[3] <= 3
-    monkeypatch.setattr(search, "plan", lambda jobs, effort, **kw: asked.append(kw) or plan(jobs, effort, **kw))
+    monkeypatch.setattr(search, "plan", lambda jobs, how: asked.append(how) or plan(jobs, how))
     w = (np.random.default_rng(0).standard_normal((64, 128)) * np.logspace(-3, 0, 128)).astype(np.float32)
-    for effort in ("normal", "max"):  # (max searches as wide as ever)
-        ctx = StreamContext("codes", "uint32", w.shape, w.shape, effort=effort, mant=23)
+    for options in (PackOptions(), MAX):  # (max searches as wide as for codes)
+        ctx = StreamContext("codes", "uint32", w.shape, w.shape, options=options, mant=23)
         codecs.Fields().encode(w.view(np.uint32), ctx)
-    assert asked == [{"grids": 1, "big_ks": (4, 8)}, {}]
+    assert asked == [search.Effort(grids=1, big_ks=(4, 8)), MAX.search]
 
 
 def test_hostile_grid_params_and_ids_are_refused():

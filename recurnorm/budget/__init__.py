@@ -22,6 +22,7 @@ _LAZY = {
         "api",
     ),
     **dict.fromkeys(("Budget", "DEFAULT_MAX_BYTES"), "cap"),
+    "PackOptions": "options",
 }
 
 __all__ = sorted(_LAZY)

@@ -5,21 +5,26 @@ from __future__ import annotations
 import hashlib
 import math
 import mmap
-from dataclasses import asdict, dataclass, field
+import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import ArtifactError, OverCapError, QuantError
+from ..quant import dequantize_all
 from ..quant import registry as quant_registry
 from ..quant.qtensor import QTensor
 from . import codecs as codecs_mod
 from . import format as fmt
 from . import heap, parents, race, spec, validate
+from .cap import Budget
 from .codecs import DTYPES, StreamContext
+from .options import PackOptions
 from .rans import order0_bits
-from .search import EFFORTS
 
 
 @dataclass
@@ -83,6 +88,7 @@ def pack_qtensors(
     codecs=None,
     effort: str = "normal",
     *,
+    options: PackOptions | None = None,
     check: bool = True,
     jobs: int = 1,
     sink=None,
@@ -90,29 +96,31 @@ def pack_qtensors(
     """Entropy-pack QTensors into artifact bytes; one QTensor under two names is stored once.
 
     effort: "normal" (fast), or "max": a wider codec search for the last bytes, and every
-    tensor's rows predicted from earlier similar rows (parents.py; not only tall ones). The
-    search ranks codings by estimates, so "max" also packs at "normal" and keeps the smaller
-    artifact: it is never larger.
+    tensor's rows predicted from earlier similar rows (parents.py; not only tall ones); never
+    larger than "normal". options: instead of effort, a PackOptions (options.py): for_effort(effort)
+    is what effort means, and a variant of it is a dataclasses.replace.
     check: refuse (QuantError) names, shapes and values that readers refuse; False only to
     forge such artifacts (tests/hostile_corpus.py).
     jobs: tensors coded at once (the same bytes for any number). qtensors may make each QTensor
     as asked (no tied names); with sink (a file), the payload goes there tensor by tensor and the
     header and manifest come back (written first, then the payload).
     """
-    if effort not in EFFORTS:
-        raise QuantError(f"effort {effort!r} is not one of {', '.join(EFFORTS)}")
+    if options is not None and effort != "normal":
+        raise QuantError("give effort or options, not both")
+    options = options or PackOptions.for_effort(effort)
     heap.settle()  # temporaries from the heap, not fresh pages (heap.py)
     metadata = dict(metadata or {})
     try:
         fmt.dumps(metadata)
     except (TypeError, ValueError) as exc:
         raise QuantError(f"metadata is not JSON-serializable: {exc}") from None
-    if effort == "max" and sink is None:
-        return min((_pack(qtensors, metadata, codecs, e, check, jobs) for e in ("normal", "max")), key=len)
-    return _pack(qtensors, metadata, codecs, effort, check, jobs, sink)
+    if options.also_normal and sink is None:  # (the search ranks codings by estimates: "max" may miss)
+        tries = (PackOptions(), replace(options, also_normal=False))
+        return min((_pack(qtensors, metadata, codecs, o, check, jobs) for o in tries), key=len)
+    return _pack(qtensors, metadata, codecs, options, check, jobs, sink)
 
 
-def _pack(qtensors, metadata: dict, codecs, effort: str, check: bool, jobs: int = 1, sink=None) -> bytes:
+def _pack(qtensors, metadata: dict, codecs, options: PackOptions, check: bool, jobs: int = 1, sink=None) -> bytes:
     first_name: dict[int, str] = {}
     stored, aliases = [], []
     tied = isinstance(qtensors, dict)  # (a mapping that makes QTensors as asked holds no tied names)
@@ -130,7 +138,7 @@ def _pack(qtensors, metadata: dict, codecs, effort: str, check: bool, jobs: int 
         stored.append(name)
     entries, sha, offset, chunks = [], hashlib.sha256(), 0, []
     # Tensor by tensor, in order (jobs at once): each tensor's streams are written before the next's.
-    for done in _ordered(lambda n: _encode_tensor(n, qtensors[n], qtensors, codecs, effort, check), stored, jobs):
+    for done in _ordered(lambda n: _encode_tensor(n, qtensors[n], qtensors, codecs, options, check), stored, jobs):
         for entry, coded in done:
             for kind, stream in entry["streams"].items():
                 codec, params, data = coded[kind]
@@ -146,8 +154,6 @@ def _pack(qtensors, metadata: dict, codecs, effort: str, check: bool, jobs: int 
 def _ordered(fn, items: list, jobs: int):
     """fn of each item, in order, at most jobs at a time (each holds a tensor), in threads: the
     coders' numpy and C loops let go of the interpreter."""
-    from concurrent.futures import ThreadPoolExecutor
-
     jobs = _startable_threads(min(jobs, len(items))) if jobs > 1 else 1
     if jobs < 2:
         yield from map(fn, items)
@@ -165,8 +171,6 @@ def _startable_threads(n: int) -> int:
     """How many of n threads the system starts at once: a ulimit on address space or tasks
     refuses some ("can't start new thread"; 8 MB of stack each), on a many-core machine
     too. Each is held until the last has started, then let go."""
-    import threading
-
     hold, threads = threading.Event(), []
     try:
         for _ in range(n):
@@ -181,7 +185,7 @@ def _startable_threads(n: int) -> int:
     return len(threads)
 
 
-def _encode_tensor(name: str, qt: QTensor, names, codecs, effort: str, check: bool) -> list[tuple[dict, dict]]:
+def _encode_tensor(name: str, qt: QTensor, names, codecs, options: PackOptions, check: bool) -> list[tuple[dict, dict]]:
     """(manifest entry, {kind: (codec, params, bytes)}) of a stored tensor, its LQER factors first."""
     items: list[tuple[np.ndarray, StreamContext]] = []
     # Tensors whose rows are predicted: their codes as they are race the residuals and parents.
@@ -189,14 +193,14 @@ def _encode_tensor(name: str, qt: QTensor, names, codecs, effort: str, check: bo
     if not isinstance(qt, QTensor):
         raise QuantError(f"tensor {name}: expected a QTensor, got {type(qt).__name__}")
     if qt.lowrank is None:
-        entries = [_entry(name, qt, effort, check, items, unpredicted)]
+        entries = [_entry(name, qt, options, check, items, unpredicted)]
     else:  # the factors first, so that a reader has them when it reaches the tensor
         factors = (f"{name}.lqer_l", f"{name}.lqer_r")
         clash = [n for n in factors if n in names]
         if clash:
             raise QuantError(f"tensor {name}: its lqer factor name {clash[0]!r} is taken by another tensor")
-        entries = [_entry(n, f, effort, check, items, unpredicted) for n, f in zip(factors, qt.lowrank, strict=True)]
-        entries.append({**_entry(name, qt, effort, check, items, unpredicted), "lowrank": list(factors)})
+        entries = [_entry(n, f, options, check, items, unpredicted) for n, f in zip(factors, qt.lowrank, strict=True)]
+        entries.append({**_entry(name, qt, options, check, items, unpredicted), "lowrank": list(factors)})
     encoded = race.encode_all(items + list(unpredicted.values()), codecs)
     alone = dict(zip(unpredicted, encoded[len(items) :], strict=True))
     encoded = iter(encoded[: len(items)])
@@ -212,7 +216,7 @@ def _encode_tensor(name: str, qt: QTensor, names, codecs, effort: str, check: bo
     return out
 
 
-def _entry(name: str, qt: QTensor, effort: str, check: bool, items: list, unpredicted: dict) -> dict:
+def _entry(name: str, qt: QTensor, options: PackOptions, check: bool, items: list, unpredicted: dict) -> dict:
     """A tensor's manifest entry; its streams appended to items (and its codes as they are to
     unpredicted, where its rows' parents must race them)."""
     _check_qtensor(name, qt, check)
@@ -220,11 +224,11 @@ def _entry(name: str, qt: QTensor, effort: str, check: bool, items: list, unpred
     codes, pays = arrays["codes"], None  # the tensor's rows predicted from earlier rows, where they pay
     if codes.dtype == np.int8 and len(qt.shape) > 1 and codes.size == qt.numel > 0:
         m = codes.reshape(qt.shape[0], -1)
-        wide = effort == "max"
-        found = parents.find(m, wide) if wide or len(m) >= parents.SEARCH_ROWS else parents.previous(m)
+        tall = len(m) >= options.parents_search_rows
+        found = parents.find(m, options.parents_probes) if tall else parents.previous(m, options.parents_smooth)
         if found is not None:
             res = parents.residuals(m, found)
-            pays = race.parents_pay(m, res, found, qt.scales, effort)
+            pays = race.parents_pay(m, res, found, qt.scales, options)
             if pays is not False:
                 arrays["parents"], arrays["codes"] = found, res.reshape(codes.shape)
     for kind in spec.STREAM_KINDS:
@@ -237,7 +241,7 @@ def _entry(name: str, qt: QTensor, effort: str, check: bool, items: list, unpred
         # Float words (codes, scales, zeros) go to the fields coding; readers decode a tensor's
         # other streams before its codes, whose scale context needs its scales.
         mant = codecs_mod.MANT.get(qt.format if kind == "codes" else dtype, 0)
-        ctx = StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, effort, mant=mant)
+        ctx = StreamContext(kind, dtype, tuple(arr.shape), tuple(qt.shape), scales, options, mant=mant)
         items.append((arr, ctx))
         streams[kind] = {"dtype": dtype, "shape": list(arr.shape), "sha256": _sha(arr, dtype)}
     if "parents" in streams and pays is None:
@@ -305,13 +309,7 @@ def _decoded(manifest: dict, payload: memoryview):
             m = dec["codes"].reshape(t["shape"][0], -1)
             dec["codes"] = parents.restore(m, dec["parents"], f"tensor {t['name']!r}").reshape(dec["codes"].shape)
         qt = QTensor(
-            format=t["format"],
-            shape=tuple(t["shape"]),
-            dtype=t["dtype"],
-            codes=dec["codes"],
-            scales=dec.get("scales"),
-            zeros=dec.get("zeros"),
-            params=t["params"],
+            t["format"], tuple(t["shape"]), t["dtype"], dec["codes"], dec.get("scales"), dec.get("zeros"), t["params"]
         )
         validate.check_decoded(t["name"], qt)
         if t["name"] in factor_names:
@@ -392,8 +390,6 @@ def _codec_label(s: dict) -> str:
 
 def unpack(data: bytes, max_decoded_bytes: int | None = None) -> dict[str, Any]:
     """Artifact bytes to a dequantized state dict in the original dtypes."""
-    from ..quant import dequantize_all
-
     return dequantize_all(read_artifact(data, max_decoded_bytes).qtensors)
 
 
@@ -423,8 +419,6 @@ def verify_bytes(data: bytes, budget=None, path: str = "<bytes>", max_decoded_by
     ok means `unpack` succeeds: read_artifact checks what each quantizer needs; with a loader
     in the budget, ok also means the standalone loader reads it (the portable profile).
     """
-    from .cap import Budget
-
     budget = budget or Budget()
     try:
         manifest, rows = decoded_stats(data, max_decoded_bytes)
@@ -449,8 +443,6 @@ def verify_bytes(data: bytes, budget=None, path: str = "<bytes>", max_decoded_by
 def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -> bytes:
     """An artifact file's bytes, memory-mapped: regular files only (not /dev/zero or a FIFO), and no larger
     than its decoded bytes allow (no stream is longer than its raw form plus the manifest)."""
-    import stat
-
     path = Path(path)
     try:
         st = path.stat()

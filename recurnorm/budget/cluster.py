@@ -29,19 +29,11 @@ def axis_histograms(part: np.ndarray, axis: int, nsym: int) -> np.ndarray:
     return hist.reshape(n_items, nsym).astype(np.float32)
 
 
-def _use_kernel(hist: np.ndarray) -> bool:
-    """Whether the compiled kernel takes a problem on these item histograms (it declines,
-    returning None, where the reference's float32 sums would round)."""
-    return kernel.on() and hist.size > 0
-
-
 def class_sums_all(hist: np.ndarray, ids_list, ks) -> list[np.ndarray]:
-    """[k, nsym] sums of the item histograms in each class, for several clusterings at once.
-
-    One 0/1 membership matrix product. Histograms hold integer counts (below 2**24), so
-    the sums are exact in any order a BLAS adds them: the same on every machine.
-    """
-    if _use_kernel(hist) and (got := kernel.class_sums(hist, ids_list, ks)) is not None:
+    """[k, nsym] sums of the item histograms in each class, for several clusterings at once: one
+    0/1 membership matrix product of integer counts (below 2**24), exact in any order (the kernel
+    declines, returning None, where its float32 sums would round)."""
+    if kernel.on() and hist.size and (got := kernel.class_sums(hist, ids_list, ks)) is not None:
         return got
     n_items = hist.shape[0]
     first = np.cumsum([0] + list(ks))
@@ -62,10 +54,9 @@ def spread_order(hist: np.ndarray) -> np.ndarray:
 
 def ranked_class_sums(hist: np.ndarray, order: np.ndarray, ks) -> list[np.ndarray]:
     """class_sums_all of rans.rank_buckets(order, k) for every k at once: runs are contiguous in order."""
-    if _use_kernel(hist):  # the same sums, from each k's ranked classes
-        got = kernel.class_sums(hist, rans.rank_buckets(order, list(ks)), ks)
-        if got is not None:
-            return got
+    got = kernel.class_sums(hist, rans.rank_buckets(order, list(ks)), ks) if kernel.on() and hist.size else None
+    if got is not None:  # (the same sums, from each k's ranked classes)
+        return got
     n = len(order)
     bounds = [-(-np.arange(k + 1) * n // k) for k in ks]  # first rank of each run: ceil(j * n / k)
     cuts = np.unique(np.concatenate(bounds))  # every k's runs are unions of these (non-empty) runs
@@ -109,12 +100,9 @@ def _relabel(ids: np.ndarray, kmax: int) -> np.ndarray:
 
 
 def _kmeans(hists: list[np.ndarray], slots, iters: int, items: int = KMEANS_ITEMS) -> list[np.ndarray]:
-    """[S, items] classes of every problem for every k in slots: one padded batch.
-
-    Exact integer costs (see _code_lengths) make each matmul's result independent of
-    how BLAS sums it; each centroid's index in its block is folded into the low bits
-    of its cost, so a block's minimum is its argmin (lowest index on ties).
-    """
+    """[S, items] classes of every problem for every k in slots: one padded batch. Costs are exact
+    integers (_code_lengths); each centroid's index in its block is folded into the low bits of its
+    cost, so a block's minimum is its argmin (lowest index on ties)."""
     P, B = len(hists), KMEANS_BINS
     ks = np.asarray(slots)
     first = np.cumsum([0, *slots])
@@ -191,6 +179,6 @@ def _kmeans_compiled(hist: np.ndarray, slots, iters: int, items: int) -> np.ndar
     """_kmeans of one problem in the compiled kernel (the same classes; problems are
     independent of their batch), or None where the numpy reference must run: no kernel, or
     counts past float32's exact integers."""
-    if not _use_kernel(hist):
+    if not kernel.on() or not hist.size:
         return None
     return kernel.kmeans(hist, slots, iters, items, KMEANS_BINS, float(1 << LENGTH_BITS), _LOG_PRIOR)

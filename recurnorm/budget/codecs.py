@@ -19,6 +19,7 @@ from ..quant.grid import rows_layout
 from ..quant.passthrough import FLOAT_FORMATS
 from ..registry import Registry
 from . import compress, kernel, rans, search, spec
+from .options import PackOptions
 
 EXTRA = {name: c.extra for name, c in spec.CONTEXTS.items() if c.extra}  # the one more param of a context (Choice.kc)
 
@@ -32,14 +33,14 @@ DTYPES: dict[str, np.dtype] = {
 @dataclass
 class StreamContext:
     """What encoder and decoder both know about a stream before its bytes, and what the encoder
-    is asked (effort, mant). The encoder's scratch lives in race.py."""
+    is asked (options, mant). The encoder's scratch lives in race.py."""
 
     kind: str  # "codes" | "scales" | "zeros"
     dtype: str
     shape: tuple[int, ...]
     tensor_shape: tuple[int, ...] = ()
     scales: np.ndarray | None = None
-    effort: str = "normal"  # encoder only: how hard codecs search ("normal" or "max")
+    options: PackOptions = PackOptions()  # encoder only: how hard codecs search (the pack's)
     version: int = spec.VERSION  # decoder only: the artifact's format version
     mant: int = 0  # encoder only: mantissa bits of the float words it holds (0: not floats)
 
@@ -243,9 +244,9 @@ class Rans(Codec, name="rans"):
                 jobs.append((got[0], got[2], geometry(ctx)))
                 ctxs.append(ctx)
                 syms.append((j, got))
-        for effort in sorted({c.effort for c in ctxs}):
-            picked = [i for i, c in enumerate(ctxs) if c.effort == effort]
-            for i, choice in zip(picked, search.plan([jobs[i] for i in picked], effort), strict=True):
+        for how in dict.fromkeys(c.options.search for c in ctxs):  # (one pack: one search width)
+            picked = [i for i, c in enumerate(ctxs) if c.options.search == how]
+            for i, choice in zip(picked, search.plan([jobs[i] for i in picked], how), strict=True):
                 (j, g), geo = syms[i], jobs[i][2]
                 # Stored block or map statistics may code smaller: plans within BLOCK_MARGIN of the least race
                 more = (search.block_choice(g[0], g[2], geo, choice), search.map_choice(g[0], g[2], geo, choice))
@@ -316,12 +317,8 @@ class Rans(Codec, name="rans"):
 
     def _decode_classes(self, data, params, ctx, variant: str, kc: int):
         """decode, its params checked: the class ids against the tensor, then the codes."""
-        (rows, cols), n, k, context = (
-            rows_layout(ctx.tensor_shape),
-            ctx.numel,
-            params.get("k", 1),
-            spec.CONTEXTS[variant],
-        )
+        (rows, cols), n = rows_layout(ctx.tensor_shape), ctx.numel
+        k, context = params.get("k", 1), spec.CONTEXTS[variant]
         n_ids = context.ids(rows, cols, kc) if context.ids else 0
         # Class ids are stored per row/column: an empty tensor has none to give, and their
         # count is bounded by the codes' (a zero dimension must not declare 2**39 rows).
@@ -353,11 +350,6 @@ class Fields(Codec, name="fields"):
     mantissa bits, so that the exponent is their context and the head gets rans's row/column
     classes; the low mantissa bits and the sign, near uniform, stored as they are (deflated
     in the chunks where a probe finds repetition: rows cast from a narrower type)."""
-
-    # A head's search at normal effort: one grid (its axes' best class counts), 4 or 8 classes an axis
-    # on big streams: heads took no more, and the next grids' estimates misled (MiniLM bf16 6 KB, fp32
-    # 12 KB smaller without; golf-shaped bf16 +7 B). Saves 18% of golf bf16's pack time, 6-7% of MiniLM's.
-    SEARCH = {"grids": 1, "big_ks": (4, 8)}
 
     def split(self, arr: np.ndarray, ctx: StreamContext):
         """(heads less the least, their alphabet, the least, tail, params, heads' counts) of float words."""
@@ -394,13 +386,12 @@ class Fields(Codec, name="fields"):
         for j, (arr, ctx) in enumerate(items):
             if ctx.mant and 0 < arr.size <= spec.MAX_UNITS and arr.dtype.itemsize == (4 if ctx.mant > 16 else 2):
                 head, nsym, lo, tail, params, counts = self.split(arr, ctx)
-                hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, ctx.effort)
+                hctx = StreamContext(ctx.kind, "uint16", ctx.shape, ctx.tensor_shape, ctx.scales, ctx.options)
                 jobs.append((head, nsym, geometry(hctx), counts))
                 heads.append((j, ctx, hctx, lo, tail, params))
-        for effort in sorted({h[1].effort for h in heads}):
-            picked = [i for i, h in enumerate(heads) if h[1].effort == effort]
-            narrow = self.SEARCH if effort == "normal" else {}  # ("max" searches as wide as for codes)
-            for i, choice in zip(picked, search.plan([jobs[i] for i in picked], effort, **narrow), strict=True):
+        for how in dict.fromkeys(h[1].options.fields_search for h in heads):  # (one pack: one search width)
+            picked = [i for i, h in enumerate(heads) if h[1].options.fields_search == how]
+            for i, choice in zip(picked, search.plan([jobs[i] for i in picked], how), strict=True):
                 j, ctx, hctx, lo, tail, params = heads[i]
                 out[j] = (hctx, tail, params, ((jobs[i][0], lo, jobs[i][1]), jobs[i][2], choice))
         return out
@@ -411,10 +402,7 @@ class Fields(Codec, name="fields"):
         if plan is None:
             raise ValueError("fields needs float words")
         hctx, tail, params, head_plan = plan
-        # The head's tables and class ids: deflate, lzma only at effort max (lzma-9e's ~0.1 ms a blob bought
-        # 0.008% of MiniLM bf16, 0.027% of golf bf16, for 8-9% of their pack time; MiniLM int8 0.04%: kept).
-        kinds = spec.PORTABLE if ctx.effort == "max" else (spec.RAW, spec.DEFLATE)
-        body, hparams = Rans().encode(None, hctx, head_plan, kinds)
+        body, hparams = Rans().encode(None, hctx, head_plan, ctx.options.fields_side_compressors)
         packed = compress.deflate(tail, tail_level) if np.any(tail_level) else tail
         tail, z = (packed, spec.DEFLATE) if len(packed) < len(tail) else (tail, spec.RAW)
         hparams["lo"] = hparams.pop("offset")  # (the heads' least value: no offset of the words)

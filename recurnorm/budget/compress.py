@@ -1,11 +1,6 @@
-"""General-purpose compressors for the manifest, rans side data and whole-stream codecs.
-
-One id per compressor, shared by the container header (the manifest's form), the rans
-stream header (its tables' and class ids' form) and the `deflate` / `lzma` / `zstd`
-codecs. The portable ones (raw, deflate, lzma) are what Python's standard library
-decodes, so a standalone loader (`recurnorm loader`) needs nothing else; zstd stays
-readable (artifacts written before format version 2 use it) but the packer writes it
-only when asked (`codecs=` with "zstd").
+"""General-purpose compressors for the manifest, rans side data and whole-stream codecs, by their
+spec.py ids: the portable ones are what Python's standard library decodes (all the standalone
+loader needs); zstd is read (format 1 used it) and written only when asked (`codecs=` "zstd").
 
 Every decompression here is bounded: output stops at `limit` bytes (a forged stream
 cannot make the reader allocate more), and a truncated or overlong stream is an error.

@@ -6,9 +6,8 @@ Row i's parent is an earlier row i - d with a multiplier k: its prediction is
 Two ways to pick them:
 - `previous`: smooth rows, each predicted by the row above (d = 1, k = 32: a position
   embedding's random walk), where sampled row pairs say it pays.
-- `find` (tensors of SEARCH_ROWS rows or more; every tensor at `--effort max`): the earlier row
-  whose least-squares multiple leaves the least, for every row that gains more than its parent
-  costs. A token embedding's rows are not independent (related tokens, related vectors), and
+- `find` (tall tensors; every tensor at `--effort max`: PackOptions): the earlier row whose
+  least-squares multiple leaves the least, for every row that gains more than its parent costs. A token embedding's rows are not independent (related tokens, related vectors), and
   context mixing cannot see a row thousands of rows back. The search narrows the rows by a
   sketch and clusters first (a fraction of a second on all-MiniLM-L6-v2's 30,522-row embedding).
 Both only propose: the packer (api._pack) races the codes as they are against the residuals
@@ -31,34 +30,26 @@ ROW_BITS = 24  # what a predicted row pays for its parent and multiplier, about 
 # embedding (30,522 rows): 94% of the gain of trying all rows up to 16,384 back in 0.5 s (10 s);
 # 4 x PROBES: 98% in 1.2 s. A sketch of 32 finds 87%, 48 finds 97% of what 64 finds.
 SKETCH, CLUSTER, PROBES = 64, 128, 12
-
-# `previous` proposes where row pairs' order-0 bits are under this share of the codes'. A gate: every
-# proposal is raced (a second encoding); without it every int8 matrix would be. Saves 66% of pack
-# time on MiniLM int8 and int4, 48% on golf-shaped int8, same bytes (benchmarks/gates.py --gate SMOOTH).
-SMOOTH = 0.97
 SAMPLE = 1 << 16  # codes of row pairs `previous` samples
-# (effort normal) `find` searches tensors of this many rows or more, `previous` the rest: saves 41% of
-# pack time on MiniLM int4-int8, costing 0.06-0.07% of bytes (benchmarks/gates.py --gate SEARCH_ROWS)
-SEARCH_ROWS = 4096
 
 
-def previous(codes: np.ndarray) -> np.ndarray | None:
+def previous(codes: np.ndarray, smooth: float) -> np.ndarray | None:
     """Parents of smooth rows (each from the one above) where a sample of row pairs says their
-    differences' order-0 bound is under SMOOTH of the codes' (all-MiniLM-L6-v2's position
-    embedding, int8: 0.88); else None."""
+    differences' order-0 bound is under `smooth` of the codes' (PackOptions.parents_smooth;
+    all-MiniLM-L6-v2's position embedding, int8: 0.88); else None."""
     rows = len(codes)
     step = max(1, codes.size // SAMPLE)
     below = codes[1::step]
-    if rows < 2 or rans.order0_bits(below - codes[: rows - 1 : step]) > SMOOTH * rans.order0_bits(below):
+    if rows < 2 or rans.order0_bits(below - codes[: rows - 1 : step]) > smooth * rans.order0_bits(below):
         return None
     out = np.zeros((rows, 2), np.int32)
     out[1:] = (1, STEP)
     return out
 
 
-def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
+def find(codes: np.ndarray, probes: int = PROBES) -> np.ndarray | None:
     """int32 [rows, 2]: each row's distance back to its parent (0: none) and multiplier k; None
-    where no row gains more than its parent costs. wide (`--effort max`): 4 x PROBES clusters."""
+    where no row gains more than its parent costs. probes: clusters searched (`--effort max`: 4 x PROBES)."""
     rows, cols = codes.shape
     # One column: every row a multiple of every other (all would be compared, for a code's worth of
     # gain). Three values or fewer: MiniLM's ternary embedding codes smaller as it is (0.5 s saved).
@@ -68,7 +59,7 @@ def find(codes: np.ndarray, wide: bool = False) -> np.ndarray | None:
     norm, sketch = _sketch(codes, rng)
     unit = sketch / np.maximum(np.linalg.norm(sketch, axis=1), 1e-6)[:, None]
     n = max(1, rows // CLUSTER)
-    home, probes = _probes(unit, _centres(unit, n, rng), min(PROBES * (4 if wide else 1), n))
+    home, probes = _probes(unit, _centres(unit, n, rng), min(probes, n))
     probed = np.searchsorted(probes[0], np.arange(n + 1))  # rows probing cluster c: probes[1, probed[c] : ...]
     members = np.argsort(home, kind="stable")
     bounds = np.searchsorted(home[members], np.arange(n + 1))

@@ -2,7 +2,7 @@
 
 Codecs (codecs.py) only encode, decode and size. This module runs them on each stream in RACE's
 order and keeps the smallest (raw first); the probes, the encoder's scratch and every shortcut
-(GATES) live here.
+live here (each gated by the pack's options.Gates).
 """
 
 from __future__ import annotations
@@ -21,40 +21,6 @@ QUICK_MIN = 1 << 15  # below this many bytes a full deflate-9 costs under a mill
 REPEATS = 0.97  # a zstd-1 pass under this share of a bound has found repetition
 PROBE = 1 << 16  # bytes per zstd-1 probe slice (three on streams over 4 slices)
 SAMPLE_ROWS = 64  # rows per block of parents_pay's sample (every 8th)
-# Every shortcut of the race, with what it saves of packing benchmarks/pack.py's >= 1M-code cases
-# (one thread's CPU time, `python benchmarks/gates.py`: on and off interleaved, best of 3-5), and
-# what it costs in bytes where it costs any. One that saves under 10% goes. None turns a row off:
-# that path then runs as effort "max" runs all of them.
-GATES: dict[str, float | None] = {
-    # Float words over QUICK_MIN: no deflate/lzma where zstd-1 of 16 slices of this many bytes,
-    # byte-grouped together (about deflate-1's size, 6x sooner), lands over the best (the fields
-    # coding). Saves 96-98% on MiniLM and golf-shaped bf16/fp32; same bytes.
-    "float_probe": 1 << 12,
-    # Quantized codes from this many bytes on where zstd-1 finds no repetition: no deflate or
-    # lzma (rans codes them under their order-0 bound, where deflate's Huffman and lzma's
-    # literals land above it). Saves 50% on MiniLM int8, 45% on golf-shaped int8; same bytes.
-    # (Below it a table costs rans more than deflate's Huffman: deflate won small int8 streams
-    # of the tiny models, 0.2% of their bytes.)
-    "codes_norep": 1 << 16,
-    # lzma on deflate's best layout only, where deflate is within this factor of the best (over
-    # 256 KiB: where deflate leads). Saves 79% on MiniLM int4 (lzma-9e: ~0.3 s a MB), 86% on
-    # golf-shaped int8, where it costs 0.04% of bytes.
-    "lzma_race": 1.02,
-    # Parents streams over QUICK_MIN: lzma on their byte groups only (it beat deflate's layouts by
-    # 13% on MiniLM's). Saves 12-14% on MiniLM int4-int8 (0.1 s each); same bytes.
-    "parents_lzma": 1,
-    # Rows predicted from parents (tensors of 8 x SAMPLE_ROWS rows or more) race the codes as they
-    # are on every 8th block of SAMPLE_ROWS rows first: a side ahead by this share of the bytes
-    # there wins without the full race. Saves 20% on MiniLM int8, 15% on int4, 10% on int6; same bytes.
-    "parents_sample": 0.01,
-    # zstd-19 on the best zstd-3 layout only, where it is within this factor of the best. Saves
-    # 78-80% on ship.py's 17M models (codecs rans, zstd, raw), costing 0.0005% of bytes.
-    "zstd_slow_race": 1.02,
-    # Float tails (low mantissa bits, signs) over QUICK_MIN: deflate-1 only on their chunks (of
-    # compress.CHUNK bytes) where zstd-1 lands under this share of their size. Saves 48% on MiniLM
-    # bf16, 66% on MiniLM fp32 (costing 0.007% of bytes), 42-70% on golf-shaped bf16/fp32.
-    "fields_tail": 0.99,
-}
 _local = threading.local()
 
 
@@ -97,12 +63,12 @@ class Stream:
     for lzma. Dropped after its race."""
 
     def __init__(self, arr: np.ndarray, ctx: StreamContext, names=PORTABLE_CODECS) -> None:
-        self.arr, self.ctx, self.names = arr, ctx, names
+        self.arr, self.ctx, self.names, self.gates = arr, ctx, names, ctx.options.gates  # (the pack's shortcuts)
         self.laid: dict[str, LaidOut] = {}
         self.deflate: list[tuple[int, dict]] | None = None
 
     def on(self, gate: str) -> bool:
-        return self.ctx.effort != "max" and GATES[gate] is not None
+        return getattr(self.gates, gate) is not None
 
     def laid_out(self, layout: str) -> LaidOut:
         if layout not in self.laid:
@@ -117,20 +83,20 @@ class Stream:
     def norep_codes(self, laid: LaidOut, best: int) -> bool:
         """Quantized codes (they have scales) in which zstd-1 finds no repetition that takes it
         under their order-0 bound and the best so far (rows predicted exactly leave zero rows)."""
-        big = self.ctx.scales is not None and len(laid.raw) >= GATES["codes_norep"]
+        big = self.ctx.scales is not None and len(laid.raw) >= self.gates.codes_norep
         return big and laid.zstd1 >= REPEATS * min(laid.order0, best)
 
 
-def parents_pay(plain: np.ndarray, res: np.ndarray, parents: np.ndarray, scales, effort: str) -> bool | None:
+def parents_pay(plain: np.ndarray, res: np.ndarray, parents: np.ndarray, scales, options) -> bool | None:
     """Whether a tensor's residuals [rows, cols] and their parents code smaller than its codes as
-    they are, by rans on a sample of rows; None where the full race must tell."""
-    rows, margin, scales = len(plain), GATES["parents_sample"], None if scales is None else np.asarray(scales)
-    if effort == "max" or margin is None or rows < 8 * SAMPLE_ROWS or (scales is not None and scales.size % rows):
+    they are, by rans on a sample of rows; None where the full race must tell (options: the pack's)."""
+    rows, margin, scales = len(plain), options.gates.parents_sample, None if scales is None else np.asarray(scales)
+    if margin is None or rows < 8 * SAMPLE_ROWS or (scales is not None and scales.size % rows):
         return None
     some = np.arange(rows) // SAMPLE_ROWS % 8 == 0
     shape = (int(some.sum()), plain.shape[1])
     sampled = None if scales is None else np.ascontiguousarray(scales.reshape(rows, -1)[some]).reshape(-1)
-    ctx = StreamContext("codes", "int8", shape, shape, sampled)
+    ctx = StreamContext("codes", "int8", shape, shape, sampled, options)
     size = [len(encode_best(np.ascontiguousarray(m[some]), ctx, ("rans",))[2]) for m in (plain, res)]
     size[1] += np.count_nonzero(parents[some, 0]) * 19 / 8  # (what a parent costs, about)
     return None if abs(size[0] - size[1]) < margin * size[0] else size[1] < size[0]
@@ -179,13 +145,13 @@ def _fields(s: Stream, best: int, plan) -> list[tuple[bytes, dict]]:
     level = 9 if len(tail) < QUICK_MIN else 1
     if len(tail) >= QUICK_MIN and s.on("fields_tail"):
         chunks = [tail[i : i + compress.CHUNK] for i in range(0, len(tail), compress.CHUNK)]
-        level = [int(len(_zstd1().compress(c)) < GATES["fields_tail"] * len(c)) for c in chunks]
+        level = [int(len(_zstd1().compress(c)) < s.gates.fields_tail * len(c)) for c in chunks]
     return [get("fields").encode(s.arr, s.ctx, plan, tail_level=level)]
 
 
 def _float_probe(s: Stream) -> float:
     """About the deflate-1 size of float words byte-grouped, from 16 slices of a big stream."""
-    w, k = np.ascontiguousarray(s.arr).reshape(-1), GATES["float_probe"] // s.arr.itemsize
+    w, k = np.ascontiguousarray(s.arr).reshape(-1), s.gates.float_probe // s.arr.itemsize
     some = w if w.size <= 32 * k else np.concatenate([w[i : i + k] for i in np.linspace(0, w.size - k, 16).astype(int)])
     return len(_zstd1().compress(codecs.shuffled(some, s.ctx.dtype))) * w.size / some.size
 
@@ -218,7 +184,7 @@ def _lzma(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
         return []
     size, params = min(s.deflate, key=lambda c: c[0])
     laid = s.laid_out(params["layout"])
-    if size > best * (1.0 if len(laid.raw) > 1 << 18 else GATES["lzma_race"]):
+    if size > best * (1.0 if len(laid.raw) > 1 << 18 else s.gates.lzma_race):
         return []
     return [(compress.compress(spec.LZMA, laid.raw), params)]
 
@@ -229,7 +195,7 @@ def _zstd(s: Stream, best: int, plan=None) -> list[tuple[bytes, dict]]:
     slow = layouts
     if s.on("zstd_slow_race"):
         data, lay = min(quick, key=lambda q: len(q[0]))  # first layout on ties
-        slow = [lay] if len(data) <= best * GATES["zstd_slow_race"] else []
+        slow = [lay] if len(data) <= best * s.gates.zstd_slow_race else []
     slow = [(compress.compress(spec.ZSTD, s.laid_out(lay).raw), lay) for lay in slow]
     return [(data, {"layout": lay}) for data, lay in quick + slow]
 

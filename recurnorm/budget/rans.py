@@ -411,10 +411,8 @@ def _slot_tables(freq: np.ndarray, prec: int):
 
 
 def ilv_encode(sym: np.ndarray, ctx: np.ndarray | None, freq: np.ndarray, prec: int, lanes: int) -> bytes:
-    """Interleaved rANS: symbol i goes to lane i % lanes; final states then u16 words.
-
-    The compiled kernel when it is built, else the numpy reference: the same bytes.
-    """
+    """Interleaved rANS: symbol i goes to lane i % lanes; final states then u16 words (the kernel or
+    its numpy reference: the same bytes)."""
     if not kernel.on():
         _note_fallback(len(sym))
         return ilv_encode_numpy(sym, ctx, freq, prec, lanes)

@@ -8,14 +8,14 @@ streams are searched together, vectorized across streams, k and precisions: on s
 numpy's per-call overhead is what a search spends. A first pass ranks candidates by ideal code
 lengths (a family's larger k only where its second k beat its first: `deeper`); the leaders
 are scored at every precision, and the finalists' side data made for real, which the encoder
-writes as is. `EFFORTS` sets how wide it looks. Big matrices also get block and map
+writes as is. `Effort` sets how wide it looks. Big matrices also get block and map
 candidates (`block_choice`, `map_choice`) to race beside the plan. Counts of big streams'
 units come from a strided sample (the same with or without the kernel): they only rank the
 candidates; the encoder counts the chosen one exactly."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -38,33 +38,24 @@ SWEEP_FIRST = 2  # class counts each context family tries before `deeper` looks 
 
 @dataclass(frozen=True)
 class Effort:
-    """How hard the search looks: class counts tried, candidates kept, k-means iterations."""
+    """How hard the search looks: class counts tried, candidates kept, k-means iterations. The
+    defaults are effort normal's (options.py holds max's), measured on trained checkpoints: below
+    32K codes a second table is all a context can pay for, and with fewer than 128 codes per symbol
+    not even that (0 of 32 int8 tensors of 16K codes took one); big streams have cheap tables, so
+    more classes win there; 4 k-means iterations find the classes 8 do. 32 classes on big streams:
+    a real token embedding (all-MiniLM-L6-v2, 30522 x 384 ternary) wants 32 column classes (sign
+    lean x density) under 8 row classes: 0.963 of its order-0 bound, ids and tables counted."""
 
-    small_ks: tuple[int, ...]  # streams below MID_SYMBOLS
-    ks: tuple[int, ...]
-    big_ks: tuple[int, ...]  # streams from BIG_SYMBOLS on
-    leaders: int  # candidates scored at every precision
-    finalists: int  # (candidate, precision) pairs whose side data is compacted for real
-    kmeans_iters: int
-    per_symbol: int  # contexts are tried on streams of at least this many codes per alphabet symbol
+    small_ks: tuple[int, ...] = (2,)  # streams below MID_SYMBOLS
+    ks: tuple[int, ...] = (2, 4, 8, 16)
+    big_ks: tuple[int, ...] = (4, 8, 16, 32)  # streams from BIG_SYMBOLS on
+    leaders: int = 3  # candidates scored at every precision
+    finalists: int = 3  # (candidate, precision) pairs whose side data is compacted for real
+    kmeans_iters: int = 4
+    per_symbol: int = 128  # contexts are tried on streams of at least this many codes per alphabet symbol
     all_grids: bool = False  # grid contexts from every row k x column k (else the `grids` most promising)
     sweep: bool = True  # each family's first SWEEP_FIRST ks, the rest only where more classes paid (else all)
     grids: int = 3
-
-
-EFFORTS = {
-    # Measured on trained checkpoints: below 32K codes a second table is all a context
-    # can pay for, and with fewer than 128 codes per symbol not even that (0 of 32 int8
-    # tensors of 16K codes took one); big streams have cheap tables, so more classes win
-    # there; 4 k-means iterations find the classes 8 do. 32 classes on big streams: a real
-    # token embedding (all-MiniLM-L6-v2, 30522 x 384 ternary) wants 32 column classes (sign
-    # lean x density) under 8 row classes: 0.963 of its order-0 bound, ids and tables counted.
-    "normal": Effort((2,), (2, 4, 8, 16), (4, 8, 16, 32), leaders=3, finalists=3, kmeans_iters=4, per_symbol=128),
-    # The last bytes under a hard cap: every k everywhere, every candidate scored fully.
-    "max": Effort(
-        (2, 4, 8, 16), (2, 4, 8, 16, 32), (2, 4, 8, 16, 32), 64, 8, 8, per_symbol=0, all_grids=True, sweep=False
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -143,7 +134,7 @@ class Stream:
         self.exact = not self.big or sym.size < SEARCH_SAMPLE
         self._units: dict[int, np.ndarray] = {}
         self._totals: dict[int, np.ndarray] = {} if total is None else {1: total}  # (the caller's exact counts)
-        self._hists: dict[str, tuple[np.ndarray, float]] = {}
+        self._hists: dict[str, np.ndarray] = {}
 
     def tuples(self, t: int) -> np.ndarray:
         """The units of t symbols, as uint16 (unit alphabets are at most 4096)."""
@@ -157,11 +148,9 @@ class Stream:
             self._totals[t] = rans.context_counts(self.tuples(t), None, 1, self.nsym**t)[0]
         return self._totals[t]
 
-    def histograms(self, family: str) -> tuple[np.ndarray, float]:
-        """(item histograms, sample -> whole factor): code rows ("scale"), tensor rows or columns.
-
-        Code rows that are the tensor's rows are counted once.
-        """
+    def histograms(self, family: str) -> np.ndarray:
+        """Item histograms of code rows ("scale"), tensor rows or columns (code rows that are the
+        tensor's rows are counted once)."""
         geo = self.geo
         if family == "scale":
             view, axis = (geo.code_rows, geo.row_len), 0
@@ -175,7 +164,7 @@ class Stream:
                 hist = kernel.histograms(self.sym16, *view, self.nsym, axis, 1)
             else:
                 hist = axis_histograms(self.sym[: view[0] * view[1]].reshape(view), axis, self.nsym)
-            self._hists[family] = (hist, 1.0)
+            self._hists[family] = hist
         return self._hists[family]
 
     @cached_property
@@ -193,11 +182,10 @@ class Stream:
         counts = rans.context_counts(tsym[::us], cvec, k, nt)
         return counts * (tsym.size / len(cvec))
 
-    def class_counts(self, sums: list[np.ndarray], scale: float) -> list[np.ndarray]:
-        """Row/col class counts of several clusterings (scaled up from the sample) plus the
-        padding codes, which sit in context 0 (positions past numel): a few array calls for
-        all of them."""
-        counts = np.concatenate(sums) * scale
+    def class_counts(self, sums: list[np.ndarray]) -> list[np.ndarray]:
+        """Row/col class counts of several clusterings plus the padding codes, which sit in
+        context 0 (positions past numel): a few array calls for all of them."""
+        counts = np.concatenate(sums)
         firsts = np.cumsum([0] + [len(c) for c in sums[:-1]])
         counts[firsts] = np.maximum(counts[firsts] + self.total(1) - np.add.reduceat(counts, firsts, axis=0), 0)
         return np.split(counts, firsts[1:])
@@ -219,7 +207,7 @@ def _families(st: Stream, ks) -> dict[str, list[int]]:
 
 
 def candidates_many(
-    streams: list[Stream], effort: Effort = EFFORTS["normal"]
+    streams: list[Stream], effort: Effort = Effort()
 ) -> tuple[list[list[Candidate]], dict[tuple[int, str], list[int]]]:
     """Every stream's first candidates: order-0, and each context family (scale buckets,
     row/col classes) at its first class counts; with the class counts held back for
@@ -272,20 +260,18 @@ def family_candidates(
     for (j, family), kk in wanted.items():
         st = streams[j]
         if family != "scale":
-            hist, scale = st.histograms(family)
-            problems.append((j, family, hist, scale, kk))
+            problems.append((j, family, st.histograms(family), kk))
         elif st.t == 1:
-            ghist, scale = st.histograms("scale")
-            sums = ranked_class_sums(ghist, st.geo.scale_order, kk)
-            out[j] += [Candidate("scale", k, 1, c * scale) for k, c in zip(kk, sums, strict=True)]
+            sums = ranked_class_sums(st.histograms("scale"), st.geo.scale_order, kk)
+            out[j] += [Candidate("scale", k, 1, c) for k, c in zip(kk, sums, strict=True)]
         else:
             out[j] += [Candidate("scale", k, st.t, st.unit_counts(st.t, "scale", k, None)) for k in kk]
-    clusterings = cluster_many([p[2] for p in problems], [p[4] for p in problems], effort.kmeans_iters)
-    for (j, variant, hist, scale, kk), idsets in zip(problems, clusterings, strict=True):
+    clusterings = cluster_many([p[2] for p in problems], [p[3] for p in problems], effort.kmeans_iters)
+    for (j, variant, hist, kk), idsets in zip(problems, clusterings, strict=True):
         st = streams[j]
         # Single symbols always (tuples span several columns, so a column's class would
         # describe only a tuple's first symbol): from the histograms, no pass over the stream.
-        counts = st.class_counts(class_sums_all(hist, idsets, kk), scale)
+        counts = st.class_counts(class_sums_all(hist, idsets, kk))
         out[j] += [Candidate(variant, k, 1, c, ids) for k, c, ids in zip(kk, counts, idsets, strict=True)]
         if st.t > 1:
             counts = [st.unit_counts(st.t, variant, k, ids) for k, ids in zip(kk, idsets, strict=True)]
@@ -580,14 +566,13 @@ def _choose_group(
     return out
 
 
-def plan(jobs: list[tuple], effort: str = "normal", **narrower) -> list[Choice]:
+def plan(jobs: list[tuple], how: Effort = Effort()) -> list[Choice]:
     """The cheapest coding found for each stream (symbols in [0, nsym), laid out as geo says;
-    a job may add the symbols' exact counts). narrower: Effort fields that differ from the effort's.
+    a job may add the symbols' exact counts), looking as wide as `how` says.
 
     All streams are searched together, so a model's many small tensors share each numpy
     call instead of paying its overhead once per tensor.
     """
-    how = replace(EFFORTS[effort], **narrower)
     streams = [Stream(*job) for job in jobs]
     cands, later = candidates_many(streams, how)
     groups: dict[int, list[int]] = {}
