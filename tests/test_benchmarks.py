@@ -136,7 +136,7 @@ SMOKE_PRINTS = {
         r"(?m)^trained int6 ",
         r"(?m)^tiny-bert fp32 .* fields",
     ],
-    "pg_banked.py": [r"pg_banked: skipped|record export [\d,]+ B"],
+    "pg_banked.py": [r"pg_banked: skipped|record export \(.+\) [\d,]+ B"],
     "plan_calibration.py": [r'TRAINED_CODE_RATIO = \{"int8": \d\.\d{4}'],
     "quant_error.py": [r"(?m)^int4 g64 +4\.250 +\d\.\d{4}", r"bnb nf4 \(anchor\)|no NF4 anchor \(skipped\)"],
     "real_ckpt.py": [r"21 float tensors, 82,432 parameters", r"its tokenizer\.json"],
