@@ -169,3 +169,16 @@ def test_manifest_is_stored_compressed_and_every_form_reads():
         )
         with pytest.raises(ArtifactError, match=why):
             read_artifact(forged)
+
+
+def test_no_function_in_budget_is_over_60_lines():
+    """The packer's functions stay short enough to read whole (issue 41's rule)."""
+    import ast
+    from pathlib import Path
+
+    long = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "recurnorm" / "budget").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, long
