@@ -35,17 +35,17 @@ import ship as ship_bench  # noqa: E402
 
 from recurnorm.budget import pack_qtensors  # noqa: E402
 
-CLI_RUNS = {
+CLI_FORMATS = {
     f"-q {q}": ["-q", q] for q in ("int8", "int8_pg", "int6", "int5", "int4", "int3", "nf4", "ternary", "fp16", "bf16")
 }
-CLI_RUNS.update(
-    {
-        "-q int6:clip=sigma:3 rules": ["-q", "tok_emb.weight=int8,*=int6:clip=sigma:3"],
-        "--effort max": ["-q", "int8", "--effort", "max"],
-        "--fit 150000 (proxy)": ["--fit", "150000"],
-        "--gptq int6": ["-q", "int6", "--gptq", "--calib-data", "default", "--calib-tokens", "4096"],
-    }
-)
+# The paths beyond one format (--smoke runs these too: each is a way the command can break).
+CLI_PATHS = {
+    "-q int6:clip=sigma:3 rules": ["-q", "embed.weight=int8,*=int6:clip=sigma:3"],  # (runs/: recurnorm's names)
+    "--effort max": ["-q", "int8", "--effort", "max"],
+    "--fit 150000 (proxy)": ["--fit", "150000"],
+    "--gptq int6": ["-q", "int6", "--gptq", "--calib-data", "default", "--calib-tokens", "4096"],
+}
+CLI_RUNS = {**CLI_FORMATS, **CLI_PATHS}
 TRAIN_RUNS = {
     "shared": ["--scheme", "shared"],
     "norm_gate muon": ["--scheme", "norm_gate", "--optimizer", "muon"],
@@ -69,9 +69,8 @@ def cases(ckpts: list[str], reals: list[str], smoke: bool = False):
         yield f"ship.py {name}", pack_qtensors(qts)
         yield f"ship.py {name} zstd", pack_qtensors(qts, codecs=("rans", "zstd", "raw"))
     cli = os.path.join(os.path.dirname(sys.executable), "recurnorm")
-    cli_runs, train_runs = (
-        (dict(list(d.items())[:1]) for d in (CLI_RUNS, TRAIN_RUNS)) if smoke else (CLI_RUNS, TRAIN_RUNS)
-    )
+    cli_runs = {**dict(list(CLI_FORMATS.items())[:1]), **CLI_PATHS} if smoke else CLI_RUNS
+    train_runs = dict(list(TRAIN_RUNS.items())[:1]) if smoke else TRAIN_RUNS
     with tempfile.TemporaryDirectory() as tmp:
         if smoke:  # the one checkpoint the CLI packs: what the train run below makes
             ckpts = [os.path.join(tmp, "smoke-ckpt")]

@@ -126,7 +126,12 @@ SMOKE_PRINTS = {
     "frontier_model.py": [r'"val_bpb": \d'],
     "fuzz.py": [r"\| mutations \(library\) +\| +20 \| .*\| +0 \| +0 \| +0 \|"],
     "gates.py": [r"(?m)^codes_norep .* gate saves [+-][\d.]+% time", r"(?m)^parents_smooth .* gate saves"],
-    "hashes.py": [r"(?m)^[0-9a-f]{64} +\d+ pack\.py golf int4$", r"(?m)^[0-9a-f]{64} +\d+ cli train tiny shared$"],
+    "hashes.py": [
+        r"(?m)^[0-9a-f]{64} +\d+ pack\.py golf int4$",
+        r"(?m)^[0-9a-f]{64} +\d+ cli pack smoke-ckpt -q int6:clip=sigma:3 rules$",
+        r"(?m)^[0-9a-f]{64} +\d+ cli pack smoke-ckpt --gptq int6$",
+        r"(?m)^[0-9a-f]{64} +\d+ cli train tiny shared$",
+    ],
     "loader.py": [r"compact loader: [\d,]+ B", r"decode, one thread, best of 1 fresh processes: [\d.]+ s"],
     "minilm.py": [r"24 paragraphs \d+ ids", r"self-fidelity 1\.0"],
     "optimizers.py": [r"\| equal steps \(2\) \| \d\.\d{4} \| \d\.\d{4} \|"],
