@@ -44,9 +44,10 @@ def hook(event: str, hook_args: tuple) -> None:
 sys.addaudithook(hook)
 
 from recurnorm.train.__main__ import main  # noqa: E402
+from recurnorm.train.distributed import exit_process  # noqa: E402
 
 code = main(args)
 rank = os.environ.get("RANK", "0")
 with open(os.path.join(audit_dir, f"rank{rank}.json"), "w") as f:
     json.dump(writes, f)
-sys.exit(code)
+exit_process(code)  # as python -m recurnorm.train ends a rank

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -51,9 +50,6 @@ LIB = TrainConfig(steps=10, batch_size=8, lr=3e-3, log_every=1, save_every=5, se
 CONFIG = ModelConfig(d_model=32, n_heads=2, depth=2, seq_len=32, vocab_size=256)
 
 
-RUNTIME_ABORT = "terminate called without an active exception"
-
-
 def _losses(out_dir) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in read_log(out_dir) if "loss" in r]
 
@@ -76,16 +72,28 @@ def _torchrun(tmp_path, nproc: int, out: Path, args: list[str], env: dict | None
         str(out),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    fresh = not out.exists()  # (a resumed run's folder is not ours to clear)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    if proc.returncode and RUNTIME_ABORT in proc.stderr and fresh:
-        # A rank killed by the C++ runtime at start-up (SIGABRT, no Python error): seen in 2 of
-        # 3 full suites here, never in 10 runs of this file alone; one more try, said on stderr.
-        print(f"torchrun: a rank aborted ({RUNTIME_ABORT!r}); running the job once more", file=sys.stderr)
-        for left in [out, *audit.iterdir()]:  # what the aborted try wrote
-            shutil.rmtree(left) if left.is_dir() else left.unlink(missing_ok=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     return proc, audit
+
+
+@pytest.mark.parametrize("world", ["1", "2"])
+def test_a_rank_ends_without_interpreter_finalization(world):
+    """A rank of a multi-process job ends by os._exit after flushing (gloo threads releasing
+    tensors at finalization aborted ranks after successful runs); one process exits as usual.
+    `python -m recurnorm.train` ends that way: here an atexit handler shows whether Python
+    finalized."""
+    probe = (
+        "import atexit, runpy, sys\n"
+        "atexit.register(lambda: print('finalized', flush=True))\n"
+        "print('flushed', end='')\n"
+        "sys.argv = ['recurnorm.train', '--help']\n"
+        "runpy.run_module('recurnorm.train', run_name='__main__')\n"
+    )
+    env = {**os.environ, "WORLD_SIZE": world, "RANK": "0", "LOCAL_RANK": "0"}
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("flushed") and "Usage:" in run.stdout  # nothing left in a buffer
+    assert ("finalized" in run.stdout) == (world == "1")
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,6 @@ the error for ``recurnorm train --nproc`` and exits with the error's code.
 
 from __future__ import annotations
 
-import sys
-
 
 def main(argv: list[str] | None = None) -> int:
     import click
@@ -44,4 +42,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .distributed import exit_process
+
+    exit_process(main())

@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -125,6 +126,26 @@ def shutdown() -> None:
     """Leave the process group (a clean exit; torchrun waits for every rank)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_process(code: int) -> NoReturn:
+    """End this process with code; a rank of a multi-process job skips interpreter finalization.
+
+    gloo's worker threads drop their reference to a finished collective's work after the rank
+    has moved on; when that is the last reference to a tensor Python also holds, the thread
+    takes the GIL to release it. If the main thread is already finalizing the interpreter,
+    Python ends that thread inside C++ code that cannot unwind, and the C++ runtime aborts the
+    rank ("terminate called without an active exception", SIGABRT) after a run that
+    succeeded; torchrun then reports the job as failed. Seen in 1 of 12-17 two-rank jobs
+    here (torch 2.13, gloo; a core dump shows the abort in ``~AsyncAllreduceWork`` on a gloo
+    thread), with or without ``destroy_process_group``. Everything a run writes is closed by
+    then, so a rank ends with ``os._exit`` after flushing its output; one process exits as usual.
+    """
+    if env_world()[1] <= 1:
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def maybe_crash(ctx: DistContext, step: int) -> None:
