@@ -597,16 +597,22 @@ def block_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Cho
     estimate beats `best`'s."""
     if not geo.matrix or geo.rows * geo.cols != geo.n or geo.rows < 4 * BLOCK_ROWS[0]:
         return None
-    x = sym.reshape(geo.rows, geo.cols).astype(np.int16)  # (symbols < MAX_ALPHABET)
-    some = x[:: max(1, geo.rows // 256)]
-    x -= np.int16(np.rint(some.mean()))
+    rows = sym.reshape(geo.rows, geo.cols)
+    some = rows[:: max(1, geo.rows // 256)].astype(np.int16)  # (symbols < MAX_ALPHABET)
+    centre = np.int16(np.rint(some.mean()))
+    some -= centre
     sd, mag = float(some.std()) or 1.0, float(np.abs(some - some.mean()).mean()) or 1.0
-    # Sums of the finest blocks (by reshape: np.add.reduceat casts each int16, 40x slower), then pairs
+    # Sums of the finest blocks (by reshape: np.add.reduceat casts each int16, 40x slower), then
+    # pairs; centred int16 copies of a few blocks at a time (whole: 4 bytes a code at once)
     full, rb = geo.rows // BLOCK_ROWS[0] * BLOCK_ROWS[0], BLOCK_ROWS[0]
-    sums, spreads = (
-        np.concatenate([a[:full].reshape(-1, rb, geo.cols).sum(1, dtype=np.int32), a[full:].sum(0, np.int32)[None]])
-        for a in (x, np.abs(x))
-    )
+    step = max(1, (1 << 22) // (rb * geo.cols)) * rb
+    sums, spreads = [], []
+    for a in [*range(0, full, step), full]:  # (the last: the rows past whole blocks, one sum)
+        x = (rows[a : min(a + step, full)] if a < full else rows[full:]).astype(np.int16)
+        x -= centre
+        sums.append(_column_sums(x, rb if a < full else 0))
+        spreads.append(_column_sums(np.abs(x, out=x), rb if a < full else 0))
+    sums, spreads = np.concatenate(sums), np.concatenate(spreads)
     counts = np.minimum(np.arange(len(sums)) * rb + rb, geo.rows) - np.arange(len(sums)) * rb
     if full == geo.rows:  # (no rows left: the last block is empty)
         sums, spreads, counts = sums[:-1], spreads[:-1], counts[:-1]
@@ -623,6 +629,11 @@ def block_choice(sym: np.ndarray, nsym: int, geo: Geometry, best: Choice) -> Cho
         k = BLOCK_MEANS * BLOCK_SPREADS
         found = _measured(s16, nsym, geo, Choice("block", k, 1, ids.ravel(), 0, best.lanes, 0, None, rb), found or best)
     return found if found is not best else None
+
+
+def _column_sums(x: np.ndarray, rb: int) -> np.ndarray:
+    """int32 column sums of x's blocks of rb rows, [blocks, cols]; rb 0: of all its rows, [1, cols]."""
+    return x.reshape(-1, rb, x.shape[1]).sum(1, dtype=np.int32) if rb else x.sum(0, np.int32)[None]
 
 
 def _measured(s16: np.ndarray, nsym: int, geo: Geometry, c: Choice, best: Choice, precs=(12, 14)) -> Choice:
