@@ -153,5 +153,29 @@ def test_jobs_go_on_with_the_threads_the_system_gives(monkeypatch):
             start(self)
 
         monkeypatch.setattr(threading.Thread, "start", limited)
-        assert list(api._ordered(lambda i: i * i, list(range(20)), 8)) == [i * i for i in range(20)]
+        assert list(api._ordered(lambda i: i * i, list(range(20)), 8, [1] * 20)) == [i * i for i in range(20)]
         assert len(started) == 2 * allowed  # the probe's threads, then the pool's
+
+
+def test_jobs_never_hold_more_weights_at_once_than_the_largest_tensor(monkeypatch):
+    """--jobs codes tensors side by side while their weights together stay within the largest
+    tensor's (or SIDE_BY_SIDE_WEIGHTS): two embedding-sized tensors, each ~10 bytes a weight at
+    its peak, never run together, nor beside a small one; small ones do; results come in order."""
+    import threading
+
+    monkeypatch.setattr(api, "SIDE_BY_SIDE_WEIGHTS", 10)
+    sizes = [3, 3, 3, 100, 100, 3, 3, 3, 3]
+    lock, running, together = threading.Lock(), [], threading.Barrier(3, timeout=30)
+
+    def code(item):
+        with lock:
+            running.append(item)
+            alone = list(running)
+        if item < 3:
+            together.wait()  # the first three run side by side (3 jobs, 9 weights <= 100), or this breaks
+        with lock:
+            running.remove(item)
+        assert sizes[item] < 100 or alone == [item]
+        return item
+
+    assert list(api._ordered(code, list(range(len(sizes))), 3, sizes)) == list(range(len(sizes)))

@@ -12,6 +12,7 @@ max's two passes, a PyTorch .pt) takes that path instead.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import struct
 import tempfile
@@ -77,6 +78,10 @@ class Quantized(Mapping):
     def __getitem__(self, name: str):
         fmt, options, _ = self.plan[name]
         return extras.quantize(self.src.tensor(self.names[name]), fmt, options, name)
+
+    def numel(self, name: str) -> int:
+        """Weights of a tensor, from the header (what --jobs schedules by, before reading it)."""
+        return math.prod(self.src.header[self.names[name]]["shape"])
 
     def __iter__(self):
         return iter(self.plan)
