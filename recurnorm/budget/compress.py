@@ -9,7 +9,6 @@ cannot make the reader allocate more), and a truncated or overlong stream is an 
 from __future__ import annotations
 
 import lzma
-import threading
 import zlib
 
 import zstandard
@@ -27,11 +26,6 @@ CHUNK = (1 << 16) - 1  # deflate()'s chunks where it takes a level each: a store
 LZMA_DECODE_FILTERS = [{"id": lzma.FILTER_LZMA2, "dict_size": LZMA_DICT}]
 ZSTD_LEVEL = 19
 
-_ZSTD_MAGICLESS = zstandard.ZstdCompressionParameters.from_level(
-    ZSTD_LEVEL, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=False
-)
-_local = threading.local()
-
 
 def deflate(raw: bytes, level: int | list[int] = DEFLATE_LEVEL) -> bytes:
     """Raw deflate (RFC 1951) of raw; or with a level per CHUNK bytes (0: a stored block), each
@@ -47,7 +41,7 @@ def deflate(raw: bytes, level: int | list[int] = DEFLATE_LEVEL) -> bytes:
     return b"".join(out) + b"\1\0\0\xff\xff"  # the final block, empty
 
 
-def compress(kind: int, raw: bytes, magicless: bool = False) -> bytes:
+def compress(kind: int, raw: bytes) -> bytes:
     """raw compressed by one compressor (RAW returns it as it is)."""
     if kind == RAW:
         return raw
@@ -58,21 +52,17 @@ def compress(kind: int, raw: bytes, magicless: bool = False) -> bytes:
         filters = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME, "dict_size": dict_size}]
         return lzma.compress(raw, format=lzma.FORMAT_RAW, filters=filters)
     if kind == ZSTD:
-        if magicless:  # one compressor per thread: making one costs more than small inputs
-            if not hasattr(_local, "zstd"):
-                _local.zstd = zstandard.ZstdCompressor(compression_params=_ZSTD_MAGICLESS)
-            return _local.zstd.compress(raw)
         return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw)
     raise ValueError(f"unknown compressor id {kind}")
 
 
-def smallest(raw: bytes, kinds=PORTABLE, magicless: bool = False) -> tuple[bytes, int]:
+def smallest(raw: bytes, kinds=PORTABLE) -> tuple[bytes, int]:
     """(blob, id) of the shortest form of raw among kinds (raw first on ties)."""
     best, best_kind = raw, RAW
     for kind in kinds:
         if kind == RAW or not raw:
             continue
-        blob = compress(kind, raw, magicless)
+        blob = compress(kind, raw)
         if len(blob) < len(best):
             best, best_kind = blob, kind
     return best, best_kind

@@ -34,7 +34,7 @@ OUT = HERE / "goldens"
 INDEX = HERE / "goldens.json"
 sys.path.insert(0, str(HERE.parent))  # tests/: helpers
 
-from helpers import embedding_like  # noqa: E402
+from helpers import embedding_like, magicless_zstd  # noqa: E402
 
 from recurnorm import quant  # noqa: E402
 from recurnorm.budget import compress, pack_qtensors, read_artifact, spec, unpack  # noqa: E402
@@ -211,7 +211,7 @@ def _rans_v1(body: bytes) -> bytes:
         n, kind = h >> 2, h & 3
         raw = compress.decompress(kind, body[pos : pos + n], 1 << 30, "side blob", magicless=True)
         pos += n
-        z = compress.compress(spec.ZSTD, raw, magicless=True) if raw else b""
+        z = magicless_zstd(raw) if raw else b""
         blobs.append((z, 1) if raw and len(z) < len(raw) else (raw, 0))
     head = varint_encode(np.array([2 * len(b) + z for b, z in blobs]))
     return head + b"".join(b for b, _ in blobs) + body[pos:]
