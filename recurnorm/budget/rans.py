@@ -50,22 +50,13 @@ def varint_lengths(v: np.ndarray) -> np.ndarray:
 
 
 def varint_encode(values: np.ndarray) -> bytes:
-    """LEB128 varints of non-negative integers (vectorized; a plain loop for a handful)."""
-    v = np.asarray(values).ravel()
-    if len(v) <= 16:  # headers: numpy's per-call cost would dominate
-        out = bytearray()
-        for x in v.tolist():
-            while x >= 0x80:
-                out.append(x & 0x7F | 0x80)
-                x >>= 7
-            out.append(x)
-        return bytes(out)
-    v = v.astype(np.uint64)
+    """LEB128 varints of non-negative integers."""
+    v = np.asarray(values).ravel().astype(np.uint64)
     nbytes = varint_lengths(v).astype(np.int64)
     ends = np.cumsum(nbytes)
-    out = np.empty(int(ends[-1]), dtype=np.uint8)
+    out = np.empty(int(nbytes.sum()), dtype=np.uint8)
     pos = ends - nbytes  # where each value's first byte goes
-    for j in range(int(nbytes.max())):  # byte j of every value that has one
+    for j in range(int(nbytes.max(initial=0))):  # byte j of every value that has one
         has = nbytes > j
         out[pos[has] + j] = ((v[has] >> np.uint64(7 * j)) & np.uint64(0x7F)).astype(np.uint8) | (
             (nbytes[has] - 1 > j).astype(np.uint8) << 7
@@ -75,19 +66,6 @@ def varint_encode(values: np.ndarray) -> bytes:
 
 def varint_decode(data: bytes, count: int) -> np.ndarray:
     """Decode exactly `count` LEB128 varints (each < 2**35) filling `data`."""
-    if count <= 64 and len(data) <= 5 * count:  # small tables: numpy's per-call cost would dominate
-        vals, val, shift = [], 0, 0
-        for byte in data:
-            val |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                vals.append(val)
-                val = shift = 0
-            elif shift >= 35:
-                raise ArtifactError("frequency table: count too large")
-        if len(vals) != count or shift:
-            raise ArtifactError("frequency table: wrong number of varints")
-        return np.array(vals, dtype=np.int64)
     b = np.frombuffer(data, dtype=np.uint8)
     ends = np.flatnonzero(b < 0x80)
     if len(ends) != count or (count and ends[-1] != len(b) - 1) or (count == 0 and len(b)):
