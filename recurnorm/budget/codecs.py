@@ -270,12 +270,10 @@ class Rans(Codec, name="rans"):
         tsym = rans.to_tuples(sym, nsym, c.t, np.uint16)
         while ctx.kind != "codes" and -(-len(tsym) // lanes) > rans.WRITE_STEPS // 8 and lanes < spec.MAX_LANES:
             lanes *= 2  # (the loader decodes scales in a lock-step round of their own, before the codes)
-        if c.side is not None:  # the search counted this stream exactly and made its side data
-            body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, lanes, c.prec, c.side.blobs(kinds))
-        else:
-            counts = rans.context_counts(tsym, cvec, c.k, nt)
-            tables = rans.normalize_table(counts, c.prec)
-            body = rans.encode(tsym, cvec, c.k, nt, c.ids, tables, lanes, c.prec, kinds=kinds)
+        side = c.side  # (where the search counted this stream exactly, it made its side data)
+        if side is None:
+            side = search.SideData.of(rans.normalize_table(rans.context_counts(tsym, cvec, c.k, nt), c.prec), c.ids)
+        body = rans.encode(tsym, cvec, side.tables, c.prec, lanes, side.blobs(kinds))
         # Defaults stay out of the manifest: every byte of it counts against the cap.
         params = {"offset": offset, "nsym": nsym, "prec": c.prec, "lanes": lanes}
         if c.variant != "none":

@@ -278,36 +278,13 @@ def from_tuples(tsym: np.ndarray, nsym: int, t: int, n: int) -> np.ndarray:
 # ----------------------------------------------------------------- coding
 
 
-def _read_varint(body: bytes, pos: int) -> tuple[int, int]:
-    """One LEB128 varint (at most 5 bytes) at pos: (value, next pos)."""
-    val = 0
-    for j in range(5):
-        if pos + j >= len(body):
-            break
-        b = body[pos + j]
-        val |= (b & 0x7F) << (7 * j)
-        if b < 0x80:
-            return val, pos + j + 1
-    raise ArtifactError("rans stream header is not a valid varint")
-
-
-def encode(
-    sym, ctx, k: int, nsym: int, ids, tables: np.ndarray, lanes: int, prec: int, side=None, kinds=spec.PORTABLE
-) -> bytes:
-    """Encode symbols in [0, nsym) with the stored table [k, nsym] (rows summing to 2**prec)
-    of each context id: the stream header, side data, then ilv_encode's bytes.
-
-    side: the ((table blob, id), (ids blob, id)) compress.smallest made already (search.SideData);
-    else they are made here, each the smallest of the compressors `kinds`.
-    """
-    if side is None:
-        side = (
-            compress.smallest(varint_encode(tables.ravel()), kinds),
-            compress.smallest(ids.astype(np.uint8).tobytes(), kinds) if ids is not None else (b"", 0),
-        )
+def encode(sym, ctx, tables: np.ndarray, prec: int, lanes: int, side) -> bytes:
+    """Encode symbols with the stored table [k, nsym] (rows summing to 2**prec) of each context
+    id: the stream header, the side data ((table blob, compress id), (ids blob, compress id):
+    search.SideData.blobs), then ilv_encode's bytes."""
     (tblob, tz), (iblob, iz) = side
     head = varint_encode(np.array([4 * len(tblob) + tz, 4 * len(iblob) + iz])) + tblob + iblob
-    return head + ilv_encode(sym, ctx if k > 1 else None, tables, prec, lanes)
+    return head + ilv_encode(sym, ctx if len(tables) > 1 else None, tables, prec, lanes)
 
 
 def _side_header(body: bytes, version: int) -> tuple[tuple[int, int], tuple[int, int], int]:
@@ -315,8 +292,12 @@ def _side_header(body: bytes, version: int) -> tuple[tuple[int, int], tuple[int,
 
     Format version 1 stored each side blob's form in one bit (raw or magicless zstd);
     version 2 in two (a compress id)."""
-    th, pos = _read_varint(body, 0)
-    ih, pos = _read_varint(body, pos)
+    b = np.frombuffer(body[:10], np.uint8)  # two varints of at most 5 bytes each
+    ends = np.flatnonzero(b < 0x80)
+    if len(ends) < 2:
+        raise ArtifactError("rans stream header is not two valid varints")
+    pos = int(ends[1]) + 1
+    th, ih = varint_decode(b[:pos], 2).tolist()
     if version == 1:
         t, i = ((h >> 1, spec.ZSTD if h & 1 else spec.RAW) for h in (th, ih))
     else:

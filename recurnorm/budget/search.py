@@ -404,6 +404,11 @@ class SideData:
         the first time a finalist's turn comes."""
         return compress.estimate(self.varints) + (compress.estimate(self.ids) if self.ids is not None else 0)
 
+    @classmethod
+    def of(cls, tables: np.ndarray, ids: np.ndarray | None) -> SideData:
+        """The side data of normalized tables and class ids."""
+        return cls(tables, rans.varint_encode(tables.ravel()), None if ids is None else ids.astype(np.uint8).tobytes())
+
     def blobs(self, kinds=spec.PORTABLE) -> tuple[tuple[bytes, int], tuple[bytes, int]]:
         """rans.encode's side=: the compacted table and ids (each the smallest of `kinds`)."""
         ids = compress.smallest(self.ids, kinds) if self.ids is not None else (b"", 0)
@@ -631,7 +636,7 @@ def _measured(s16: np.ndarray, nsym: int, geo: Geometry, c: Choice, best: Choice
     for prec in precs:
         tables = rans.normalize_table(hist, prec)
         bits = -(hist * np.log2(np.maximum(tables, 1) / (1 << prec))).sum()
-        side = SideData(tables, rans.varint_encode(tables.ravel()), c.ids.astype(np.uint8).tobytes())
+        side = SideData.of(tables, c.ids)
         cost = bits / 8 + side.nbytes + HEADER_BYTES + 4 * c.lanes
         if cost < best.cost:
             best = Choice(c.variant, c.k, 1, c.ids, prec, c.lanes, cost, side, c.kc)
