@@ -190,9 +190,7 @@ def _encode_tensor(name: str, qt: QTensor, names, codecs, options: PackOptions, 
     items: list[tuple[np.ndarray, StreamContext]] = []
     # Tensors whose rows are predicted: their codes as they are race the residuals and parents.
     unpredicted: dict[str, tuple[np.ndarray, StreamContext]] = {}
-    if not isinstance(qt, QTensor):
-        raise QuantError(f"tensor {name}: expected a QTensor, got {type(qt).__name__}")
-    if qt.lowrank is None:
+    if getattr(qt, "lowrank", None) is None:  # (_entry refuses what is not a QTensor)
         entries = [_entry(name, qt, options, check, items, unpredicted)]
     else:  # the factors first, so that a reader has them when it reaches the tensor
         factors = (f"{name}.lqer_l", f"{name}.lqer_r")

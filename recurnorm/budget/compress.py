@@ -14,7 +14,6 @@ import zlib
 import zstandard
 
 from ..errors import ArtifactError
-from . import bounded_zstd
 from .spec import DEFLATE, DEFLATE_WBITS, LZMA, LZMA_DICT, NAMES, PORTABLE, RAW, ZSTD
 
 DEFLATE_LEVEL = 9
@@ -25,6 +24,7 @@ CHUNK = (1 << 16) - 1  # deflate()'s chunks where it takes a level each: a store
 # measured, and 2-15x faster on the small blobs that side data is).
 LZMA_DECODE_FILTERS = [{"id": lzma.FILTER_LZMA2, "dict_size": LZMA_DICT}]
 ZSTD_LEVEL = 19
+MAX_WINDOW = 1 << 24  # a zstd frame's window, at most (ours use 8 MB at level 19)
 
 
 def deflate(raw: bytes, level: int | list[int] = DEFLATE_LEVEL) -> bytes:
@@ -78,7 +78,7 @@ def decompress(kind: int, blob: bytes, limit: int, what: str, magicless: bool = 
     if kind == RAW:
         out = bytes(blob)
     elif kind == ZSTD:
-        return bounded_zstd.decompress(blob, limit, what, magicless=magicless)
+        out = _unzstd(blob, limit, what, magicless)
     elif kind in (DEFLATE, LZMA):
         d = (
             zlib.decompressobj(DEFLATE_WBITS)
@@ -98,3 +98,19 @@ def decompress(kind: int, blob: bytes, limit: int, what: str, magicless: bool = 
     if len(out) > limit:
         raise ArtifactError(f"{what}: {NAMES[kind]} output larger than the {limit:,} bytes expected")
     return out
+
+
+def _unzstd(blob: bytes, limit: int, what: str, magicless: bool) -> bytes:
+    """A zstd frame's bytes, at most limit + 1 of them. `ZstdDecompressor.decompress` trusts the
+    frame header: a forged content size makes it allocate that much (a 47-byte stream asked for
+    an exabyte) and a forged window asks for up to 128 MB, so the header is read first and the
+    window capped."""
+    fmt = zstandard.FORMAT_ZSTD1_MAGICLESS if magicless else zstandard.FORMAT_ZSTD1
+    try:
+        size = zstandard.get_frame_parameters(blob, format=fmt).content_size
+        if size != zstandard.CONTENTSIZE_UNKNOWN and size > limit:
+            raise ArtifactError(f"{what}: zstd frame declares {size:,} bytes, more than the {limit:,} expected")
+        dctx = zstandard.ZstdDecompressor(format=fmt, max_window_size=MAX_WINDOW)
+        return dctx.decompress(blob, max_output_size=max(limit, 1))
+    except zstandard.ZstdError as exc:
+        raise ArtifactError(f"{what}: zstd: {exc}") from None
