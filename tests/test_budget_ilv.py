@@ -98,8 +98,9 @@ def test_context_vector_step_matches_full(variant, t):
     n_ids = {"row": rows, "col": cols, "grid": rows + cols}.get(variant, cols)
     ids = rng.integers(0, 4, size=n_ids)
     n = rows * cols + (0 if variant == "scale" else 9)  # 9 padding codes past the tensor
-    full = rans.context_vector(variant, 8, n, rows, cols, L, scales, ids, kc=2)
-    step = rans.context_vector(variant, 8, n, rows, cols, L, scales, ids, t, kc=2)
+    geo = rans.Geometry(n, rows, L, rows, cols, True, scales)
+    full = geo.context_vector(variant, 8, ids, kc=2)
+    step = geo.context_vector(variant, 8, ids, t, kc=2)
     assert np.array_equal(step, full[::t])
     pos = np.arange(rows * cols)
     if variant == "grid":  # row class * kc + column class; padding positions in context 0

@@ -205,12 +205,12 @@ def _symbols_to_array(sym: np.ndarray, off: int, ctx: StreamContext, nsym: int) 
 # ----------------------------------------------------------------- rans
 
 
-def geometry(ctx: StreamContext) -> search.Geometry:
+def geometry(ctx: StreamContext) -> rans.Geometry:
     """Where each code position of a codes stream sits, for rans contexts."""
     rows, cols = rows_layout(ctx.tensor_shape)
     n = ctx.numel
     G, L = (ctx.shape[0], ctx.shape[1]) if len(ctx.shape) == 2 else (1, n)
-    return search.Geometry(n, G, L, rows, cols, len(ctx.tensor_shape) >= 2, ctx.scales)
+    return rans.Geometry(n, G, L, rows, cols, len(ctx.tensor_shape) >= 2, ctx.scales)
 
 
 class Rans(Codec, name="rans"):

@@ -10,6 +10,8 @@ are its specification and fallback (one Python step per `lanes` units: slow, the
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -187,35 +189,50 @@ def rank_buckets(order: np.ndarray, k) -> np.ndarray:
     return rank * np.asarray(k, dtype=np.int64)[..., None] // max(len(order), 1)  # (a scalar k broadcasts to [n])
 
 
-def context_vector(
-    variant: str, k, n, rows, cols, L, scales, ids, step=1, dtype=np.int64, kc=1, order=None
-) -> np.ndarray:
-    """Context id of code positions 0, step, 2*step, ... < n (= G*L).
+@dataclass(frozen=True)
+class Geometry:
+    """Where a code position sits: the codes' [G, L] layout, the tensor's 2-D view, scales."""
 
-    row / col: the class id of the position's row / column (ids: one per row / column).
-    grid: row class * kc + column class (ids: the rows' classes, then the columns').
-    block: the id of the position's block of kc rows and its column (ids: [ceil(rows / kc), cols]).
-    map: map[row class, column] (ids: the rows' classes, then map [row classes, cols]).
-    Decoders ask for uint8 (k <= spec.MAX_CONTEXTS = 256): one byte per declared position, not eight.
-    order: scale_order(scales), when the caller has it already (the search asks for many k).
-    """
-    m = -(-n // step)
-    if variant == "none" or k == 1:
-        return np.zeros(m, dtype=dtype)
-    if variant == "scale":
-        if scales is None or len(scales) * L != n:
-            raise ArtifactError("scale context needs one scale per code row")
-        buckets = rank_buckets(scale_order(scales) if order is None else order, k).astype(dtype)
-        if L % step == 0:
-            return np.repeat(buckets, L // step)
-        return buckets[np.arange(0, n, step, dtype=np.int64) // L]
-    if variant not in spec.CONTEXTS:
-        raise ArtifactError(f"unknown rans context {variant!r}")
-    return _class_vector(variant, rows, cols, ids, step, np.zeros(m, dtype=dtype), kc)
+    n: int  # code positions, G * L
+    code_rows: int  # G
+    row_len: int  # L
+    rows: int  # the tensor viewed as [rows, cols] (dim 0 by the rest)
+    cols: int
+    matrix: bool  # the tensor has >= 2 dims (row/col classes apply)
+    scales: np.ndarray | None = None  # one per code row (scale buckets)
+
+    def context_vector(self, variant: str, k: int, ids, step: int = 1, dtype=np.int64, kc: int = 1) -> np.ndarray:
+        """Context id of code positions 0, step, 2*step, ... < n.
+
+        scale: the code row's bucket of k by |scale| rank (no ids: decoders rank the scales).
+        row / col: the class id of the position's row / column (ids: one per row / column).
+        grid: row class * kc + column class (ids: the rows' classes, then the columns').
+        block: the id of the position's block of kc rows and its column (ids: [ceil(rows / kc), cols]).
+        map: map[row class, column] (ids: the rows' classes, then map [row classes, cols]).
+        Decoders ask for uint8 (k <= spec.MAX_CONTEXTS = 256): one byte per declared position, not eight.
+        """
+        m, n, L = -(-self.n // step), self.n, self.row_len
+        if variant == "none" or k == 1:
+            return np.zeros(m, dtype=dtype)
+        if variant == "scale":
+            if self.scales is None or len(self.scales) * L != n:
+                raise ArtifactError("scale context needs one scale per code row")
+            buckets = rank_buckets(self.scale_order, k).astype(dtype)
+            if L % step == 0:
+                return np.repeat(buckets, L // step)
+            return buckets[np.arange(0, n, step, dtype=np.int64) // L]
+        if variant not in spec.CONTEXTS:
+            raise ArtifactError(f"unknown rans context {variant!r}")
+        return _class_vector(variant, self.rows, self.cols, ids, step, np.zeros(m, dtype=dtype), kc)
+
+    @cached_property
+    def scale_order(self) -> np.ndarray:
+        """scale_order(scales), sorted once for every k the search tries."""
+        return scale_order(self.scales)
 
 
 def _class_vector(variant: str, rows: int, cols: int, ids, step: int, ctx: np.ndarray, kc: int) -> np.ndarray:
-    """context_vector of the class contexts, written into ctx (zeros)."""
+    """Geometry.context_vector of the class contexts, written into ctx (zeros)."""
     dtype = ctx.dtype.type
     inside = -(-rows * cols // step)  # positions below numel; padding positions stay in context 0
     if variant in ("block", "map"):  # a row's (or block's) row of ids [., cols]

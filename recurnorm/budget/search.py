@@ -22,6 +22,7 @@ import numpy as np
 
 from . import compress, kernel, rans, spec
 from .cluster import axis_histograms, class_sums_all, cluster_many, ranked_class_sums
+from .rans import Geometry
 
 PRECS = (8, 10, 12, 14, 16)
 FIRST_PREC = 12  # the first pass prices every candidate's tables at this one precision
@@ -56,31 +57,6 @@ class Effort:
     all_grids: bool = False  # grid contexts from every row k x column k (else the `grids` most promising)
     sweep: bool = True  # each family's first SWEEP_FIRST ks, the rest only where more classes paid (else all)
     grids: int = 3
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """Where a code position sits: the codes' [G, L] layout, the tensor's 2-D view, scales."""
-
-    n: int  # code positions, G * L
-    code_rows: int  # G
-    row_len: int  # L
-    rows: int  # the tensor viewed as [rows, cols] (dim 0 by the rest)
-    cols: int
-    matrix: bool  # the tensor has >= 2 dims (row/col classes apply)
-    scales: np.ndarray | None = None  # one per code row (scale buckets)
-
-    def context_vector(self, variant: str, k: int, ids, step: int = 1, dtype=np.int64, kc: int = 1) -> np.ndarray:
-        """Context id of positions 0, step, 2*step, ..."""
-        order = self.scale_order if variant == "scale" and self.scales is not None else None
-        return rans.context_vector(
-            variant, k, self.n, self.rows, self.cols, self.row_len, self.scales, ids, step, dtype, kc, order
-        )
-
-    @cached_property
-    def scale_order(self) -> np.ndarray:
-        """rans.scale_order(scales), sorted once for every k the search tries."""
-        return rans.scale_order(self.scales)
 
 
 @dataclass(frozen=True)
