@@ -608,7 +608,7 @@ def _garbage_side(kind: int) -> Callable[[], bytes]:
         m, payload = fmt.split_container(BASE)
         s = _entry(m, "int4")["streams"]["codes"]
         body = bytes(payload[s["offset"] : s["offset"] + s["length"]])
-        (tl, _), (il, iz), pos = rans._side_header(body, 2)
+        (tl, _), (il, iz), pos = rans.side_header(body, 2)
         junk = b"\xff\x00garbage" * 4
         new = rans.varint_encode(np.array([4 * len(junk) + kind, 4 * il + iz])) + junk + body[pos + tl :]
         payload = payload[: s["offset"]] + new + payload[s["offset"] + s["length"] :]

@@ -16,7 +16,7 @@ from helpers import standalone_loader
 
 from recurnorm.budget import format as fmt
 from recurnorm.budget import read_artifact, spec, unpack
-from recurnorm.budget.rans import _side_header
+from recurnorm.budget.rans import side_header
 
 DATA = Path(__file__).resolve().parent / "data"
 sys.path.insert(0, str(DATA))
@@ -97,6 +97,6 @@ def test_the_format_1_golden_is_laid_out_as_format_1():
         for t in manifest["tensors"]:
             for s in t.get("streams", {}).values():
                 if s["codec"] == "rans":
-                    sides = _side_header(bytes(payload[s["offset"] : s["offset"] + s["length"]]), 1)[:2]
+                    sides = side_header(bytes(payload[s["offset"] : s["offset"] + s["length"]]), 1)[:2]
                     zstd_blobs += sum(z == spec.ZSTD for _, z in sides)
         assert zstd_blobs, name

@@ -86,9 +86,7 @@ class PackOptions:
             return cls()
         if effort != "max":
             raise QuantError(f"effort {effort!r} is not one of normal, max")
-        ks = (2, 4, 8, 16, 32)
-        wide = Effort(
-            ks[:4], ks, ks, 64, 8, 8, per_symbol=0, all_grids=True, sweep=False
-        )  # (leaders, finalists, iters)
+        ks = (2, 4, 8, 16, 32)  # then leaders, finalists, k-means iterations:
+        wide = Effort(ks[:4], ks, ks, 64, 8, 8, per_symbol=0, all_grids=True, sweep=False)
         parents_everywhere = {"parents_search_rows": 0, "parents_probes": 4 * parents.PROBES}
         return cls(wide, wide, spec.PORTABLE, Gates.off(), **parents_everywhere, also_normal=True)

@@ -304,7 +304,7 @@ def encode(sym, ctx, tables: np.ndarray, prec: int, lanes: int, side) -> bytes:
     return head + ilv_encode(sym, ctx if len(tables) > 1 else None, tables, prec, lanes)
 
 
-def _side_header(body: bytes, version: int) -> tuple[tuple[int, int], tuple[int, int], int]:
+def side_header(body: bytes, version: int) -> tuple[tuple[int, int], tuple[int, int], int]:
     """((table length, compress id), (ids length, compress id), where they start) of a stream.
 
     Format version 1 stored each side blob's form in one bit (raw or magicless zstd);
@@ -322,17 +322,11 @@ def _side_header(body: bytes, version: int) -> tuple[tuple[int, int], tuple[int,
     return t, i, pos
 
 
-def side_compressors(body: bytes) -> tuple[int, int]:
-    """The compress ids of a (format 2) stream's table and class-id blobs."""
-    (_, tz), (_, iz), _ = _side_header(body, 2)
-    return tz, iz
-
-
 def split_body(
     body: bytes, k: int, nsym: int, n_ids: int, version: int = 2
 ) -> tuple[np.ndarray, np.ndarray | None, bytes]:
     """Parse a rans stream body into (tables [k, nsym], ids or None, the coder's bytes)."""
-    (tlen, tz), (ilen, iz), pos = _side_header(body, version)
+    (tlen, tz), (ilen, iz), pos = side_header(body, version)
     if pos + tlen + ilen > len(body) or (len(body) - pos - tlen - ilen) % 2:
         raise ArtifactError("rans stream lengths disagree with the stream size")
     tblob, iblob = body[pos : pos + tlen], body[pos + tlen : pos + tlen + ilen]

@@ -39,7 +39,7 @@ from helpers import embedding_like, magicless_zstd  # noqa: E402
 from recurnorm import quant  # noqa: E402
 from recurnorm.budget import compress, pack_qtensors, read_artifact, spec, unpack  # noqa: E402
 from recurnorm.budget import format as fmt  # noqa: E402
-from recurnorm.budget.rans import _side_header, varint_encode  # noqa: E402
+from recurnorm.budget.rans import side_header, varint_encode  # noqa: E402
 from recurnorm.export.pack import export_qtensors  # noqa: E402
 from recurnorm.export.policy import ExportPolicy  # noqa: E402
 from recurnorm.quant.qtensor import QTensor  # noqa: E402
@@ -202,7 +202,7 @@ CASES = {
 def _rans_v1(body: bytes) -> bytes:
     """A format-2 rans stream as format 1 laid it out: each side blob raw or a magicless zstd
     frame, whichever is smaller, flagged by one bit (2·len + z) instead of a compress id."""
-    *heads, pos = _side_header(body, 2)
+    *heads, pos = side_header(body, 2)
     blobs = []
     for n, kind in heads:
         raw = compress.decompress(kind, body[pos : pos + n], 1 << 30, "side blob", magicless=True)
