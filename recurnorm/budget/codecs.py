@@ -64,12 +64,9 @@ class Codec:
             _REGISTRY.register(name, cls)
             cls.name = name
 
-    def prepare(self, items: list[tuple[np.ndarray, StreamContext]]) -> list[Any]:
-        """For many streams at once, the plan encode() takes for each (None: it cannot code it)."""
-        return [None] * len(items)
-
     def encode(self, arr: np.ndarray, ctx: StreamContext, plan: Any = None) -> tuple[bytes, dict]:
-        """Bytes and params of arr."""
+        """Bytes and params of arr (plan: what the codec's prepare, where it has one, made for it
+        in a search of many streams at once)."""
         raise NotImplementedError
 
     def decode(self, data: bytes, params: dict, ctx: StreamContext) -> np.ndarray:
