@@ -34,11 +34,6 @@ def on() -> bool:
     return c is not None
 
 
-def built() -> bool:
-    """Whether the compiled kernel is built (RECURNORM_KERNEL=0 may still keep it off)."""
-    return _built is not None
-
-
 @contextmanager
 def use(enabled: bool):
     """The kernel on (where built) or off inside the block: how tests run both backends."""
