@@ -21,6 +21,11 @@ MAX_BYTES_OPTION = click.option(
 )
 CODE_HELP = "code file (or folder of .py files) counted against the cap; regular files only"
 LOADER_HELP = "the artifact's loader (recurnorm loader -o FILE): counted against the cap like code"
+# What pack, inspect and plan print when no code is counted: the challenge counts it.
+CODE_NOTE = (
+    "note: the cap counts code too: pass --code train_gpt.py (and --loader rnpk_load.py "
+    "when the artifact loads through recurnorm's loader) to count it"
+)
 DECODED_OPTION = click.option(
     "--max-decoded-bytes",
     type=CAP,
@@ -137,8 +142,6 @@ def budget_options(f):
 
 def say_notes(notes, budget=None) -> None:
     """Notes on stderr (wrapper prefixes stripped, ...), and that code counts when none is counted."""
-    from ..budget.cap import CODE_NOTE
-
     for note in notes:
         echo(f"note: {note}", err=True)
     if budget is not None and not budget.counts_code():
