@@ -264,7 +264,7 @@ class Rans(Codec, name="rans"):
         # uint8 ids and uint16 units: what the kernel reads (no int64 copies of the stream)
         cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, np.uint8, kc=c.kc)
         nt, lanes = nsym**c.t, c.lanes
-        tsym = rans.to_tuples(sym, nsym, c.t, np.uint16)
+        tsym = rans.to_tuples(sym, nsym, c.t)
         while ctx.kind != "codes" and -(-len(tsym) // lanes) > rans.WRITE_STEPS // 8 and lanes < spec.MAX_LANES:
             lanes *= 2  # (the loader decodes scales in a lock-step round of their own, before the codes)
         side = c.side  # (where the search counted this stream exactly, it made its side data)

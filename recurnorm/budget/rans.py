@@ -265,14 +265,12 @@ def _class_vector(variant: str, rows: int, cols: int, ids, step: int, ctx: np.nd
 # ----------------------------------------------------------------- tuples
 
 
-def to_tuples(sym: np.ndarray, nsym: int, t: int, dtype=np.int64) -> np.ndarray:
-    """Base-nsym numbers of t consecutive symbols (first one least significant), zero-padded.
-
-    dtype: of the result (t > 1), wide enough for nsym**t: the encoder and the search ask
-    for uint16 (tuple alphabets are at most 4096), a quarter of int64's memory traffic."""
+def to_tuples(sym: np.ndarray, nsym: int, t: int) -> np.ndarray:
+    """Base-nsym numbers of t consecutive symbols (first one least significant), zero-padded;
+    uint16 where t > 1 (tuple alphabets are at most 4096: a quarter of int64's memory traffic)."""
     if t == 1:
         return sym
-    padded = np.zeros(-(-sym.size // t) * t, dtype=dtype)
+    padded = np.zeros(-(-sym.size // t) * t, dtype=np.uint16)
     padded[: sym.size] = sym
     cols = padded.reshape(-1, t)
     out = cols[:, t - 1].copy()

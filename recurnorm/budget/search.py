@@ -115,7 +115,7 @@ class Stream:
     def tuples(self, t: int) -> np.ndarray:
         """The units of t symbols, as uint16 (unit alphabets are at most 4096)."""
         if t not in self._units:
-            self._units[t] = self.sym16 if t == 1 else rans.to_tuples(self.sym, self.nsym, t, np.uint16)
+            self._units[t] = self.sym16 if t == 1 else rans.to_tuples(self.sym, self.nsym, t)
         return self._units[t]
 
     def total(self, t: int) -> np.ndarray:
@@ -136,8 +136,9 @@ class Stream:
             view, axis = (geo.rows, geo.cols), 0 if family == "row" else 1
         if family not in self._hists:  # every position counted, by the kernel or its reference alike:
             # sampled rows of a wide embedding keep too few positions each to tell their classes apart
-            if kernel.on():
-                hist = kernel.histograms(self.sym16, *view, self.nsym, axis, 1)
+            if kernel.on():  # (into float32 [items, nsym]; the 1: every position along the other axis)
+                hist = np.zeros((view[axis], self.nsym), dtype=np.float32)
+                kernel.c.histograms(self.sym16, *view, self.nsym, axis, 1, hist)
             else:
                 hist = axis_histograms(self.sym[: view[0] * view[1]].reshape(view), axis, self.nsym)
             self._hists[family] = hist
