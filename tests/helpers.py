@@ -34,6 +34,14 @@ def magicless_zstd(raw: bytes) -> bytes:
     return zstandard.ZstdCompressor(compression_params=params).compress(raw)
 
 
+def write_safetensors(f, tensors: dict) -> None:
+    """A whole state dict written as `recurnorm unpack` writes it (safetensors_out.write_each)."""
+    from recurnorm.budget import safetensors_out
+
+    specs = {n: (t.dtype, list(t.shape)) for n, t in tensors.items()}
+    safetensors_out.write_each(f, specs, (([n], t) for n, t in tensors.items()))
+
+
 def embedding_like(seed=10, rows=256, cols=128):
     """Ternary codes whose columns lean to one sign and whose rows differ in spread (a trained
     byte embedding looks so): row classes and column classes each pay, and together more."""

@@ -114,8 +114,3 @@ class Budget:
                 report,
             )
         return report
-
-
-def as_budget(budget: Budget | int) -> Budget:
-    """A Budget from a Budget or a bare cap (no code counted)."""
-    return budget if isinstance(budget, Budget) else Budget(max_bytes=budget)
