@@ -9,6 +9,7 @@ from __future__ import annotations
 import textwrap
 
 import numpy as np
+import zstandard
 
 from recurnorm.budget import pack_qtensors
 from recurnorm.quant.qtensor import QTensor
@@ -22,6 +23,23 @@ IMPORT_BLOCKER = textwrap.dedent("""
                 raise ImportError("blocked: " + name)
     sys.meta_path.insert(0, Blocker())
 """)
+
+
+def magicless_zstd(raw: bytes) -> bytes:
+    """A zstd-19 frame without its magic number or content size: how format 1 stored rans side
+    data (the library reads it still, and writes it no more)."""
+    params = zstandard.ZstdCompressionParameters.from_level(
+        19, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=False
+    )
+    return zstandard.ZstdCompressor(compression_params=params).compress(raw)
+
+
+def write_safetensors(f, tensors: dict) -> None:
+    """A whole state dict written as `recurnorm unpack` writes it (safetensors_out.write_each)."""
+    from recurnorm.budget import safetensors_out
+
+    specs = {n: (t.dtype, list(t.shape)) for n, t in tensors.items()}
+    safetensors_out.write_each(f, specs, (([n], t) for n, t in tensors.items()))
 
 
 def embedding_like(seed=10, rows=256, cols=128):

@@ -608,7 +608,7 @@ def _garbage_side(kind: int) -> Callable[[], bytes]:
         m, payload = fmt.split_container(BASE)
         s = _entry(m, "int4")["streams"]["codes"]
         body = bytes(payload[s["offset"] : s["offset"] + s["length"]])
-        (tl, _), (il, iz), pos = rans._side_header(body, 2)
+        (tl, _), (il, iz), pos = rans.side_header(body, 2)
         junk = b"\xff\x00garbage" * 4
         new = rans.varint_encode(np.array([4 * len(junk) + kind, 4 * il + iz])) + junk + body[pos + tl :]
         payload = payload[: s["offset"]] + new + payload[s["offset"] + s["length"] :]
@@ -1053,12 +1053,14 @@ def unpack_in_memory(data: bytes, max_decoded_bytes: int | None = None) -> dict:
     import io
     import json
 
-    from recurnorm.budget import api, safetensors_out
+    from helpers import write_safetensors
+
+    from recurnorm.budget import api
     from recurnorm.quant import dequantize_all
 
     art = api.read_artifact(data, max_decoded_bytes)
     tensors = dequantize_all(art.qtensors)
-    safetensors_out.write(io.BytesIO(), tensors)
+    write_safetensors(io.BytesIO(), tensors)
     json.dumps(art.metadata.get("config"))
     return tensors
 
@@ -1068,12 +1070,11 @@ def unpack_read_back(data: bytes) -> dict:
     {name: torch tensor}. Raises whatever that library raises on a file it cannot read."""
     import io
 
+    from helpers import write_safetensors
     from safetensors.torch import load
 
     buf = io.BytesIO()
-    from recurnorm.budget import safetensors_out
-
-    safetensors_out.write(buf, unpack_in_memory(data))
+    write_safetensors(buf, unpack_in_memory(data))
     return load(buf.getvalue())
 
 

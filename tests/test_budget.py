@@ -13,7 +13,7 @@ from helpers import sample_qtensors
 
 from recurnorm.budget import Budget, compress, pack_qtensors, read_artifact, spec, verify_bytes
 from recurnorm.budget import format as fmt
-from recurnorm.errors import ArtifactError, OverCapError
+from recurnorm.errors import ArtifactError, OverCapError, QuantError
 
 
 @pytest.mark.parametrize("codecs", [None, ["raw"], ["zstd"], ["rans", "raw"]])
@@ -169,6 +169,21 @@ def test_manifest_is_stored_compressed_and_every_form_reads():
         )
         with pytest.raises(ArtifactError, match=why):
             read_artifact(forged)
+
+
+def test_budget_is_no_larger_than_issue_41_left_it():
+    """Issue 41's target: recurnorm/budget/*.py no larger in lines than when the issue was filed
+    (4,153), so that the packer does not silently grow back; simplify before adding."""
+    from pathlib import Path
+
+    budget = Path(__file__).resolve().parents[1] / "recurnorm" / "budget"
+    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in budget.glob("*.py"))
+    assert lines <= 4153, f"recurnorm/budget/*.py is {lines:,} lines, over issue 41's 4,153"
+
+
+def test_pack_refuses_what_is_not_a_qtensor():
+    with pytest.raises(QuantError, match="expected a QTensor, got int"):
+        pack_qtensors({"a": 5})
 
 
 def test_no_function_in_budget_is_over_60_lines():

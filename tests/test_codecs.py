@@ -114,10 +114,22 @@ def test_varints():
     v = np.array([0, 1, 127, 128, 16383, 16384, 2**32 - 1, 2**35 - 1])
     assert np.array_equal(rans.varint_decode(rans.varint_encode(v), len(v)), v)
     assert rans.varint_encode(np.array([300])) == b"\xac\x02"
-    # The vectorized path (long inputs) writes what the short-input loop does.
+    assert rans.varint_encode(np.array([], np.int64)) == b""
     long = np.random.default_rng(0).integers(0, 2**35, 1000) >> np.random.default_rng(1).integers(0, 35, 1000)
-    assert rans.varint_encode(long) == b"".join(rans.varint_encode(long[i : i + 1]) for i in range(1000))
+    assert rans.varint_encode(long) == b"".join(_leb128(int(x)) for x in long)  # LEB128, byte for byte
     assert np.array_equal(rans.varint_decode(rans.varint_encode(long), 1000), long)
+    with pytest.raises(ArtifactError, match="count too large"):  # 6 bytes: past 2**35
+        rans.varint_decode(b"\x80\x80\x80\x80\x80\x01", 1)
+    with pytest.raises(ArtifactError, match="wrong number"):
+        rans.varint_decode(b"\x01\x80", 1)
+
+
+def _leb128(x: int) -> bytes:
+    out = bytearray()
+    while x >= 0x80:
+        out.append(x & 0x7F | 0x80)
+        x >>= 7
+    return bytes(out + bytes([x]))
 
 
 def _deflate(arr, ctx, best=1 << 62):

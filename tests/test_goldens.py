@@ -16,7 +16,7 @@ from helpers import standalone_loader
 
 from recurnorm.budget import format as fmt
 from recurnorm.budget import read_artifact, spec, unpack
-from recurnorm.budget.rans import _read_varint
+from recurnorm.budget.rans import side_header
 
 DATA = Path(__file__).resolve().parent / "data"
 sys.path.insert(0, str(DATA))
@@ -97,8 +97,6 @@ def test_the_format_1_golden_is_laid_out_as_format_1():
         for t in manifest["tensors"]:
             for s in t.get("streams", {}).values():
                 if s["codec"] == "rans":
-                    body, pos = bytes(payload[s["offset"] : s["offset"] + s["length"]]), 0
-                    for _ in range(2):
-                        head, pos = _read_varint(body, pos)
-                        zstd_blobs += head & 1
+                    sides = side_header(bytes(payload[s["offset"] : s["offset"] + s["length"]]), 1)[:2]
+                    zstd_blobs += sum(z == spec.ZSTD for _, z in sides)
         assert zstd_blobs, name

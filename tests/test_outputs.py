@@ -257,9 +257,8 @@ def test_verify_reports_missing_files_as_before(tmp_path):
 
 def test_unpack_writes_safetensors_that_load_back(tmp_path):
     """The streaming writer: every dtype, empty and tied tensors, read by safetensors itself."""
+    from helpers import write_safetensors
     from safetensors.torch import load_file
-
-    from recurnorm.budget import safetensors_out
 
     tensors = {
         "f32": torch.randn(3, 4),
@@ -276,7 +275,7 @@ def test_unpack_writes_safetensors_that_load_back(tmp_path):
     }
     tensors["tied"] = tensors["f32"]
     with open(tmp_path / "w.safetensors", "wb") as f:
-        safetensors_out.write(f, tensors)
+        write_safetensors(f, tensors)
     back = load_file(tmp_path / "w.safetensors")
     assert set(back) == set(tensors)
     for name, t in tensors.items():

@@ -104,7 +104,7 @@ def test_block_contexts_of_a_short_last_block_and_their_ids():
     """The context vector the encoder uses is the one every reader builds: block (r // rb, c)."""
     ids = np.arange(3 * 5, dtype=np.uint8).reshape(3, 5)
     for step in (1, 2, 3):
-        got = rans.context_vector("block", 15, 11 * 5 + 4, 11, 5, 5, None, ids.ravel(), step, np.uint8, 4)
+        got = rans.Geometry(11 * 5 + 4, 12, 5, 11, 5, True).context_vector("block", 15, ids.ravel(), step, np.uint8, 4)
         want = np.r_[ids[np.arange(11) // 4].ravel(), np.zeros(4, np.uint8)][::step]
         assert np.array_equal(got, want)
 
@@ -155,5 +155,6 @@ def test_map_contexts_of_padded_codes_and_their_ids():
     """The context vector the encoder uses is the one every reader builds: map[row class, c]."""
     rows, cmap = np.array([1, 0, 2, 1, 1, 0, 2], np.uint8), np.arange(3 * 5, dtype=np.uint8).reshape(3, 5)
     for step in (1, 2, 3):
-        got = rans.context_vector("map", 15, 7 * 5 + 4, 7, 5, 5, None, np.r_[rows, cmap.ravel()], step, np.uint8, 3)
+        geo = rans.Geometry(7 * 5 + 4, 8, 5, 7, 5, True)
+        got = geo.context_vector("map", 15, np.r_[rows, cmap.ravel()], step, np.uint8, 3)
         assert np.array_equal(got, np.r_[cmap[rows].ravel(), np.zeros(4, np.uint8)][::step])

@@ -63,11 +63,11 @@ def test_unpack_writes_each_tensor_as_unpacking_all_at_once(ckpt, tmp_path):
     assert _run("unpack", art, "-o", out).exit_code == 0
     back = load_file(out)
     assert set(back) == set(sd) and all(torch.equal(back[k], v) for k, v in sd.items())  # bf16 is lossless
-    from recurnorm.budget import safetensors_out
+    from helpers import write_safetensors
 
     whole = tmp_path / "whole.safetensors"
     with open(whole, "wb") as f:  # the writer of a whole state dict gives the same file
-        safetensors_out.write(f, api.unpack(art.read_bytes()))
+        write_safetensors(f, api.unpack(art.read_bytes()))
     assert whole.read_bytes() == out.read_bytes()
 
 

@@ -38,13 +38,6 @@ class Artifact:
     aliases: dict[str, str] = field(default_factory=dict)
 
 
-def _stream_dtype(arr: np.ndarray, what: str) -> str:
-    name = np.asarray(arr).dtype.name
-    if name not in DTYPES:
-        raise QuantError(f"{what}: dtype {name} cannot be stored (use one of {', '.join(DTYPES)})")
-    return name
-
-
 def _sha(arr: np.ndarray, dtype: str) -> str:
     # Hashed in place when already contiguous little-endian: no copy of a big stream.
     return hashlib.sha256(np.ascontiguousarray(arr, dtype=DTYPES[dtype]).reshape(-1).view(np.uint8)).hexdigest()
@@ -206,9 +199,7 @@ def _encode_tensor(name: str, qt: QTensor, names, codecs, options: PackOptions, 
     items: list[tuple[np.ndarray, StreamContext]] = []
     # Tensors whose rows are predicted: their codes as they are race the residuals and parents.
     unpredicted: dict[str, tuple[np.ndarray, StreamContext]] = {}
-    if not isinstance(qt, QTensor):
-        raise QuantError(f"tensor {name}: expected a QTensor, got {type(qt).__name__}")
-    if qt.lowrank is None:
+    if getattr(qt, "lowrank", None) is None:  # (_entry refuses what is not a QTensor)
         entries = [_entry(name, qt, options, check, items, unpredicted)]
     else:  # the factors first, so that a reader has them when it reaches the tensor
         factors = (f"{name}.lqer_l", f"{name}.lqer_r")
@@ -252,7 +243,9 @@ def _entry(name: str, qt: QTensor, options: PackOptions, check: bool, items: lis
         if arr is None:
             continue
         arr = np.ascontiguousarray(arr)
-        dtype = _stream_dtype(arr, f"tensor {name} {kind}")
+        dtype = arr.dtype.name
+        if dtype not in DTYPES:
+            raise QuantError(f"tensor {name} {kind}: dtype {dtype} cannot be stored (use one of {', '.join(DTYPES)})")
         scales = np.asarray(qt.scales) if kind == "codes" and qt.scales is not None else None
         # Float words (codes, scales, zeros) go to the fields coding; readers decode a tensor's
         # other streams before its codes, whose scale context needs its scales.

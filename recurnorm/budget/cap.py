@@ -38,13 +38,6 @@ def code_bytes(paths: list[str | Path], limit: int | None = None) -> int:
     return total
 
 
-# What pack, inspect and plan print when no code is counted: the challenge counts it.
-CODE_NOTE = (
-    "note: the cap counts code too: pass --code train_gpt.py (and --loader rnpk_load.py "
-    "when the artifact loads through recurnorm's loader) to count it"
-)
-
-
 @dataclass
 class Budget:
     """A cap in bytes and the code counted against it: code files, and the loader that
@@ -121,8 +114,3 @@ class Budget:
                 report,
             )
         return report
-
-
-def as_budget(budget: Budget | int) -> Budget:
-    """A Budget from a Budget or a bare cap (no code counted)."""
-    return budget if isinstance(budget, Budget) else Budget(max_bytes=budget)

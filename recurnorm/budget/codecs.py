@@ -64,12 +64,9 @@ class Codec:
             _REGISTRY.register(name, cls)
             cls.name = name
 
-    def prepare(self, items: list[tuple[np.ndarray, StreamContext]]) -> list[Any]:
-        """For many streams at once, the plan encode() takes for each (None: it cannot code it)."""
-        return [None] * len(items)
-
     def encode(self, arr: np.ndarray, ctx: StreamContext, plan: Any = None) -> tuple[bytes, dict]:
-        """Bytes and params of arr."""
+        """Bytes and params of arr (plan: what the codec's prepare, where it has one, made for it
+        in a search of many streams at once)."""
         raise NotImplementedError
 
     def decode(self, data: bytes, params: dict, ctx: StreamContext) -> np.ndarray:
@@ -205,12 +202,12 @@ def _symbols_to_array(sym: np.ndarray, off: int, ctx: StreamContext, nsym: int) 
 # ----------------------------------------------------------------- rans
 
 
-def geometry(ctx: StreamContext) -> search.Geometry:
+def geometry(ctx: StreamContext) -> rans.Geometry:
     """Where each code position of a codes stream sits, for rans contexts."""
     rows, cols = rows_layout(ctx.tensor_shape)
     n = ctx.numel
     G, L = (ctx.shape[0], ctx.shape[1]) if len(ctx.shape) == 2 else (1, n)
-    return search.Geometry(n, G, L, rows, cols, len(ctx.tensor_shape) >= 2, ctx.scales)
+    return rans.Geometry(n, G, L, rows, cols, len(ctx.tensor_shape) >= 2, ctx.scales)
 
 
 class Rans(Codec, name="rans"):
@@ -267,15 +264,13 @@ class Rans(Codec, name="rans"):
         # uint8 ids and uint16 units: what the kernel reads (no int64 copies of the stream)
         cvec = geo.context_vector(c.variant, c.k, c.ids, c.t, np.uint8, kc=c.kc)
         nt, lanes = nsym**c.t, c.lanes
-        tsym = rans.to_tuples(sym, nsym, c.t, np.uint16)
+        tsym = rans.to_tuples(sym, nsym, c.t)
         while ctx.kind != "codes" and -(-len(tsym) // lanes) > rans.WRITE_STEPS // 8 and lanes < spec.MAX_LANES:
             lanes *= 2  # (the loader decodes scales in a lock-step round of their own, before the codes)
-        if c.side is not None:  # the search counted this stream exactly and made its side data
-            body = rans.encode(tsym, cvec, c.k, nt, c.ids, c.side.tables, lanes, c.prec, c.side.blobs(kinds))
-        else:
-            counts = rans.context_counts(tsym, cvec, c.k, nt)
-            tables = rans.normalize_table(counts, c.prec)
-            body = rans.encode(tsym, cvec, c.k, nt, c.ids, tables, lanes, c.prec, kinds=kinds)
+        side = c.side  # (where the search counted this stream exactly, it made its side data)
+        if side is None:
+            side = search.SideData.of(rans.normalize_table(rans.context_counts(tsym, cvec, c.k, nt), c.prec), c.ids)
+        body = rans.encode(tsym, cvec, side.tables, c.prec, lanes, side.blobs(kinds))
         # Defaults stay out of the manifest: every byte of it counts against the cap.
         params = {"offset": offset, "nsym": nsym, "prec": c.prec, "lanes": lanes}
         if c.variant != "none":

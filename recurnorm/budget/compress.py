@@ -9,13 +9,11 @@ cannot make the reader allocate more), and a truncated or overlong stream is an 
 from __future__ import annotations
 
 import lzma
-import threading
 import zlib
 
 import zstandard
 
 from ..errors import ArtifactError
-from . import bounded_zstd
 from .spec import DEFLATE, DEFLATE_WBITS, LZMA, LZMA_DICT, NAMES, PORTABLE, RAW, ZSTD
 
 DEFLATE_LEVEL = 9
@@ -26,11 +24,7 @@ CHUNK = (1 << 16) - 1  # deflate()'s chunks where it takes a level each: a store
 # measured, and 2-15x faster on the small blobs that side data is).
 LZMA_DECODE_FILTERS = [{"id": lzma.FILTER_LZMA2, "dict_size": LZMA_DICT}]
 ZSTD_LEVEL = 19
-
-_ZSTD_MAGICLESS = zstandard.ZstdCompressionParameters.from_level(
-    ZSTD_LEVEL, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=False
-)
-_local = threading.local()
+MAX_WINDOW = 1 << 24  # a zstd frame's window, at most (ours use 8 MB at level 19)
 
 
 def deflate(raw: bytes, level: int | list[int] = DEFLATE_LEVEL) -> bytes:
@@ -47,7 +41,7 @@ def deflate(raw: bytes, level: int | list[int] = DEFLATE_LEVEL) -> bytes:
     return b"".join(out) + b"\1\0\0\xff\xff"  # the final block, empty
 
 
-def compress(kind: int, raw: bytes, magicless: bool = False) -> bytes:
+def compress(kind: int, raw: bytes) -> bytes:
     """raw compressed by one compressor (RAW returns it as it is)."""
     if kind == RAW:
         return raw
@@ -58,21 +52,17 @@ def compress(kind: int, raw: bytes, magicless: bool = False) -> bytes:
         filters = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME, "dict_size": dict_size}]
         return lzma.compress(raw, format=lzma.FORMAT_RAW, filters=filters)
     if kind == ZSTD:
-        if magicless:  # one compressor per thread: making one costs more than small inputs
-            if not hasattr(_local, "zstd"):
-                _local.zstd = zstandard.ZstdCompressor(compression_params=_ZSTD_MAGICLESS)
-            return _local.zstd.compress(raw)
         return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw)
     raise ValueError(f"unknown compressor id {kind}")
 
 
-def smallest(raw: bytes, kinds=PORTABLE, magicless: bool = False) -> tuple[bytes, int]:
+def smallest(raw: bytes, kinds=PORTABLE) -> tuple[bytes, int]:
     """(blob, id) of the shortest form of raw among kinds (raw first on ties)."""
     best, best_kind = raw, RAW
     for kind in kinds:
         if kind == RAW or not raw:
             continue
-        blob = compress(kind, raw, magicless)
+        blob = compress(kind, raw)
         if len(blob) < len(best):
             best, best_kind = blob, kind
     return best, best_kind
@@ -88,7 +78,7 @@ def decompress(kind: int, blob: bytes, limit: int, what: str, magicless: bool = 
     if kind == RAW:
         out = bytes(blob)
     elif kind == ZSTD:
-        return bounded_zstd.decompress(blob, limit, what, magicless=magicless)
+        out = _unzstd(blob, limit, what, magicless)
     elif kind in (DEFLATE, LZMA):
         d = (
             zlib.decompressobj(DEFLATE_WBITS)
@@ -108,3 +98,19 @@ def decompress(kind: int, blob: bytes, limit: int, what: str, magicless: bool = 
     if len(out) > limit:
         raise ArtifactError(f"{what}: {NAMES[kind]} output larger than the {limit:,} bytes expected")
     return out
+
+
+def _unzstd(blob: bytes, limit: int, what: str, magicless: bool) -> bytes:
+    """A zstd frame's bytes, at most limit + 1 of them. `ZstdDecompressor.decompress` trusts the
+    frame header: a forged content size makes it allocate that much (a 47-byte stream asked for
+    an exabyte) and a forged window asks for up to 128 MB, so the header is read first and the
+    window capped."""
+    fmt = zstandard.FORMAT_ZSTD1_MAGICLESS if magicless else zstandard.FORMAT_ZSTD1
+    try:
+        size = zstandard.get_frame_parameters(blob, format=fmt).content_size
+        if size != zstandard.CONTENTSIZE_UNKNOWN and size > limit:
+            raise ArtifactError(f"{what}: zstd frame declares {size:,} bytes, more than the {limit:,} expected")
+        dctx = zstandard.ZstdDecompressor(format=fmt, max_window_size=MAX_WINDOW)
+        return dctx.decompress(blob, max_output_size=max(limit, 1))
+    except zstandard.ZstdError as exc:
+        raise ArtifactError(f"{what}: zstd: {exc}") from None

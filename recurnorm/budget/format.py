@@ -24,12 +24,10 @@ def write_container(manifest: dict, payload: bytes | list[bytes], length_sha: tu
     """Header + manifest (with payload length and hash filled in, in its shortest portable
     form: raw, deflate or lzma) + payload (or its parts: joined once, with the header).
     length_sha: the payload's, when given (its parts may be written elsewhere already)."""
-    manifest, parts, sha = dict(manifest), payload if isinstance(payload, list) else [payload], hashlib.sha256()
+    parts = payload if isinstance(payload, list) else [payload]
     if length_sha is None:
-        for part in parts:
-            sha.update(part)
-        length_sha = sum(map(len, parts)), sha.hexdigest()
-    manifest["payload_length"], manifest["payload_sha256"] = length_sha
+        length_sha = (sum(map(len, parts)), hashlib.sha256(b"".join(parts)).hexdigest())
+    manifest = {**manifest, "payload_length": length_sha[0], "payload_sha256": length_sha[1]}
     raw = dumps(manifest)
     _check_writable(manifest, raw)
     m, flags = compress.smallest(raw)

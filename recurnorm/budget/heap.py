@@ -14,20 +14,17 @@ threshold twice that. Nothing changes off glibc.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 MMAP_THRESHOLD = 32 << 20  # glibc's ceiling for its own adjustment (64-bit)
-_settled = False
 
 
+@functools.cache  # (once per process)
 def settle() -> None:
-    """Set glibc's mmap and trim thresholds where its own adjustment ends up (once)."""
-    global _settled
-    if _settled:
-        return
-    _settled = True
+    """Set glibc's mmap and trim thresholds where its own adjustment ends up."""
     try:
         libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
     except (ValueError, OSError):

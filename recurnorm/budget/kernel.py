@@ -10,7 +10,7 @@ specification: an artifact has the same bytes either way, only slower without it
     c.top_counts             codecs.Fields.split's numpy branch
     c.fields_split, _join    codecs.split_words, codecs.join_words's numpy branches
     c.offer                  parents.py's numpy branch of parents.find
-    histograms               cluster.axis_histograms
+    c.histograms             cluster.axis_histograms
     kmeans, class_sums       cluster._kmeans, cluster.class_sums_all's numpy branches
 """
 
@@ -34,11 +34,6 @@ def on() -> bool:
     return c is not None
 
 
-def built() -> bool:
-    """Whether the compiled kernel is built (RECURNORM_KERNEL=0 may still keep it off)."""
-    return _built is not None
-
-
 @contextmanager
 def use(enabled: bool):
     """The kernel on (where built) or off inside the block: how tests run both backends."""
@@ -48,14 +43,6 @@ def use(enabled: bool):
         yield
     finally:
         c = was
-
-
-def histograms(sym16: np.ndarray, rows: int, cols: int, nsym: int, axis: int, stride: int) -> np.ndarray:
-    """Per-row (axis 0) or per-column (axis 1) symbol counts of a rows x cols matrix of uint16
-    symbols, every `stride`-th position along the other axis (reference: cluster.axis_histograms)."""
-    hist = np.zeros(((rows, cols)[axis], nsym), dtype=np.float32)
-    c.histograms(sym16, rows, cols, nsym, axis, stride, hist)
-    return hist
 
 
 def kmeans(hist, slots, iters: int, sample_items: int, bins: int, length_scale: float, prior: float):

@@ -47,11 +47,6 @@ class Gates:
     # bf16, 66% on MiniLM fp32 (costing 0.007% of bytes), 42-70% on golf-shaped bf16/fp32.
     fields_tail: float | None = 0.99
 
-    @classmethod
-    def off(cls) -> Gates:
-        """Every shortcut off."""
-        return cls(*(None for _ in fields(cls)))
-
 
 @dataclass(frozen=True)
 class PackOptions:
@@ -86,9 +81,8 @@ class PackOptions:
             return cls()
         if effort != "max":
             raise QuantError(f"effort {effort!r} is not one of normal, max")
-        ks = (2, 4, 8, 16, 32)
-        wide = Effort(
-            ks[:4], ks, ks, 64, 8, 8, per_symbol=0, all_grids=True, sweep=False
-        )  # (leaders, finalists, iters)
+        ks = (2, 4, 8, 16, 32)  # then leaders, finalists, k-means iterations:
+        wide = Effort(ks[:4], ks, ks, 64, 8, 8, per_symbol=0, all_grids=True, sweep=False)
         parents_everywhere = {"parents_search_rows": 0, "parents_probes": 4 * parents.PROBES}
-        return cls(wide, wide, spec.PORTABLE, Gates.off(), **parents_everywhere, also_normal=True)
+        no_gates = Gates(*(None for _ in fields(Gates)))  # every shortcut off
+        return cls(wide, wide, spec.PORTABLE, no_gates, **parents_everywhere, also_normal=True)

@@ -10,6 +10,8 @@ are its specification and fallback (one Python step per `lanes` units: slow, the
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -50,22 +52,13 @@ def varint_lengths(v: np.ndarray) -> np.ndarray:
 
 
 def varint_encode(values: np.ndarray) -> bytes:
-    """LEB128 varints of non-negative integers (vectorized; a plain loop for a handful)."""
-    v = np.asarray(values).ravel()
-    if len(v) <= 16:  # headers: numpy's per-call cost would dominate
-        out = bytearray()
-        for x in v.tolist():
-            while x >= 0x80:
-                out.append(x & 0x7F | 0x80)
-                x >>= 7
-            out.append(x)
-        return bytes(out)
-    v = v.astype(np.uint64)
+    """LEB128 varints of non-negative integers."""
+    v = np.asarray(values).ravel().astype(np.uint64)
     nbytes = varint_lengths(v).astype(np.int64)
     ends = np.cumsum(nbytes)
-    out = np.empty(int(ends[-1]), dtype=np.uint8)
+    out = np.empty(int(nbytes.sum()), dtype=np.uint8)
     pos = ends - nbytes  # where each value's first byte goes
-    for j in range(int(nbytes.max())):  # byte j of every value that has one
+    for j in range(int(nbytes.max(initial=0))):  # byte j of every value that has one
         has = nbytes > j
         out[pos[has] + j] = ((v[has] >> np.uint64(7 * j)) & np.uint64(0x7F)).astype(np.uint8) | (
             (nbytes[has] - 1 > j).astype(np.uint8) << 7
@@ -75,19 +68,6 @@ def varint_encode(values: np.ndarray) -> bytes:
 
 def varint_decode(data: bytes, count: int) -> np.ndarray:
     """Decode exactly `count` LEB128 varints (each < 2**35) filling `data`."""
-    if count <= 64 and len(data) <= 5 * count:  # small tables: numpy's per-call cost would dominate
-        vals, val, shift = [], 0, 0
-        for byte in data:
-            val |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                vals.append(val)
-                val = shift = 0
-            elif shift >= 35:
-                raise ArtifactError("frequency table: count too large")
-        if len(vals) != count or shift:
-            raise ArtifactError("frequency table: wrong number of varints")
-        return np.array(vals, dtype=np.int64)
     b = np.frombuffer(data, dtype=np.uint8)
     ends = np.flatnonzero(b < 0x80)
     if len(ends) != count or (count and ends[-1] != len(b) - 1) or (count == 0 and len(b)):
@@ -209,35 +189,50 @@ def rank_buckets(order: np.ndarray, k) -> np.ndarray:
     return rank * np.asarray(k, dtype=np.int64)[..., None] // max(len(order), 1)  # (a scalar k broadcasts to [n])
 
 
-def context_vector(
-    variant: str, k, n, rows, cols, L, scales, ids, step=1, dtype=np.int64, kc=1, order=None
-) -> np.ndarray:
-    """Context id of code positions 0, step, 2*step, ... < n (= G*L).
+@dataclass(frozen=True)
+class Geometry:
+    """Where a code position sits: the codes' [G, L] layout, the tensor's 2-D view, scales."""
 
-    row / col: the class id of the position's row / column (ids: one per row / column).
-    grid: row class * kc + column class (ids: the rows' classes, then the columns').
-    block: the id of the position's block of kc rows and its column (ids: [ceil(rows / kc), cols]).
-    map: map[row class, column] (ids: the rows' classes, then map [row classes, cols]).
-    Decoders ask for uint8 (k <= spec.MAX_CONTEXTS = 256): one byte per declared position, not eight.
-    order: scale_order(scales), when the caller has it already (the search asks for many k).
-    """
-    m = -(-n // step)
-    if variant == "none" or k == 1:
-        return np.zeros(m, dtype=dtype)
-    if variant == "scale":
-        if scales is None or len(scales) * L != n:
-            raise ArtifactError("scale context needs one scale per code row")
-        buckets = rank_buckets(scale_order(scales) if order is None else order, k).astype(dtype)
-        if L % step == 0:
-            return np.repeat(buckets, L // step)
-        return buckets[np.arange(0, n, step, dtype=np.int64) // L]
-    if variant not in spec.CONTEXTS:
-        raise ArtifactError(f"unknown rans context {variant!r}")
-    return _class_vector(variant, rows, cols, ids, step, np.zeros(m, dtype=dtype), kc)
+    n: int  # code positions, G * L
+    code_rows: int  # G
+    row_len: int  # L
+    rows: int  # the tensor viewed as [rows, cols] (dim 0 by the rest)
+    cols: int
+    matrix: bool  # the tensor has >= 2 dims (row/col classes apply)
+    scales: np.ndarray | None = None  # one per code row (scale buckets)
+
+    def context_vector(self, variant: str, k: int, ids, step: int = 1, dtype=np.int64, kc: int = 1) -> np.ndarray:
+        """Context id of code positions 0, step, 2*step, ... < n.
+
+        scale: the code row's bucket of k by |scale| rank (no ids: decoders rank the scales).
+        row / col: the class id of the position's row / column (ids: one per row / column).
+        grid: row class * kc + column class (ids: the rows' classes, then the columns').
+        block: the id of the position's block of kc rows and its column (ids: [ceil(rows / kc), cols]).
+        map: map[row class, column] (ids: the rows' classes, then map [row classes, cols]).
+        Decoders ask for uint8 (k <= spec.MAX_CONTEXTS = 256): one byte per declared position, not eight.
+        """
+        m, n, L = -(-self.n // step), self.n, self.row_len
+        if variant == "none" or k == 1:
+            return np.zeros(m, dtype=dtype)
+        if variant == "scale":
+            if self.scales is None or len(self.scales) * L != n:
+                raise ArtifactError("scale context needs one scale per code row")
+            buckets = rank_buckets(self.scale_order, k).astype(dtype)
+            if L % step == 0:
+                return np.repeat(buckets, L // step)
+            return buckets[np.arange(0, n, step, dtype=np.int64) // L]
+        if variant not in spec.CONTEXTS:
+            raise ArtifactError(f"unknown rans context {variant!r}")
+        return _class_vector(variant, self.rows, self.cols, ids, step, np.zeros(m, dtype=dtype), kc)
+
+    @cached_property
+    def scale_order(self) -> np.ndarray:
+        """scale_order(scales), sorted once for every k the search tries."""
+        return scale_order(self.scales)
 
 
 def _class_vector(variant: str, rows: int, cols: int, ids, step: int, ctx: np.ndarray, kc: int) -> np.ndarray:
-    """context_vector of the class contexts, written into ctx (zeros)."""
+    """Geometry.context_vector of the class contexts, written into ctx (zeros)."""
     dtype = ctx.dtype.type
     inside = -(-rows * cols // step)  # positions below numel; padding positions stay in context 0
     if variant in ("block", "map"):  # a row's (or block's) row of ids [., cols]
@@ -270,14 +265,12 @@ def _class_vector(variant: str, rows: int, cols: int, ids, step: int, ctx: np.nd
 # ----------------------------------------------------------------- tuples
 
 
-def to_tuples(sym: np.ndarray, nsym: int, t: int, dtype=np.int64) -> np.ndarray:
-    """Base-nsym numbers of t consecutive symbols (first one least significant), zero-padded.
-
-    dtype: of the result (t > 1), wide enough for nsym**t: the encoder and the search ask
-    for uint16 (tuple alphabets are at most 4096), a quarter of int64's memory traffic."""
+def to_tuples(sym: np.ndarray, nsym: int, t: int) -> np.ndarray:
+    """Base-nsym numbers of t consecutive symbols (first one least significant), zero-padded;
+    uint16 where t > 1 (tuple alphabets are at most 4096: a quarter of int64's memory traffic)."""
     if t == 1:
         return sym
-    padded = np.zeros(-(-sym.size // t) * t, dtype=dtype)
+    padded = np.zeros(-(-sym.size // t) * t, dtype=np.uint16)
     padded[: sym.size] = sym
     cols = padded.reshape(-1, t)
     out = cols[:, t - 1].copy()
@@ -300,45 +293,26 @@ def from_tuples(tsym: np.ndarray, nsym: int, t: int, n: int) -> np.ndarray:
 # ----------------------------------------------------------------- coding
 
 
-def _read_varint(body: bytes, pos: int) -> tuple[int, int]:
-    """One LEB128 varint (at most 5 bytes) at pos: (value, next pos)."""
-    val = 0
-    for j in range(5):
-        if pos + j >= len(body):
-            break
-        b = body[pos + j]
-        val |= (b & 0x7F) << (7 * j)
-        if b < 0x80:
-            return val, pos + j + 1
-    raise ArtifactError("rans stream header is not a valid varint")
-
-
-def encode(
-    sym, ctx, k: int, nsym: int, ids, tables: np.ndarray, lanes: int, prec: int, side=None, kinds=spec.PORTABLE
-) -> bytes:
-    """Encode symbols in [0, nsym) with the stored table [k, nsym] (rows summing to 2**prec)
-    of each context id: the stream header, side data, then ilv_encode's bytes.
-
-    side: the ((table blob, id), (ids blob, id)) compress.smallest made already (search.SideData);
-    else they are made here, each the smallest of the compressors `kinds`.
-    """
-    if side is None:
-        side = (
-            compress.smallest(varint_encode(tables.ravel()), kinds),
-            compress.smallest(ids.astype(np.uint8).tobytes(), kinds) if ids is not None else (b"", 0),
-        )
+def encode(sym, ctx, tables: np.ndarray, prec: int, lanes: int, side) -> bytes:
+    """Encode symbols with the stored table [k, nsym] (rows summing to 2**prec) of each context
+    id: the stream header, the side data ((table blob, compress id), (ids blob, compress id):
+    search.SideData.blobs), then ilv_encode's bytes."""
     (tblob, tz), (iblob, iz) = side
     head = varint_encode(np.array([4 * len(tblob) + tz, 4 * len(iblob) + iz])) + tblob + iblob
-    return head + ilv_encode(sym, ctx if k > 1 else None, tables, prec, lanes)
+    return head + ilv_encode(sym, ctx if len(tables) > 1 else None, tables, prec, lanes)
 
 
-def _side_header(body: bytes, version: int) -> tuple[tuple[int, int], tuple[int, int], int]:
+def side_header(body: bytes, version: int) -> tuple[tuple[int, int], tuple[int, int], int]:
     """((table length, compress id), (ids length, compress id), where they start) of a stream.
 
     Format version 1 stored each side blob's form in one bit (raw or magicless zstd);
     version 2 in two (a compress id)."""
-    th, pos = _read_varint(body, 0)
-    ih, pos = _read_varint(body, pos)
+    b = np.frombuffer(body[:10], np.uint8)  # two varints of at most 5 bytes each
+    ends = np.flatnonzero(b < 0x80)
+    if len(ends) < 2:
+        raise ArtifactError("rans stream header is not two valid varints")
+    pos = int(ends[1]) + 1
+    th, ih = varint_decode(b[:pos], 2).tolist()
     if version == 1:
         t, i = ((h >> 1, spec.ZSTD if h & 1 else spec.RAW) for h in (th, ih))
     else:
@@ -346,17 +320,11 @@ def _side_header(body: bytes, version: int) -> tuple[tuple[int, int], tuple[int,
     return t, i, pos
 
 
-def side_compressors(body: bytes) -> tuple[int, int]:
-    """The compress ids of a (format 2) stream's table and class-id blobs."""
-    (_, tz), (_, iz), _ = _side_header(body, 2)
-    return tz, iz
-
-
 def split_body(
     body: bytes, k: int, nsym: int, n_ids: int, version: int = 2
 ) -> tuple[np.ndarray, np.ndarray | None, bytes]:
     """Parse a rans stream body into (tables [k, nsym], ids or None, the coder's bytes)."""
-    (tlen, tz), (ilen, iz), pos = _side_header(body, version)
+    (tlen, tz), (ilen, iz), pos = side_header(body, version)
     if pos + tlen + ilen > len(body) or (len(body) - pos - tlen - ilen) % 2:
         raise ArtifactError("rans stream lengths disagree with the stream size")
     tblob, iblob = body[pos : pos + tlen], body[pos + tlen : pos + tlen + ilen]

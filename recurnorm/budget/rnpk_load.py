@@ -88,7 +88,7 @@ def unpack_layout(raw, layout, dt):
 
 
 def contexts(p, k, ids, n, t, tshape, L, scales):
-    """Context ids (uint8) of code positions 0, t, 2t, ... < n (see recurnorm's rans.context_vector)."""
+    """Context ids (uint8) of code positions 0, t, 2t, ... < n (see recurnorm's rans.Geometry.context_vector)."""
     var = p.get("context", "none")
     if var == "scale":  # the code row's rank by |scale| (stable), cut into k equal runs
         rank = np.empty(len(scales), np.uint8)

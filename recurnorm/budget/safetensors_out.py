@@ -35,11 +35,6 @@ _DTYPES = {
 _CHUNK = 64 << 20  # bytes per write: a contiguous tensor is never copied whole
 
 
-def write(f: BinaryIO, tensors: dict[str, torch.Tensor]) -> None:
-    """Serialize tensors (names sorted) to the open binary file f."""
-    write_each(f, {n: (t.dtype, list(t.shape)) for n, t in tensors.items()}, (([n], t) for n, t in tensors.items()))
-
-
 def write_each(f: BinaryIO, specs: dict, tensors) -> None:
     """The file of tensors made one at a time: specs {name: (torch dtype, shape)} make the
     header, then each (names, tensor) of `tensors` is written at its names' places (the file

@@ -22,6 +22,7 @@ import numpy as np
 
 from . import compress, kernel, rans, spec
 from .cluster import axis_histograms, class_sums_all, cluster_many, ranked_class_sums
+from .rans import Geometry
 
 PRECS = (8, 10, 12, 14, 16)
 FIRST_PREC = 12  # the first pass prices every candidate's tables at this one precision
@@ -56,31 +57,6 @@ class Effort:
     all_grids: bool = False  # grid contexts from every row k x column k (else the `grids` most promising)
     sweep: bool = True  # each family's first SWEEP_FIRST ks, the rest only where more classes paid (else all)
     grids: int = 3
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """Where a code position sits: the codes' [G, L] layout, the tensor's 2-D view, scales."""
-
-    n: int  # code positions, G * L
-    code_rows: int  # G
-    row_len: int  # L
-    rows: int  # the tensor viewed as [rows, cols] (dim 0 by the rest)
-    cols: int
-    matrix: bool  # the tensor has >= 2 dims (row/col classes apply)
-    scales: np.ndarray | None = None  # one per code row (scale buckets)
-
-    def context_vector(self, variant: str, k: int, ids, step: int = 1, dtype=np.int64, kc: int = 1) -> np.ndarray:
-        """Context id of positions 0, step, 2*step, ..."""
-        order = self.scale_order if variant == "scale" and self.scales is not None else None
-        return rans.context_vector(
-            variant, k, self.n, self.rows, self.cols, self.row_len, self.scales, ids, step, dtype, kc, order
-        )
-
-    @cached_property
-    def scale_order(self) -> np.ndarray:
-        """rans.scale_order(scales), sorted once for every k the search tries."""
-        return rans.scale_order(self.scales)
 
 
 @dataclass(frozen=True)
@@ -139,7 +115,7 @@ class Stream:
     def tuples(self, t: int) -> np.ndarray:
         """The units of t symbols, as uint16 (unit alphabets are at most 4096)."""
         if t not in self._units:
-            self._units[t] = self.sym16 if t == 1 else rans.to_tuples(self.sym, self.nsym, t, np.uint16)
+            self._units[t] = self.sym16 if t == 1 else rans.to_tuples(self.sym, self.nsym, t)
         return self._units[t]
 
     def total(self, t: int) -> np.ndarray:
@@ -160,8 +136,9 @@ class Stream:
             view, axis = (geo.rows, geo.cols), 0 if family == "row" else 1
         if family not in self._hists:  # every position counted, by the kernel or its reference alike:
             # sampled rows of a wide embedding keep too few positions each to tell their classes apart
-            if kernel.on():
-                hist = kernel.histograms(self.sym16, *view, self.nsym, axis, 1)
+            if kernel.on():  # (into float32 [items, nsym]; the 1: every position along the other axis)
+                hist = np.zeros((view[axis], self.nsym), dtype=np.float32)
+                kernel.c.histograms(self.sym16, *view, self.nsym, axis, 1, hist)
             else:
                 hist = axis_histograms(self.sym[: view[0] * view[1]].reshape(view), axis, self.nsym)
             self._hists[family] = hist
@@ -404,6 +381,11 @@ class SideData:
         the first time a finalist's turn comes."""
         return compress.estimate(self.varints) + (compress.estimate(self.ids) if self.ids is not None else 0)
 
+    @classmethod
+    def of(cls, tables: np.ndarray, ids: np.ndarray | None) -> SideData:
+        """The side data of normalized tables and class ids."""
+        return cls(tables, rans.varint_encode(tables.ravel()), None if ids is None else ids.astype(np.uint8).tobytes())
+
     def blobs(self, kinds=spec.PORTABLE) -> tuple[tuple[bytes, int], tuple[bytes, int]]:
         """rans.encode's side=: the compacted table and ids (each the smallest of `kinds`)."""
         ids = compress.smallest(self.ids, kinds) if self.ids is not None else (b"", 0)
@@ -642,7 +624,7 @@ def _measured(s16: np.ndarray, nsym: int, geo: Geometry, c: Choice, best: Choice
     for prec in precs:
         tables = rans.normalize_table(hist, prec)
         bits = -(hist * np.log2(np.maximum(tables, 1) / (1 << prec))).sum()
-        side = SideData(tables, rans.varint_encode(tables.ravel()), c.ids.astype(np.uint8).tobytes())
+        side = SideData.of(tables, c.ids)
         cost = bits / 8 + side.nbytes + HEADER_BYTES + 4 * c.lanes
         if cost < best.cost:
             best = Choice(c.variant, c.k, 1, c.ids, prec, c.lanes, cost, side, c.kc)

@@ -80,22 +80,6 @@ def name_problem(name: str) -> str | None:
     return None
 
 
-def quantizer_for(entry: dict, where: str):
-    """The quantizer an entry's format and params name; ArtifactError if it cannot exist."""
-    try:
-        return quant_registry.get(entry["format"], **entry["params"])
-    except QuantError as exc:
-        raise ArtifactError(f"{where}: {exc}") from None
-
-
-def output_itemsize(dtype: str, where: str) -> int:
-    """Bytes per element of the tensor dequantize returns (the original dtype)."""
-    try:
-        return quant_registry.torch_dtype(dtype).itemsize
-    except QuantError:
-        raise ArtifactError(f"{where}: unsupported tensor dtype {_short(dtype)}") from None
-
-
 def default_max_decoded_bytes(stored_bytes: int) -> int:
     """The decoded bytes readers allow an artifact of stored_bytes when the caller sets no limit."""
     try:
@@ -202,8 +186,14 @@ def _check_tensor(t: dict, name: str, plen: int) -> int:
     _str(t.get("format"), f"{where} format")
     if not isinstance(t.get("params"), dict):
         raise ArtifactError(f"{where}: params is not an object")
-    out_size = output_itemsize(t["dtype"], where)
-    quantizer = quantizer_for(t, where)
+    try:  # (out_size: bytes per element of the tensor dequantize returns, in its original dtype)
+        out_size = quant_registry.torch_dtype(t["dtype"]).itemsize
+    except QuantError:
+        raise ArtifactError(f"{where}: unsupported tensor dtype {_short(t['dtype'])}") from None
+    try:
+        quantizer = quant_registry.get(t["format"], **t["params"])
+    except QuantError as exc:
+        raise ArtifactError(f"{where}: {exc}") from None
     if quantizer.float_only != t["dtype"].startswith(("float", "bfloat")):
         # What a float format would give an integer tensor (or raw integers a float one) depends
         # on how a reader casts (torch and numpy differ): no writer makes one, so none is read.

@@ -21,6 +21,11 @@ MAX_BYTES_OPTION = click.option(
 )
 CODE_HELP = "code file (or folder of .py files) counted against the cap; regular files only"
 LOADER_HELP = "the artifact's loader (recurnorm loader -o FILE): counted against the cap like code"
+# What pack, inspect and plan print when no code is counted: the challenge counts it.
+CODE_NOTE = (
+    "note: the cap counts code too: pass --code train_gpt.py (and --loader rnpk_load.py "
+    "when the artifact loads through recurnorm's loader) to count it"
+)
 DECODED_OPTION = click.option(
     "--max-decoded-bytes",
     type=CAP,
@@ -137,8 +142,6 @@ def budget_options(f):
 
 def say_notes(notes, budget=None) -> None:
     """Notes on stderr (wrapper prefixes stripped, ...), and that code counts when none is counted."""
-    from ..budget.cap import CODE_NOTE
-
     for note in notes:
         echo(f"note: {note}", err=True)
     if budget is not None and not budget.counts_code():
@@ -348,8 +351,8 @@ HINT_MAX_CHECKPOINT_BYTES = 1 << 28
 
 def _finish_pack(ckpt, packed, out, budget, fit_bytes, force, as_json, effort, progress) -> None:
     """Check the cap, then write the artifact (or publish its temp file) and the report."""
-    from ..budget import report
     from ..io import atomic_write_bytes, publish
+    from . import tables
 
     data, rows = packed.data, packed.rows
     if not as_json:
@@ -373,8 +376,8 @@ def _finish_pack(ckpt, packed, out, budget, fit_bytes, force, as_json, effort, p
         if as_json:
             _echo_json({**exc.report, "policy": packed.policy_line, **(hint.to_dict() if hint else {"hint": None})})
         else:
-            echo(report.tensor_table(rows, limit=15), err=True)
-            echo(report.totals_lines(rows, exc.report), err=True)
+            echo(tables.tensor_table(rows, limit=15), err=True)
+            echo(tables.totals_lines(rows, exc.report), err=True)
             echo(packed.policy_line, err=True)
         raise OverCapError(
             f"not written: {exc}" + (f"; {hint.text.removeprefix('hint: ')}" if hint else ""), exc.report
@@ -390,8 +393,8 @@ def _finish_pack(ckpt, packed, out, budget, fit_bytes, force, as_json, effort, p
     if as_json:
         _echo_json(cap)
     else:
-        echo(report.tensor_table(rows, limit=15))
-        echo(report.totals_lines(rows, cap))
+        echo(tables.tensor_table(rows, limit=15))
+        echo(tables.totals_lines(rows, cap))
         if packed.fit is not None:
             echo(packed.fit.lines())
         echo(packed.policy_line)
@@ -496,7 +499,7 @@ def verify(
     Exit 0 when every check passes; otherwise the first of 4 corrupt, 3 over the
     cap, 5 loss regression, 1 other error that any artifact hit.
     """
-    from ..budget import Budget, report, verify_artifact
+    from ..budget import Budget, verify_artifact
     from ..errors import LossRegressionError, RecurnormError
     from ..io import atomic_write_json, atomic_write_text, check_appendable, check_distinct, check_writable, same_file
     from . import ci_report, exitcodes
@@ -554,7 +557,7 @@ def verify(
         out.build_checks()
         outcomes.append(out)
         if not as_json:
-            _print_outcome(out, report)
+            _print_outcome(out)
 
     doc = ci_report.to_json(outcomes)
     if report_path is not None:
@@ -568,22 +571,23 @@ def verify(
     click.get_current_context().exit(doc["exit_code"])
 
 
-def _print_outcome(out, report) -> None:
+def _print_outcome(out) -> None:
     """Human lines for one artifact: totals and ok, or one error line (plus the table when over cap)."""
     from ..display import printable
     from .ci_report import gate_line
     from .exitcodes import OK
+    from .tables import tensor_table, totals_lines
 
     rep = out.report
     path = printable(rep.path)
     if out.exit_code == OK:
-        echo(report.totals_lines(rep.tensors, rep.cap))
+        echo(totals_lines(rep.tensors, rep.cap))
         if out.gate:
             echo(f"loss gate: {gate_line(out.gate)}")
         echo(f"ok: {path}: {rep.reason}{'; loss within the allowed delta' if out.gate else ''}")
         return
     if rep.exit_code == OVER_CAP and rep.tensors:  # (over --max-decoded-bytes: nothing decoded to show)
-        echo(report.tensor_table(rep.tensors, limit=15), err=True)
+        echo(tensor_table(rep.tensors, limit=15), err=True)
     echo(f"error: {path}: {printable(rep.reason if rep.exit_code != OK else out.gate_error)}", err=True)
     if rep.exit_code == OVER_CAP and out.gate_error:
         echo(f"error: {path}: {printable(out.gate_error)}", err=True)
@@ -614,8 +618,9 @@ def inspect(
     TARGET is an artifact, or a checkpoint packed in memory under the policy options. The
     budget line counts --code and --loader as pack and verify do (the same numbers).
     """
-    from ..budget import Budget, api, report
+    from ..budget import Budget, api
     from ..export.pack import pack_checkpoint, rows_with_rules, rules_table
+    from . import tables
 
     budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
     budget.code_total()  # a bad --code: a usage error, up front
@@ -635,8 +640,8 @@ def inspect(
     if as_json:
         _echo_json({"path": str(target), "cap": cap, "tensors": rows, "metadata": metadata})
         return
-    echo(report.tensor_table(rows))
-    echo(report.totals_lines(rows, cap))
+    echo(tables.tensor_table(rows))
+    echo(tables.totals_lines(rows, cap))
     echo("")
     echo(rules_table(rows))
     policy_line = (metadata.get("export") or {}).get("policy")

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..budget.cap import Budget, as_budget
+from ..budget.cap import Budget
 from ..errors import ConfigError, OverCapError
 from ..quant.qtensor import QTensor
 from .policy import FIT_RULE, ExportPolicy, Plan, Rule, format_spec
@@ -518,7 +518,7 @@ def fit_budget(
 def fit_measured(m: Measured, budget: Budget | int, *, progress: Callable[[str], None] | None = None) -> FitResult:
     """Steps 4-5 on a measurement: the knapsack under the budget, packed for real."""
     say = progress or (lambda _msg: None)
-    budget = as_budget(budget)
+    budget = budget if isinstance(budget, Budget) else Budget(max_bytes=budget)  # (a bare cap: no code counted)
     avail, code_bytes = budget.artifact_room(), budget.code_total()
     state, policy, plan, formats, specs, names = m.state, m.policy, m.plan, m.formats, m.specs, m.names
     aliases, bytes_table, sens, uniform, fixed_bytes = m.aliases, m.bytes_table, m.sensitivity, m.uniform, m.fixed_bytes

@@ -34,12 +34,12 @@ OUT = HERE / "goldens"
 INDEX = HERE / "goldens.json"
 sys.path.insert(0, str(HERE.parent))  # tests/: helpers
 
-from helpers import embedding_like  # noqa: E402
+from helpers import embedding_like, magicless_zstd  # noqa: E402
 
 from recurnorm import quant  # noqa: E402
 from recurnorm.budget import compress, pack_qtensors, read_artifact, spec, unpack  # noqa: E402
 from recurnorm.budget import format as fmt  # noqa: E402
-from recurnorm.budget.rans import _read_varint, varint_encode  # noqa: E402
+from recurnorm.budget.rans import side_header, varint_encode  # noqa: E402
 from recurnorm.export.pack import export_qtensors  # noqa: E402
 from recurnorm.export.policy import ExportPolicy  # noqa: E402
 from recurnorm.quant.qtensor import QTensor  # noqa: E402
@@ -202,16 +202,12 @@ CASES = {
 def _rans_v1(body: bytes) -> bytes:
     """A format-2 rans stream as format 1 laid it out: each side blob raw or a magicless zstd
     frame, whichever is smaller, flagged by one bit (2·len + z) instead of a compress id."""
-    heads, pos = [], 0
-    for _ in range(2):
-        h, pos = _read_varint(body, pos)
-        heads.append(h)
+    *heads, pos = side_header(body, 2)
     blobs = []
-    for h in heads:
-        n, kind = h >> 2, h & 3
+    for n, kind in heads:
         raw = compress.decompress(kind, body[pos : pos + n], 1 << 30, "side blob", magicless=True)
         pos += n
-        z = compress.compress(spec.ZSTD, raw, magicless=True) if raw else b""
+        z = magicless_zstd(raw) if raw else b""
         blobs.append((z, 1) if raw and len(z) < len(raw) else (raw, 0))
     head = varint_encode(np.array([2 * len(b) + z for b, z in blobs]))
     return head + b"".join(b for b, _ in blobs) + body[pos:]

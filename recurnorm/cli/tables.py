@@ -1,4 +1,4 @@
-"""Plain-text tables of per-tensor packing statistics."""
+"""Plain-text tables of per-tensor packing statistics: what pack, verify and inspect print."""
 
 from __future__ import annotations
 
