@@ -125,7 +125,7 @@ SMOKE_PRINTS = {
     "frontier.py": [r"\| frontier \| record \| [\d,]+ \|", r"\| frontier \| best \| [\d,]+ \|", r"minilm: skipped"],
     "frontier_model.py": [r'"val_bpb": \d'],
     "fuzz.py": [r"\| mutations \(library\) +\| +20 \| .*\| +0 \| +0 \| +0 \|"],
-    "gates.py": [r"(?m)^codes_norep .* gate saves [+-][\d.]+% time", r"(?m)^parents_smooth .* gate saves"],
+    "gates.py": [r"(?m)^codes_norep .* gate saves +[+-][\d.]+% time", r"(?m)^parents_smooth .* gate saves"],
     "hashes.py": [
         r"(?m)^[0-9a-f]{64} +\d+ pack\.py golf int4$",
         r"(?m)^[0-9a-f]{64} +\d+ cli pack smoke-ckpt -q int6:clip=sigma:3 rules$",
