@@ -134,8 +134,12 @@ class GridQuantizer(Quantizer):
         self, codes_GxL: Tensor, scales: Tensor, zeros: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype
     ) -> QTensor:
         """A QTensor from codes [G, L] and per-group scales; padding codes are set to 0."""
+        return self._qtensor(self._code_array(codes_GxL), scales, zeros, shape, dtype)
+
+    def _code_array(self, codes: Tensor) -> np.ndarray:
+        """Grid codes (float or int) as the format's numpy code dtype."""
         # int32 holds every grid's codes (int64 and a clone took 16 bytes a weight at once)
-        return self._qtensor(codes_GxL.to(torch.int32).numpy().astype(self.code_dtype), scales, zeros, shape, dtype)
+        return codes.to(torch.int32).numpy().astype(self.code_dtype)
 
     def _qtensor(
         self, codes: np.ndarray, scales: Tensor, zeros: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype
@@ -161,7 +165,7 @@ class GridQuantizer(Quantizer):
         for a in range(0, max(G, 1), step):  # (no groups: one empty block, as whole)
             b = min(G, a + step)
             c, s, z = self._quantize_groups(_groups(flat, a, b, L))
-            codes[a:b] = c.to(torch.int32).numpy().astype(self.code_dtype)
+            codes[a:b] = self._code_array(c)
             scales.append(s)
             zeros.append(z)
         z = None if zeros[0] is None else torch.cat(zeros)
