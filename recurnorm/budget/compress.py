@@ -58,14 +58,8 @@ def compress(kind: int, raw: bytes) -> bytes:
 
 def smallest(raw: bytes, kinds=PORTABLE) -> tuple[bytes, int]:
     """(blob, id) of the shortest form of raw among kinds (raw first on ties)."""
-    best, best_kind = raw, RAW
-    for kind in kinds:
-        if kind == RAW or not raw:
-            continue
-        blob = compress(kind, raw)
-        if len(blob) < len(best):
-            best, best_kind = blob, kind
-    return best, best_kind
+    forms = [(raw, RAW)] + [(compress(kind, raw), kind) for kind in kinds if kind != RAW and raw]
+    return min(forms, key=lambda form: len(form[0]))
 
 
 def estimate(raw: bytes) -> int:
