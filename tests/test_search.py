@@ -200,7 +200,7 @@ def test_search_side_data_is_what_the_encoder_would_make():
         counts = np.bincount(cvec * nsym + sym, minlength=c.k * nsym).reshape(c.k, nsym)
         tables = rans.normalize_table(counts, c.prec)
         assert np.array_equal(c.side.tables, tables)
-        assert c.side.blobs() == search.SideData.of(tables, c.ids).blobs()  # (side_data_many's one varint pass)
+        assert c.side.blobs() == search.SideData.of(tables, c.ids).blobs()
         data, params = codecs.Rans().encode(codes, ctx)
         assert np.array_equal(codecs.Rans().decode(data, params, ctx), codes)
 

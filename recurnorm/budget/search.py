@@ -231,8 +231,6 @@ def family_candidates(
     """Candidates of the (stream, family) pairs asked for, at the ks asked for. The row/col
     clusterings of all of them run as one batch (cluster_many)."""
     out: dict[int, list[Candidate]] = {j: [] for j, _ in wanted}
-    if not wanted:
-        return out
     problems = []
     for (j, family), kk in wanted.items():
         st = streams[j]
@@ -262,12 +260,6 @@ def family_candidates(
 def _coder_bytes(payload, lanes):
     """Payload plus what the coder adds to it: 4 flush bytes a lane and the compact header."""
     return payload + 4 * lanes + HEADER_BYTES
-
-
-def _table_bytes(tables: np.ndarray, widths: np.ndarray) -> np.ndarray:
-    """Varint bytes of each table row; the zero padding past a row's width does not count."""
-    real = np.arange(tables.shape[1])[None, :] < widths[:, None]
-    return np.where(real, rans.varint_lengths(tables), 0).sum(axis=1)
 
 
 @dataclass(frozen=True)
@@ -309,7 +301,6 @@ def _stacked_counts(cands: list[Candidate]) -> tuple[np.ndarray, np.ndarray, np.
 def rough_total(cands: list[Candidate], units, big) -> np.ndarray:
     """Estimated bytes of each candidate for the first pass: ideal code lengths of its counts
     plus its tables' varints at FIRST_PREC (no table normalization: that is for the leaders)."""
-    big = np.broadcast_to(np.asarray(big, dtype=bool), (len(cands),))
     counts, starts, widths = _stacked_counts(cands)
     tot = counts.sum(axis=1)
     # sum c log2(T / c) = T log2 T - sum c log2 c (counts below 1, from scaled samples, count as 1)
@@ -355,8 +346,9 @@ def score(cands: list[Candidate], units, precs, big) -> Scores:
     offsets = (np.arange(P)[:, None] * R + starts[None, :]).ravel()
     payload = np.full(fits.shape, np.inf)
     payload[live] = np.add.reduceat(bits, offsets).reshape(P, -1) / 8
+    pad = tables.shape[1] - np.tile(widths, P)  # zeros past each row's width: a varint byte each, not stored
     tbytes = np.zeros(fits.shape)
-    tbytes[live] = np.add.reduceat(_table_bytes(tables, np.tile(widths, P)), offsets).reshape(P, -1)
+    tbytes[live] = np.add.reduceat(rans.varint_lengths(tables).sum(axis=1) - pad, offsets).reshape(P, -1)
     id_bytes = np.array([c.id_bytes() for c in cands])
     side = tbytes * np.where(big, 0.75, 1.0)[None, :] + id_bytes[None, :]
     lanes = np.ones(fits.shape, dtype=np.int64)
@@ -390,22 +382,6 @@ class SideData:
         """rans.encode's side=: the compacted table and ids (each the smallest of `kinds`)."""
         ids = compress.smallest(self.ids, kinds) if self.ids is not None else (b"", 0)
         return compress.smallest(self.varints, kinds), ids
-
-
-def side_data_many(pairs: list[tuple[Candidate, np.ndarray]]) -> list[SideData]:
-    """Side data of (candidate, normalized table) pairs, varint-coded as the encoder does it
-    (one varint pass for all)."""
-    if not pairs:
-        return []
-    values = np.concatenate([t.ravel() for _, t in pairs])
-    raw = rans.varint_encode(values)  # each table's varints, in order
-    firsts = np.cumsum([0] + [t.size for _, t in pairs[:-1]])
-    ends = np.cumsum(np.add.reduceat(rans.varint_lengths(values), firsts))
-    out = []
-    for (c, t), a, b in zip(pairs, np.concatenate([[0], ends[:-1]]), ends, strict=True):
-        ids = c.ids.astype(np.uint8).tobytes() if c.ids is not None else None
-        out.append(SideData(t, raw[a:b], ids))
-    return out
 
 
 def tuple_size(nsym: int, n: int) -> int:
@@ -529,7 +505,7 @@ def _choose_group(
     # Their counts are exact (no sampling below BIG_SYMBOLS), so the encoder reuses what the
     # winner's measurement made; so does it a big stream's one finalist where its counts are exact.
     small = [(j, a + i, q) for j, a in zip(jobs, bounds, strict=False) if streams[j].exact for _, i, q in finalists[j]]
-    sides = dict(zip(small, side_data_many([(flat[i], s.table(q, i, flat[i])) for _, i, q in small]), strict=True))
+    sides = {(j, i, q): SideData.of(s.table(q, i, flat[i]), flat[i].ids) for j, i, q in small}
     firsts = {j: (j, a + finalists[j][0][1], finalists[j][0][2]) for j, a in zip(jobs, bounds, strict=False)}
     best = {j: (*finalists[j][0], sides.get(firsts[j])) for j in jobs if streams[j].big}
     for r in range(max(len(f) for f in finalists.values())):
@@ -550,11 +526,8 @@ def _choose_group(
 
 def plan(jobs: list[tuple], how: Effort = Effort()) -> list[Choice]:
     """The cheapest coding found for each stream (symbols in [0, nsym), laid out as geo says;
-    a job may add the symbols' exact counts), looking as wide as `how` says.
-
-    All streams are searched together, so a model's many small tensors share each numpy
-    call instead of paying its overhead once per tensor.
-    """
+    a job may add the symbols' exact counts), looking as wide as `how` says: all streams at once
+    (the module docstring says why)."""
     streams = [Stream(*job) for job in jobs]
     cands, later = candidates_many(streams, how)
     groups: dict[int, list[int]] = {}
