@@ -154,9 +154,7 @@ def context_counts(sym: np.ndarray, ctx: np.ndarray | None, k: int, nsym: int) -
         c = np.ascontiguousarray(ctx, dtype=np.uint8) if k > 1 and ctx is not None else None
         kernel.c.counts(np.ascontiguousarray(sym, dtype=np.uint16), c, nsym, k, out)
         return out.reshape(k, nsym)
-    if k == 1 or ctx is None:
-        return np.bincount(sym, minlength=k * nsym).reshape(k, nsym)
-    idx = np.asarray(ctx).astype(np.int64) * nsym + sym
+    idx = sym if k == 1 or ctx is None else np.asarray(ctx).astype(np.int64) * nsym + sym
     return np.bincount(idx, minlength=k * nsym).reshape(k, nsym)
 
 
@@ -173,12 +171,6 @@ def order0_bits(symbols: np.ndarray) -> float:
 
 
 # ----------------------------------------------------------------- contexts
-
-
-def scale_order(scales: np.ndarray) -> np.ndarray:
-    """Groups ordered by |scale| (stable; non-finite counts as 0)."""
-    a = np.abs(np.asarray(scales, dtype=np.float64).ravel())
-    return np.argsort(np.where(np.isfinite(a), a, 0.0), kind="stable")
 
 
 def rank_buckets(order: np.ndarray, k) -> np.ndarray:
@@ -227,8 +219,9 @@ class Geometry:
 
     @cached_property
     def scale_order(self) -> np.ndarray:
-        """scale_order(scales), sorted once for every k the search tries."""
-        return scale_order(self.scales)
+        """Code rows ordered by |scale| (stable; non-finite counts as 0), once for every k the search tries."""
+        a = np.abs(np.asarray(self.scales, dtype=np.float64).ravel())
+        return np.argsort(np.where(np.isfinite(a), a, 0.0), kind="stable")
 
 
 def _class_vector(variant: str, rows: int, cols: int, ids, step: int, ctx: np.ndarray, kc: int) -> np.ndarray:
