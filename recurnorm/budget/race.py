@@ -40,7 +40,7 @@ class LaidOut:
     @cached_property
     def order0(self) -> float:
         """The order-0 bound of the bytes, in bytes."""
-        return _order0(self.raw)
+        return rans.order0_bits(np.frombuffer(self.raw, np.uint8)) / 8
 
     @cached_property
     def zstd1(self) -> float:
@@ -51,11 +51,7 @@ class LaidOut:
         if n <= 4 * PROBE:
             return len(z.compress(self.raw))
         some = [self.raw[i : i + PROBE] for i in (0, (n - PROBE) // 2, n - PROBE)]
-        return sum(len(z.compress(b)) for b in some) * self.order0 / _order0(b"".join(some))
-
-
-def _order0(raw: bytes) -> float:
-    return rans.entropy_bits(rans.context_counts(np.frombuffer(raw, dtype=np.uint8), None, 1, 256)[0]) / 8
+        return sum(len(z.compress(b)) for b in some) * self.order0 / LaidOut(b"".join(some)).order0
 
 
 class Stream:
