@@ -211,11 +211,9 @@ def geometry(ctx: StreamContext) -> rans.Geometry:
 
 
 class Rans(Codec, name="rans"):
-    """rANS over the codes with stored integer tables, one per context: none, the code row's
-    scale bucket, stored row or column classes, or both (grid), or stored block-of-rows x
-    column statistics (block, big matrices); big streams of small alphabets code tuples of
-    symbols as one. `search.plan` picks all of it by estimated size; a block plan races
-    beside its choice."""
+    """rANS over the codes with stored integer tables, one per context (docs/FORMAT.md), and tuples
+    of symbols as one on big streams of small alphabets. `search.plan` picks all of it by estimated
+    size; block and map plans race beside its choice."""
 
     def symbols(self, arr: np.ndarray) -> tuple[np.ndarray, int, int] | None:
         """(symbols = codes - lowest, lowest, alphabet size), or None where rans cannot code arr
@@ -308,12 +306,8 @@ class Rans(Codec, name="rans"):
             )
         if variant == "grid" and (k % kc or k // kc < 2 or kc < 2):
             raise ArtifactError(f"rans grid context: k={k} must be (row classes >= 2) x (kc={kc} >= 2)")
-        return self._decode_classes(data, params, ctx, variant, kc)
-
-    def _decode_classes(self, data, params, ctx, variant: str, kc: int):
-        """decode, its params checked: the class ids against the tensor, then the codes."""
+        # The params hold: now the class ids against the tensor, then the codes.
         (rows, cols), n = rows_layout(ctx.tensor_shape), ctx.numel
-        k, context = params.get("k", 1), spec.CONTEXTS[variant]
         n_ids = context.ids(rows, cols, kc) if context.ids else 0
         # Class ids are stored per row/column: an empty tensor has none to give, and their
         # count is bounded by the codes' (a zero dimension must not declare 2**39 rows).
@@ -323,13 +317,12 @@ class Rans(Codec, name="rans"):
             raise ArtifactError("rans scale context needs scales")
         if variant == "none" and k != 1:
             raise ArtifactError("rans context none has one table")
-        nsym, t = params["nsym"], params.get("tuple", 1)
         tables, ids, words = rans.split_body(data, k, nsym**t, n_ids, ctx.version)
         top = context.row_classes(k, kc) if context.row_classes else None
         if top and (ids[:rows].max() >= top or variant == "grid" and ids[rows:].max() >= kc):
             raise ArtifactError(f"rans {variant} class ids do not match the declared classes")
         cvec = geometry(ctx).context_vector(variant, k, ids, t, np.uint8, kc)
-        units = rans.ilv_decode(words, cvec, tables, params["prec"], params["lanes"], len(cvec))
+        units = rans.ilv_decode(words, cvec, tables, prec, lanes, len(cvec))
         return _symbols_to_array(rans.from_tuples(units, nsym, t, n), params["offset"], ctx, nsym)
 
 
