@@ -742,6 +742,35 @@ FIELDS_CASES: dict[str, Callable[[], bytes]] = {
     "fields/lo-past-the-exponent": _fields(_tail(lo=1 << 12)),
 }
 R2_CASES.update(FIELDS_CASES)
+
+
+def _stack() -> bytes:
+    """A bank [2, 32, 16] of int8 random walks down its stacked rows: packed with a view
+    [64, 16] (spec.FIELD_FLAGS) and parents across its 64 rows."""
+    walk = np.cumsum(np.random.default_rng(7).integers(-3, 4, size=(64, 16)), axis=0).clip(-127, 127)
+    bank = QTensor("int8", (2, 32, 16), "float32", walk.astype(np.int8), np.ones(64, np.float16))
+    return pack_qtensors({"bank": bank})
+
+
+def _stack_edit(fn: Callable[[dict], object]) -> Callable[[], bytes]:
+    def make() -> bytes:
+        m, payload = fmt.split_container(_stack())
+        assert _entry(m, "bank")["view"] == [64, 16] and "parents" in _entry(m, "bank")["streams"]
+        fn(m)
+        return resign(m, payload)
+
+    return make
+
+
+VIEW_CASES: dict[str, Callable[[], bytes]] = {
+    "view/rows-past-the-parents": _stack_edit(_set(("bank", "view"), [128, 8])),
+    "view/more-values-than-the-tensor": _stack_edit(_set(("bank", "view"), [1 << 20, 1 << 20])),
+    "view/fewer-values-than-the-tensor": _stack_edit(_set(("bank", "view"), [64, 8])),
+    "view/three-dims": _stack_edit(_set(("bank", "view"), [2, 32, 16])),
+    "view/not-a-list": _stack_edit(_set(("bank", "view"), "64x16")),
+    "view/on-a-vector": _stack_edit(lambda m: _entry(m, "bank").update(shape=[1024], view=[64, 16])),
+}
+R2_CASES.update(VIEW_CASES)
 CASES.update(R2_CASES)
 # The loader may read these (its checks stop at what decoding needs: it hands back a dict, and
 # metadata is the caller's): verify refuses them for what unpack's file or the checks need.
@@ -755,6 +784,8 @@ LOADER_MAY_READ = {
     "r2-lenient/version-2.0",
     "fields/tail-padding-bit",
     "fields/lo-past-the-exponent",  # (heads past the word wrap out of it: a second spelling)
+    "view/fewer-values-than-the-tensor",  # (the loader checks a view where it reads it, in contexts and
+    "view/on-a-vector",  # parents: its rows are the parents' here, and its codes have no class context)
 }
 
 
@@ -784,6 +815,7 @@ VALID: dict[str, Callable[[], bytes]] = {
             "b": QTensor("int8", (5, 0), "float32", np.zeros((5, 0), np.int8), np.ones(5, np.float16)),
         }
     ),
+    "valid/stacked-view": _stack,
     "valid/int8-128MB-decoded-float32": lambda: _valid_bomb("float32"),
     "valid/int8-128MB-decoded-bfloat16": lambda: _valid_bomb("bfloat16"),
 }

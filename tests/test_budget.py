@@ -156,8 +156,9 @@ def test_manifest_is_stored_compressed_and_every_form_reads():
         assert a.manifest == b.manifest
         assert all(np.array_equal(a.qtensors[k].codes, b.qtensors[k].codes) for k in a.qtensors)
     for bad_flags, body, why in (
-        (8, plain, "unsupported artifact flags"),
-        (spec.LOWRANK_FLAG, plain, "flag for lqer corrections disagrees"),  # no tensor has one
+        (16, plain, "unsupported artifact flags"),
+        (spec.FIELD_FLAGS["lowrank"], plain, "flag for .lowrank. entries disagrees"),  # no tensor has one
+        (spec.FIELD_FLAGS["view"], plain, "flag for .view. entries disagrees"),
         (spec.ZSTD, b"\x28\xb5\x2f\xfd" + bytes(20), "manifest: zstd"),
         (spec.DEFLATE, bytes(20), "manifest: deflate"),
         (spec.LZMA, compress.compress(spec.LZMA, plain)[:-5], "manifest: lzma"),

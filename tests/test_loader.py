@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import IMPORT_BLOCKER, embedding_like, joint_like
+from helpers import IMPORT_BLOCKER, embedding_like, joint_like, standalone_loader
 
 from recurnorm.budget import format as fmt
 from recurnorm.budget import pack_qtensors, read_artifact, spec, unpack
@@ -340,7 +340,7 @@ def test_the_standalone_loaders_literal_limits_are_the_specs():
     assert spec.MAGIC in compared["magic"] and spec.VERSION in compared["ver"]
     assert spec.HEADER.format in values and f"data[{spec.HEADER_SIZE}:{spec.HEADER_SIZE} + mlen]" in src
     assert f"MANIFEST = {spec.MAX_MANIFEST_BYTES >> 20} << 20" in src
-    assert compared["flags"] == {(spec.MANIFEST_COMPRESSOR_MASK | spec.LOWRANK_FLAG) + 1}
+    assert compared["flags"] == {(spec.MANIFEST_COMPRESSOR_MASK | sum(spec.FIELD_FLAGS.values())) + 1}
     assert spec.MAX_TUPLE + 1 in compared["t"] and spec.MAX_CONTEXTS + 1 in compared["k"]
     assert compared["prec"] == {0, spec.MAX_PREC + 1} and compared["nsym ** t"] == {spec.MAX_ALPHABET}
     assert f"units <= lanes << {spec.MAX_STEPS.bit_length() - 1}" in src
@@ -363,3 +363,21 @@ def test_the_standalone_loaders_literal_limits_are_the_specs():
     assert {f"p[{c.extra!r}]" for c in spec.CONTEXTS.values() if c.extra in ("kc", "rb")} <= {
         s for s in ("p['kc']", "p['rb']") if s in src
     }
+
+
+def test_a_view_larger_than_its_codes_is_refused_before_its_contexts_are_made():
+    """A forged view (spec.FIELD_FLAGS) whose rows x cols exceed the stream's codes: the class ids
+    would broadcast to rows x cols bytes (64 MiB here, terabytes for a bigger forgery); the loader
+    refuses it before making any of them. (The compact loader is this code, minified and renamed.)"""
+    import tracemalloc
+
+    contexts = standalone_loader(False)["contexts"]
+    ids = np.zeros(2 * 8192, np.uint8)  # the rows' classes, then the columns'
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError):
+            contexts({"context": "grid", "kc": 2}, 4, ids, 4000, 1, [8192, 8192], 4000, None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20

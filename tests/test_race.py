@@ -90,7 +90,7 @@ def test_packs_with_other_options_at_once_each_write_their_own_bytes():
     variants = [
         PackOptions(),
         PackOptions.for_effort("max"),
-        PackOptions(parents_search_rows=0),
+        PackOptions(parents_search_rows=1 << 20),  # (no tensor searched)
         PackOptions(fields_side_compressors=spec.PORTABLE),
     ]
     alone = [pack_qtensors(qts, options=o) for o in variants]

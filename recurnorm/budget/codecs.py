@@ -38,7 +38,7 @@ class StreamContext:
     kind: str  # "codes" | "scales" | "zeros"
     dtype: str
     shape: tuple[int, ...]
-    tensor_shape: tuple[int, ...] = ()
+    tensor_shape: tuple[int, ...] = ()  # the tensor's, or its entry's view: what row/column contexts see
     scales: np.ndarray | None = None
     options: PackOptions = PackOptions()  # encoder only: how hard codecs search (the pack's)
     version: int = spec.VERSION  # decoder only: the artifact's format version

@@ -31,8 +31,7 @@ def write_container(manifest: dict, payload: bytes | list[bytes], length_sha: tu
     raw = dumps(manifest)
     _check_writable(manifest, raw)
     m, flags = compress.smallest(raw)
-    if has_lowrank(manifest):
-        flags |= spec.LOWRANK_FLAG
+    flags |= sum(bit for field, bit in spec.FIELD_FLAGS.items() if has_field(manifest, field))
     header = spec.HEADER.pack(spec.MAGIC, spec.VERSION, flags, len(m), hashlib.sha256(m).digest())
     return b"".join([header, m, *parts])
 
@@ -99,7 +98,8 @@ def read_container(data: bytes) -> tuple[dict, memoryview]:
         raise ArtifactError(
             f"unsupported artifact version {version} (this reader knows {', '.join(map(str, spec.READ_VERSIONS))})"
         )
-    if flags & ~(spec.MANIFEST_COMPRESSOR_MASK | spec.LOWRANK_FLAG) or (version == 1 and flags > spec.ZSTD):
+    known = spec.MANIFEST_COMPRESSOR_MASK | sum(spec.FIELD_FLAGS.values())
+    if flags & ~known or (version == 1 and flags > spec.ZSTD):
         raise ArtifactError(f"unsupported artifact flags {flags:#x}")
     if mlen > spec.MAX_MANIFEST_BYTES or spec.HEADER_SIZE + mlen > len(data):
         raise ArtifactError(f"truncated artifact: manifest of {mlen} bytes does not fit")
@@ -137,9 +137,9 @@ def release(data: memoryview) -> None:
         data.obj.madvise(mmap.MADV_DONTNEED)
 
 
-def has_lowrank(manifest: dict) -> bool:
-    """True when a tensor entry carries an LQER correction."""
-    return any(isinstance(t, dict) and "lowrank" in t for t in manifest.get("tensors", ()))
+def has_field(manifest: dict, field: str) -> bool:
+    """True when a tensor entry carries the field (spec.FIELD_FLAGS)."""
+    return any(isinstance(t, dict) and field in t for t in manifest.get("tensors", ()))
 
 
 def is_int(v: Any) -> bool:

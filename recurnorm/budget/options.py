@@ -66,9 +66,11 @@ class PackOptions:
     # gate: every proposal is raced (a second encoding); without it every int8 matrix would be. Saves
     # 66% of pack time on MiniLM int8 and int4, 48% on golf-shaped int8, same bytes (benchmarks/gates.py).
     parents_smooth: float = 0.97
-    # `parents.find` searches tensors of this many rows or more, `previous` the rest: saves 41% of
-    # pack time on MiniLM int4-int8, costing 0.06-0.07% of bytes (benchmarks/gates.py).
-    parents_search_rows: int = 4096
+    # `parents.find` searches tensors of this many rows or more, `previous` the rest: saves 19-25%
+    # of pack time on MiniLM int4-int8 (0.06-0.07% of bytes: its 1,536-row matrices are searched,
+    # its 384-row ones not). 4,096 saved 35-39% but cost the best record's banked model 1.8%: its
+    # 1,152-3,456 stacked rows have parents (benchmarks/gates.py, benchmarks/pg_banked.py).
+    parents_search_rows: int = 1024
     parents_probes: int = parents.PROBES  # the clusters `find` looks in for each row's parent
     also_normal: bool = False  # also pack with PackOptions(), keep the smaller (estimates may mislead)
 

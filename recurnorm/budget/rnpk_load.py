@@ -96,8 +96,9 @@ def contexts(p, k, ids, n, t, tshape, L, scales):
         c = np.repeat(rank, L)[:n]
     elif var == "none":
         c = np.zeros(n, np.uint8)
-    else:  # the tensor as a matrix; padding positions get context 0
+    else:  # the tensor as a matrix (its view's rows x cols: no more than n); padding positions get context 0
         rows, cols = tshape[0], math.prod(tshape[1:])
+        pad = np.zeros(n - rows * cols, np.uint8)
         c = (
             ids[:rows, None]
             if var == "row"
@@ -109,7 +110,7 @@ def contexts(p, k, ids, n, t, tshape, L, scales):
             if var == "map"
             else ids[:rows, None] * p["kc"] + ids[rows:][None]
         )
-        c = np.r_[np.broadcast_to(c, (rows, cols)).ravel(), np.zeros(n - rows * cols, np.uint8)]
+        c = np.r_[np.broadcast_to(c, (rows, cols)).ravel(), pad]
     return c[::t]
 
 
@@ -265,10 +266,10 @@ def stream(pay, t, kind, arrays, rans):
         arrays[key] = a
 
     if s["codec"] in ("rans", "fields"):
-        L = s["shape"][1] if len(s["shape"]) == 2 else n
+        L = s["shape"][-1]  # (streams are [G, L] codes or 1-D)
         if s["codec"] == "fields":
             body, done = fields(body, p, n, dt, done)
-        return rans.append(Stream(body, p, n, t["shape"], L, arrays.get((t["name"], "scales")), done))
+        return rans.append(Stream(body, p, n, t.get("view", t["shape"]), L, arrays.get((t["name"], "scales")), done))
     kind = {"raw": 0, "deflate": 2, "lzma": 3}.get(s["codec"], 1)  # zstd is not portable
     done(unpack_layout(inflate(kind, body, n * dt.itemsize), p.get("layout", "plain"), dt))
 
@@ -285,7 +286,8 @@ def decode(src, max_bytes=1 << 30):
     try:
         need(len(data) <= limit, "larger than max_bytes allows")
         magic, ver, flags, mlen, sha = struct.unpack_from("<4sHHQ32s", data)
-        need(magic == b"RNPK" and ver == 2 and flags < 8 and mlen <= MANIFEST, "not a format-2 .rnpk")  # bit 2: lqer
+        # flags: the manifest's compressor (bits 0-1), some tensor has lowrank (4) or view (8)
+        need(magic == b"RNPK" and ver == 2 and flags < 16 and mlen <= MANIFEST, "not a format-2 .rnpk")
         m = bytes(data[48 : 48 + mlen])
         need(hashlib.sha256(m).digest() == sha, "manifest hash mismatch")
         man = json.loads(inflate(flags & 3, m, MANIFEST), parse_constant=int)  # (no NaN/Infinity)
@@ -309,7 +311,9 @@ def decode(src, max_bytes=1 << 30):
                 if "alias_of" in t
                 else dequantize(
                     t,
-                    restore(arrays.pop((name, "codes")), arrays.pop((name, "parents"), None), t["shape"]),
+                    restore(
+                        arrays.pop((name, "codes")), arrays.pop((name, "parents"), None), t.get("view", t["shape"])
+                    ),
                     *(arrays.pop((name, k), None) for k in ("scales", "zeros")),
                     [*map(out.pop, t.get("lowrank", []))],
                 )
@@ -322,8 +326,8 @@ def decode(src, max_bytes=1 << 30):
 
 
 def restore(c, P, shape):
-    """int8 codes whose rows (the tensor's [rows, cols]) are residuals from earlier rows, P their
-    [rows, 2] distances back (0: none) and multipliers k: prediction (k * parent + 16) >> 5, wrapping."""
+    """int8 codes whose rows (the tensor's [rows, cols], or its view's) are residuals from earlier rows,
+    P their [rows, 2] distances back (0: none) and multipliers k: prediction (k * parent + 16) >> 5, wrapping."""
     if P is not None:
         need(len(shape) > 1 and P.shape == (shape[0], 2), "bad data")
         c, s = c.reshape(len(P), -1).copy(), c.shape

@@ -24,10 +24,11 @@ MAX_MANIFEST_BYTES = 8 << 20
 # The manifest's compressor id sits in the flags' low two bits. Per-tensor JSON repeats
 # keys and hex hashes: deflate or lzma take ~80% off.
 MANIFEST_COMPRESSOR_MASK = 3
-# Bit 2: some tensor carries an LQER correction ("lowrank"). A reader that does not know the
-# field must refuse the artifact rather than return the factors as tensors and the weights
-# uncorrected: format-2 readers refuse unknown flag bits.
-LOWRANK_FLAG = 4
+# Bits 2 and 3: some tensor entry has the field; format-2 readers refuse unknown bits, so one
+# that does not know a field refuses the artifact rather than read it wrong. lowrank: an LQER
+# correction; view: the [rows, cols] its row/column contexts and parents see, where that is not
+# [shape[0], rest] (a stack of matrices [..., r, c] quantized row by row: its [... * r, c] rows).
+FIELD_FLAGS = {"lowrank": 4, "view": 8}
 # Nesting: the manifest's own is 5 levels; a model's config (metadata.config) has room for 60.
 # Python's JSON reader recurses ~1,000 levels deep before it gives up on its own.
 MAX_JSON_DEPTH = 64

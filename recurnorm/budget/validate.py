@@ -91,11 +91,12 @@ def default_max_decoded_bytes(stored_bytes: int) -> int:
 
 def read_container(data, max_decoded_bytes: int | None = None) -> tuple[dict, memoryview]:
     """format.read_container (header, checksums, JSON), then every manifest field before anything
-    is decoded (max_decoded_bytes: default_max_decoded_bytes), then the header's lqer flag."""
+    is decoded (max_decoded_bytes: default_max_decoded_bytes), then the header's field flags."""
     manifest, payload = fmt.read_container(data)
     check_manifest(manifest, max_decoded_bytes)
-    if bool(spec.HEADER.unpack_from(data, 0)[2] & spec.LOWRANK_FLAG) != fmt.has_lowrank(manifest):
-        raise ArtifactError("header flag for lqer corrections disagrees with the manifest")
+    for field, bit in spec.FIELD_FLAGS.items():
+        if bool(spec.HEADER.unpack_from(data, 0)[2] & bit) != fmt.has_field(manifest, field):
+            raise ArtifactError(f"header flag for {field!r} entries disagrees with the manifest")
     return manifest, payload
 
 
@@ -182,6 +183,7 @@ def _check_tensor(t: dict, name: str, plen: int) -> int:
     where = f"tensor {name!r}"
     shape = _shape(t.get("shape"), where)
     numel = math.prod(shape)
+    rows = _matrix_rows(t, shape, where)
     _str(t.get("dtype"), f"{where} dtype")
     _str(t.get("format"), f"{where} format")
     if not isinstance(t.get("params"), dict):
@@ -221,7 +223,7 @@ def _check_tensor(t: dict, name: str, plen: int) -> int:
             raise ArtifactError(f"{where} {kind}: expected one value per code row ({G})")
     if "parents" in shapes and (
         len(shape) < 2
-        or shapes["parents"] != (shape[0], 2)
+        or shapes["parents"] != (rows, 2)
         or streams["parents"]["dtype"] != "int32"
         or streams["codes"]["dtype"] != "int8"
         or G * L != numel
@@ -232,6 +234,16 @@ def _check_tensor(t: dict, name: str, plen: int) -> int:
         raise ArtifactError(f"{where}: {why}")
     stage = out_size if t["format"] == "raw" else max(out_size, FLOAT_STAGE_BYTES)
     return max(numel * stage, stream_bytes) + 8 * G + TABLE_ENTRY_BYTES * tables
+
+
+def _matrix_rows(t: dict, shape: tuple[int, ...], where: str) -> int:
+    """The rows of the matrix a tensor's row contexts and parents see: its view's, or shape[0]."""
+    if "view" not in t:
+        return shape[0] if shape else 1
+    view = _shape(t["view"], f"{where} view")
+    if len(view) != 2 or len(shape) < 2 or math.prod(view) != math.prod(shape):
+        raise ArtifactError(f"{where}: view {list(view)} is not a [rows, cols] matrix of its shape {list(shape)}")
+    return view[0]
 
 
 def _check_stream(s: dict, where: str, plen: int) -> tuple[int, ...]:
