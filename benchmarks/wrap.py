@@ -55,7 +55,7 @@ import benchkit  # noqa: E402
 
 from recurnorm.budget.loader import MODULE, compact_loader, minified_loader  # noqa: E402
 from recurnorm.codewrap import wrap  # noqa: E402
-from recurnorm.codewrap.selfextract import decompress, read, unpack7, words_in  # noqa: E402
+from recurnorm.codewrap.selfextract import decompress, read, unpack_text, words_in  # noqa: E402
 from recurnorm.errors import ConfigError  # noqa: E402
 
 DEFAULT_DIR = benchkit.CACHE / "pg-scripts"
@@ -160,7 +160,7 @@ def startup_overhead(source: str, data: bytes, repeats: int) -> float:
     value = ast.parse(data.decode("utf-8")).body[0].value.value
 
     def wrapped():
-        raw = words_in(decompress(unpack7(value, len(blob)), payload.codec)).decode().split("\0")
+        raw = words_in(decompress(unpack_text(value, len(blob), payload.encoding), payload.codec)).decode().split("\0")
         for name, text in zip(raw[::2], raw[1::2], strict=True):
             compile(text, name, "exec")
 
