@@ -67,6 +67,7 @@ _DECODE = "__import__('{codec}').decompress({blob}).decode()"
 # number, written as the string of that rank among all strings of `_block_chars` UTF-8 bytes
 # (a mixed radix: N(m) strings of m bytes, N(m) = 124 N(m-1) + 1920 N(m-2)).
 _ASCII = tuple(c for c in range(1, 128) if c not in (13, 39, 92))  # 124
+_RANK = {c: i for i, c in enumerate(_ASCII)}
 _TWO = {"utf8": 1920, "ascii": 0}  # 2-byte characters, U+0080 on
 _BLOCK = 1024  # bytes a number: the rounding costs < 1 literal byte a block; the stub's work stays linear
 # The stub of the UTF-8 encodings: the literal's characters to numbers to the compressed bytes
@@ -224,7 +225,7 @@ def unpack_text(text: str, size: int, encoding: str = "utf8") -> bytes:
         value = m = 0
         for c in map(ord, reversed(data[start : start + chars].decode("utf-8"))):
             wide = c > 127
-            value += wide * len(_ASCII) * n[m + 1] + (c - 128 if wide else _ASCII.index(c)) * n[m]
+            value += wide * len(_ASCII) * n[m + 1] + (c - 128 if wide else _RANK[c]) * n[m]
             m += 1 + wide
         out += value.to_bytes(min(_BLOCK, size - len(out)), "big")
     return out
