@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from helpers import IMPORT_BLOCKER
 
 from recurnorm.cli.main import main
-from recurnorm.codewrap import check, minify, same_program, wrap
+from recurnorm.codewrap import check, cm, minify, same_program, wrap
 from recurnorm.codewrap.selfextract import (
     Payload,
     latin1_literal,
@@ -378,7 +378,7 @@ def _hostile(seed: int) -> str:
 
 
 @pytest.mark.parametrize(
-    "codec,encoding", [("lzma", "utf8"), ("brotli", "utf8"), ("lzma", "ascii"), ("lzma", "latin1")]
+    "codec,encoding", [("lzma", "utf8"), ("brotli", "utf8"), ("lzma", "ascii"), ("lzma", "latin1"), ("cm", "utf8")]
 )
 def test_every_byte_value_survives_in_the_literal(tmp_path, codec, encoding):
     source = _hostile(1) + ("import brotli\n" if codec == "brotli" else "")
@@ -722,3 +722,49 @@ def test_wrap_loader_ships_the_loader_inside_and_pack_verify_count_it(tmp_path):
     assert np.isclose(float(run.stdout.split()[-1]), want)
     r = runner.invoke(main, ["wrap", "--check", str(out), str(program)])
     assert r.exit_code == 0 and "rnpk_load" in r.output
+
+
+# --- --codec cm: context mixing, its decoder in the file ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\0",
+        bytes(range(256)),
+        b"abcabcabc" * 300 + bytes(range(255, -1, -1)),  # the match model, then its miss
+        random.Random(7).randbytes(3000),
+        b"def f(x):\n return x\n" * 200,
+    ],
+)
+def test_cm_reads_back_every_byte_value(data):
+    coded = cm.compress(data)
+    assert cm.decompress(coded, len(data)) == data
+    if len(data) > 2000 and data.isascii():
+        assert len(coded) < len(data) / 20  # repeats cost next to nothing
+
+
+def test_a_program_wrapped_with_cm_runs_and_check_proves_it(tmp_path):
+    source = _source()
+    _, out = _wrap_to(tmp_path, "cm", source, codec="cm")
+    data = out.read_bytes()
+    data.decode("utf-8")
+    (tmp_path / "plain.py").write_bytes(wrap(source, "prog.py").data)  # docstrings go either way
+    assert _run([str(out), "x"], tmp_path).stdout == _run(["plain.py", "x"], tmp_path).stdout != ""
+    assert check(data, source, "prog.py").codec == "cm"
+    start, end = data.index(b"_='''") + 5, data.index(b"'''\n", 10)
+    for at in range(start + 16, end, max(1, (end - start) // 12)):  # the decoder's bytes, then the coded ones
+        damaged = bytearray(data)
+        damaged[at] ^= 0x20 if data[at] not in b"'\\" else 0x01
+        with pytest.raises(DataError):
+            check(bytes(damaged), source, "prog.py")
+    with pytest.raises(DataError):  # the stub's decoder call, edited
+        check(data.replace(b"g['D'](o[", b"g['D'](o[:0]+o[", 1), source, "prog.py")
+
+
+def test_cm_is_asked_for_by_name_and_never_in_latin1():
+    source = _source()
+    assert wrap(source, "prog.py").codec == "lzma"  # auto never picks it: start-up costs seconds
+    with pytest.raises((ConfigError, DataError)):
+        wrap(source, "prog.py", codec="cm", encoding="latin1")

@@ -35,10 +35,12 @@ import re
 import warnings
 from collections import Counter
 from dataclasses import dataclass
+from functools import cache
 
 from ..errors import DataError
+from . import cm
 
-CODECS = ("lzma", "brotli")
+CODECS = ("lzma", "brotli", "cm")
 ENCODINGS = ("utf8", "ascii", "latin1")
 _LZMA1 = {"id": lzma.FILTER_LZMA1, "preset": 9 | lzma.PRESET_EXTREME, "lp": 0, "pb": 0}  # text: no 2/4-byte structure
 _LZMA_LC = (0, 1, 2, 3, 4)  # literal context bits tried, the smallest output kept
@@ -81,7 +83,7 @@ _STUB_MIXED = (
     "  v=m=0\n"
     "  for c in map(ord,b[:{chars}].decode()[::-1]):k=c>127;v+=k*124*N[m+1]+(c-128 if k else c-1-(c>13)-(c>39)-(c>92))*N[m];m+=1+k\n"
     "  o+=v.to_bytes(min({block},{n}-len(o)),'big');b=b[{chars}:]\n"
-    " x,w,t=__import__('{codec}').decompress(o).split(b'\\1',2)\n"
+    " x,w,t={decompress}.split(b'\\1',2)\n"
     " for k,y in zip([k for k in range(128,256)if k not in x],w.split()):t=t.replace(bytes([k]),y)\n"
     " d=t.decode().split('\\0')\n"
     " for f,s in zip(d[::2],d[1::2]):L.cache[f]=0,None,s.splitlines(1),f;c=compile(s,f,'exec');"
@@ -89,6 +91,9 @@ _STUB_MIXED = (
     " return c\n"
     "exec(globals().pop('__')(globals().pop('_')))\n"
 )
+# --codec cm: the blob is the decoder's source (lzma) and the coded bytes; the stub runs the one on the other
+_CM = "(lambda g:exec(__import__('lzma').decompress(o[:{k}]),g)or g['D'](o[{k}:],{size}))({{}})"
+_CM_RE = re.compile(r"g\['D'\]\(o\[(\d+):\],(\d+)\)")
 _STUB_RE = re.compile(r"N\+=124\*N\[-1\]\+(\d+)\*N.*?to_bytes\(min\(\d+,(\d+)-len", re.S)
 _WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]{2,}")
 
@@ -108,7 +113,10 @@ class Payload:
 
 
 def compress(data: bytes, codec: str) -> bytes:
-    """The smallest stream of `codec` that its plain `decompress(data)` reads back."""
+    """The smallest stream of `codec` that its plain `decompress(data)` reads back (cm: the
+    decoder's source, compressed, then the coded bytes; `decompress` needs their size)."""
+    if codec == "cm":
+        return _cm_decoder() + cm.compress(data)
     if codec == "brotli":
         import brotli
 
@@ -151,7 +159,17 @@ def words_in(raw: bytes) -> bytes:
     return text
 
 
-def decompress(blob: bytes, codec: str) -> bytes:
+@cache
+def _cm_decoder() -> bytes:
+    return compress(cm.DECODER.encode(), "lzma")
+
+
+def decompress(blob: bytes, codec: str, size: int = -1) -> bytes:
+    if codec == "cm":  # the decoder the file carries must be this one: it is what runs
+        k = len(_cm_decoder())
+        if lzma.decompress(blob[:k]) != cm.DECODER.encode():
+            raise DataError("its cm decoder is not recurnorm's")
+        return cm.decompress(blob[k:], size)
     if codec == "brotli":
         import brotli
 
@@ -237,12 +255,17 @@ def build(payload: Payload, blob: bytes) -> bytes:
         head, blob_expr = _LATIN1.encode() + b"_=" + latin1_literal(blob) + b"\n", "globals().pop('_').encode('l1')"
     elif payload.encoding in ("utf8", "ascii"):
         two = _TWO[payload.encoding]
+        decode = f"__import__('{payload.codec}').decompress(o)"
+        if payload.codec == "cm":
+            decode = _CM.format(k=len(_cm_decoder()), size=len(_raw(payload)))
         stub = _STUB_MIXED.format(
-            codec=payload.codec, n=len(blob), two=two, chars=_block_chars(_BLOCK, two), block=_BLOCK
+            decompress=decode, n=len(blob), two=two, chars=_block_chars(_BLOCK, two), block=_BLOCK
         )
         return ("_='''" + pack_text(blob, payload.encoding) + "'''\n" + stub).encode("utf-8")
     else:
         raise DataError(f"unknown encoding {payload.encoding!r} (one of {', '.join(ENCODINGS)})")
+    if payload.codec == "cm":
+        raise DataError("the cm codec is written in the UTF-8 encodings only (not latin1)")
     decode = _DECODE.format(codec=payload.codec, blob=blob_expr)
     return head + (_ONE if len(payload.files) == 1 else _MANY).format(payload=decode).encode()
 
@@ -252,10 +275,15 @@ def make(payload: Payload) -> bytes:
     for name, text in payload.files:
         if "\0" in name + text:
             raise DataError(f"{name}: contains NUL, which no Python source can")
+    return build(payload, compress(_raw(payload), payload.codec))
+
+
+def _raw(payload: Payload) -> bytes:
+    """The bytes compressed: the name/source pairs, and in the UTF-8 encodings `words_out`."""
     data = "\0".join(x for pair in payload.files for x in pair).encode("utf-8")
     if payload.encoding != "latin1":  # (the latin-1 stub, the compact loader's, stays as it was)
         data = words_out(data)
-    return build(payload, compress(data, payload.codec))
+    return data
 
 
 def read(data: bytes, where: str = "the wrapped file") -> tuple[Payload, bytes]:
@@ -275,7 +303,8 @@ def read(data: bytes, where: str = "the wrapped file") -> tuple[Payload, bytes]:
         raise DataError(f"{where}: not Python ({exc})") from None
     first = tree.body[0] if tree.body else None  # `_="..."`: the literal
     value = first.value.value if isinstance(first, ast.Assign) and isinstance(first.value, ast.Constant) else None
-    codecs = [c for c in CODECS if f"__import__('{c}')" in text]
+    coded = _CM_RE.search(text)  # cm's stub imports lzma, for its decoder
+    codecs = ["cm"] if coded else [c for c in CODECS if f"__import__('{c}')" in text]
     # the stub's alphabet (how many 2-byte characters) and the blob's length: the rebuild
     # below proves both, and everything else
     stub = _STUB_RE.search(text)
@@ -284,7 +313,7 @@ def read(data: bytes, where: str = "the wrapped file") -> tuple[Payload, bytes]:
     encoding = "latin1" if latin1 else {str(v): k for k, v in _TWO.items()}.get(stub[1], "utf8")
     try:
         blob = value.encode("latin-1") if latin1 else unpack_text(value, int(stub[2]), encoding)
-        raw = decompress(blob, codecs[0])
+        raw = decompress(blob, codecs[0], int(coded[2]) if coded else -1)
         raw = raw if latin1 else words_in(raw)
         parts = raw.decode("utf-8").split("\0")
     except Exception as exc:  # any damage to the compressed bytes
