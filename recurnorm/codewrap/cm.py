@@ -23,22 +23,21 @@ from functools import cache
 # (decoding), or the coded bytes of `b` (encoding, `n` unused). {BIT} reads or writes one
 # bit `y` of probability `p` (12 bits) in the coder's interval [x,z]; {END} finishes.
 _MODEL = """def D(b,n):
- M=16777215;T=[32768]*(M+1);C=bytearray(M+1);S=bytearray(M+1);R=[131072//(2*i+3)for i in range(32)]
+ M=16777215;Y=4294967295;T=[32768]*(M+1);C=bytearray(M+1);S=bytearray(M+1);R=[65536//(i+2)for i in range(32)]
  Q=[(c*2654435761>>7)&M for c in range(256)];F=[32768]*64;G=bytearray(64);P=[[32768]*64 for _ in range(6)]
- Z=[];j=0
- for d in range(-2047,2048):
-  e=1+d/4194304
-  for _ in range(14):e*=e
-  Z.append(max(1,min(4095,int(4096-4096/(1+e)))))
- U=[0]*4096
+ Z=[];U=[2047]*4096;j=0
  for d in range(4095):
+  e=1+(d-2047)/4194304
+  for _ in range(14):e*=e
+  Z+=max(1,min(4095,int(4096-4096/(1+e)))),
   while j<=Z[d]:U[j]=d-2047;j+=1
- while j<4096:U[j]=2047;j+=1
- A=[(Z[min(4094,max(0,i*128-2048+2047))]*16)for i in range(33)]*65536;W=[[16384]*14 for _ in range(256)]
- o=bytearray();x=0;z=4294967295;a=h=l=q=0;k={}
+ V=[]
+ for K in range(64):s0=K>>3;s1=K&7;V+=min(s0+1,7)*8+(s1 if s1<3 else(s1>>1)+1),(s0 if s0<3 else(s0>>1)+1)*8+min(s1+1,7)
+ A=[Z[min(4094,max(0,i*128-1))]*16 for i in range(33)]*65536;W=[[16384]*14 for _ in range(256)]
+ o=bytearray();x=0;z=Y;a=h=l=q=0;k={}
 {START}
  while {MORE}:
-  H=[(((v+u*2654435761)*2654435761)&4294967295)>>8 for u,v in enumerate((a&255,a&65535,a&16777215,a&4294967295,a&281474976710655,h))]
+  H=[((v+u*2654435761)*2654435761&Y)>>8 for u,v in enumerate((a&255,a&65535,a&16777215,a&Y,a,h))]
   g=o[q]if l else-1;c=1
   for s in range(7,-1,-1):
    I=[v^Q[c]for v in H];t=[U[T[v]>>4]for v in I];t+=[U[P[u][S[v]]>>4]for u,v in enumerate(I)]
@@ -52,33 +51,29 @@ _MODEL = """def D(b,n):
    e=(y<<12)-p
    for u in range(14):w[u]+=t[u]*e>>11
    for u,v in enumerate(I):
-    K=C[v];T[v]+=((y<<16)-T[v])*R[K]>>16;C[v]=K+(K<30);K=S[v];P[u][K]+=((y<<16)-P[u][K])>>7;s0=K>>3;s1=K&7
-    if y:s1=min(s1+1,7);s0=s0 if s0<3 else(s0>>1)+1
-    else:s0=min(s0+1,7);s1=s1 if s1<3 else(s1>>1)+1
-    S[v]=s0*8+s1
+    K=C[v];T[v]+=((y<<16)-T[v])*R[K]>>16;C[v]=K+(K<30);K=S[v];P[u][K]+=((y<<16)-P[u][K])>>7;S[v]=V[2*K+y]
    if f>=0:K=G[f];F[f]+=((y<<16)-F[f])*R[min(K,31)]>>16;G[f]=min(K+1,255)
    g2=(y<<16)+(y<<5)-y-y;A[r]+=(g2-A[r])>>6;A[r+1]+=(g2-A[r+1])>>6;c=c*2+y
-  c&=255;o.append(c);a=(a<<8|c)&18446744073709551615
-  h=(h*263+c)&4294967295 if 47<c<58 or 64<c<91 or 96<c<123 or c==95 or c>127 else 0
+  c&=255;o.append(c);a=(a<<8|c)&281474976710655
+  h=(h*263+c)&Y if c==95 or c>127 or chr(c).isalnum()else 0
   if l and q<len(o)-1 and o[q]==c:l+=1;q+=1
   else:l=0
-  u=a&281474976710655
-  if not l and u in k:q=k[u];l=1
-  k[u]=len(o)
+  if not l and a in k:q=k[a];l=1
+  k[a]=len(o)
 {END}"""
 
 _ENCODE = {
     "{START}": " E=bytearray()",
     "{MORE}": "len(o)<len(b)",
     "{BIT}": "   y=b[len(o)]>>s&1\n   if y:z=m\n   else:x=m+1",
-    "{SHIFT}": "    E.append(z>>24);x=x<<8&4294967295;z=z<<8&4294967295|255",
+    "{SHIFT}": "    E.append(z>>24);x=x<<8&Y;z=z<<8&Y|255",
     "{END}": " E.append((x>>24)+(x&16777215>0));return bytes(E)",
 }
 _DECODE = {
     "{START}": " X=int.from_bytes(b[:4].ljust(4,b'\\0'),'big');i=4",
     "{MORE}": "len(o)<n",
     "{BIT}": "   y=X<=m\n   if y:z=m\n   else:x=m+1",
-    "{SHIFT}": "    x=x<<8&4294967295;z=z<<8&4294967295|255;X=X<<8&4294967295|(b[i]if i<len(b)else 0);i+=1",
+    "{SHIFT}": "    x=x<<8&Y;z=z<<8&Y|255;X=X<<8&Y|(b[i]if i<len(b)else 0);i+=1",
     "{END}": " return bytes(o)",
 }
 
