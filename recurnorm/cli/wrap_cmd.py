@@ -53,7 +53,7 @@ def _read_source(path: Path) -> str:
     show_default=True,
     help="auto: lzma, or brotli when SRC imports brotli and it is smaller. cm: context mixing, ~8% smaller than "
     "brotli-11 on the records' programs, its decoder (plain Python, standard library) in the file; but the "
-    "wrapped program then spends ~20 s and ~200 MB decoding itself at start-up (wrap and --check as long)",
+    "wrapped program then spends 10-30 s and ~200 MB decoding itself at start-up (wrap and --check as long)",
 )
 @click.option(
     "--join-lines",

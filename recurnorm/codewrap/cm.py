@@ -10,8 +10,8 @@ one weight set per partial byte, one SSE stage on the previous byte, and a 32-bi
 arithmetic coder. All integer arithmetic and float +, *, / (IEEE, the same everywhere): no
 libm, so every machine decodes what this one encoded.
 
-On the Parameter Golf records' programs (minified, with every option): 7.5-8.1% fewer bytes
-than brotli-11; decoding takes ~20 s of CPython and ~200 MB (docs/BENCHMARKS.md). The
+On the Parameter Golf records' programs (minified, with every option): 7-9% fewer bytes
+than brotli-11; decoding takes 10-30 s of CPython and ~200 MB (docs/BENCHMARKS.md). The
 encoder and the decoder are one template (`_MODEL`), so their models cannot differ.
 """
 
