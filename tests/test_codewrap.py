@@ -761,6 +761,9 @@ def test_a_program_wrapped_with_cm_runs_and_check_proves_it(tmp_path):
             check(bytes(damaged), source, "prog.py")
     with pytest.raises(DataError):  # the stub's decoder call, edited
         check(data.replace(b"g['D'](o[", b"g['D'](o[:0]+o[", 1), source, "prog.py")
+    size = re.search(rb"g\['D'\]\(o\[\d+:\],(\d+)\)", data)[1]
+    with pytest.raises(DataError, match="claims"):  # a size that would keep the decoder busy for hours
+        check(data.replace(b"," + size + b")", b",9" + size * 4 + b")", 1), source, "prog.py")
 
 
 def test_cm_is_asked_for_by_name_and_never_in_latin1():

@@ -93,6 +93,7 @@ _STUB_MIXED = (
 )
 # --codec cm: the blob is the decoder's source (lzma) and the coded bytes; the stub runs the one on the other
 _CM = "(exec(__import__('lzma').decompress(o[:{k}]),g:={{}})or g['D'](o[{k}:],{size}))"
+_CM_MAX = 2_000_000  # bytes a cm payload may claim: wrap reads sources of at most 1,000,000
 _CM_WORDS = 16  # cm models words itself: 16 words, not 128, are 0.9% smaller on the records
 _CM_RE = re.compile(r"g\['D'\]\(o\[(\d+):\],(\d+)\)")
 _STUB_RE = re.compile(r"N\+=124\*N\[-1\]\+(\d+)\*N.*?to_bytes\(min\(\d+,(\d+)-len", re.S)
@@ -167,6 +168,8 @@ def _cm_decoder() -> bytes:
 
 def decompress(blob: bytes, codec: str, size: int = -1) -> bytes:
     if codec == "cm":  # the decoder the file carries must be this one: it is what runs
+        if not 0 <= size <= _CM_MAX:  # a size written in the stub: its coder runs that long
+            raise DataError(f"its cm payload claims {size:,} bytes (at most {_CM_MAX:,})")
         k = len(_cm_decoder())
         if lzma.decompress(blob[:k]) != cm.DECODER.encode():
             raise DataError("its cm decoder is not recurnorm's")
