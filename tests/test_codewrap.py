@@ -5,6 +5,7 @@ would read."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import random
@@ -21,15 +22,14 @@ from click.testing import CliRunner
 from helpers import IMPORT_BLOCKER
 
 from recurnorm.cli.main import main
-from recurnorm.codewrap import check, minify, same_program, wrap
+from recurnorm.codewrap import check, cm, minify, same_program, wrap
 from recurnorm.codewrap.selfextract import (
     Payload,
     latin1_literal,
-    literal,
     make,
-    pack7,
+    pack_text,
     read,
-    unpack7,
+    unpack_text,
     words_in,
     words_out,
 )
@@ -378,7 +378,7 @@ def _hostile(seed: int) -> str:
 
 
 @pytest.mark.parametrize(
-    "codec,encoding", [("lzma", "utf8"), ("brotli", "utf8"), ("lzma", "ascii"), ("lzma", "latin1")]
+    "codec,encoding", [("lzma", "utf8"), ("brotli", "utf8"), ("lzma", "ascii"), ("lzma", "latin1"), ("cm", "utf8")]
 )
 def test_every_byte_value_survives_in_the_literal(tmp_path, codec, encoding):
     source = _hostile(1) + ("import brotli\n" if codec == "brotli" else "")
@@ -392,10 +392,10 @@ def test_every_byte_value_survives_in_the_literal(tmp_path, codec, encoding):
     assert b"\r" not in wrapped.data and b"\0" not in wrapped.data  # escaped: CR would read as LF, NUL is refused
     if encoding != "latin1":
         wrapped.data.decode(encoding)
-        chunks = [
-            int(c, 2) for c in re.findall(".{7}", f"{int.from_bytes(blob, 'big'):0{-(-len(blob) * 8 // 7) * 7}b}")
-        ]
-        assert {0, 13, 92} <= set(chunks)  # the chunks a literal cannot hold, all of them
+        value = ast.parse(wrapped.data.decode("utf-8")).body[0].value.value
+        assert unpack_text(value, len(blob), encoding) == blob
+        wide = {c for c in value if ord(c) >= 128}  # 2-byte characters: U+0080-U+07FF, none in ascii
+        assert (len(wide) > 100 and max(map(ord, wide)) < 0x800) if encoding == "utf8" else not wide
     (tmp_path / "hostile.py").write_bytes(wrapped.data)
     (tmp_path / "src.py").write_text(source)
     want = _run(["src.py"], tmp_path).stdout
@@ -435,7 +435,7 @@ def test_latin1_literal_reads_back_as_its_bytes(tmp_path, blob):
     assert len(literal) <= len(blob) * 2 + 6
 
 
-@pytest.mark.parametrize("wide", [True, False])
+@pytest.mark.parametrize("encoding", ["utf8", "ascii"])
 @pytest.mark.parametrize(
     "blob",
     [
@@ -443,23 +443,31 @@ def test_latin1_literal_reads_back_as_its_bytes(tmp_path, blob):
         bytes(range(255, -1, -1)),
         b"\0" * 9,
         b"\xff" * 9,
-        bytes.fromhex("29d3a7"),  # 7-bit chunks 1 ' ' ': three quotes in a row
-        bytes.fromhex("029d3a74489122"),  # 1 ' ' ' " " " ": both quotes, and the last one
-        bytes.fromhex("a7"),  # ends on a quote
-        bytes.fromhex("1a74f7005c"),  # 3 ' ' \\ NUL \\
-        bytes.fromhex("400d"),  # 1 NUL CR: NUL and CR share a character
-        bytes.fromhex("428d"),  # 1 5 CR: ends on a bad chunk, escaped
+        b"\0" * 1024 + b"\xff" * 1024 + b"\0",  # a block's leading zero bytes; a last block of one byte
+        b"'''\\\r\n\0",
         b"\\",
+        b"\xff" * 1023 + b"\x00",
         random.Random(3).randbytes(3000),
     ],
 )
-def test_utf8_literal_reads_back_as_its_bytes(tmp_path, blob, wide):
-    text = "_=" + literal(pack7(blob, wide)) + f"\nprint({len(blob)}, _.encode('utf-8').hex())\n"
+def test_utf8_literal_reads_back_as_its_bytes(tmp_path, blob, encoding):
+    text = "_='''" + pack_text(blob, encoding) + f"'''\nprint({len(blob)}, _.encode('utf-8').hex())\n"
     (tmp_path / "lit.py").write_text(text, encoding="utf-8")
     n, value = _run(["-W", "error", "lit.py"], tmp_path).stdout.split()
-    assert unpack7(bytes.fromhex(value).decode("utf-8"), int(n)) == blob
-    assert "\r" not in text and "\0" not in text and (wide or text.isascii())
-    assert all(ord(c) < 128 or 0x100 <= ord(c) < 0x280 for c in text)  # 1 byte, or 2 of Latin Extended
+    assert unpack_text(bytes.fromhex(value).decode("utf-8"), int(n), encoding) == blob
+    assert "\r" not in text and "\0" not in text and (encoding == "utf8" or text.isascii())
+    assert all(0 < ord(c) < 0x800 for c in text)  # 1 byte, or 2
+
+
+def test_every_character_of_the_alphabet_reads_back_as_itself(tmp_path):
+    """The 124 ASCII and 1,920 2-byte characters pack_text writes: Python's reader keeps each
+    (no escape, no line-break translation, no warning)."""
+    alphabet = sorted(set(pack_text(random.Random(5).randbytes(200_000))))
+    assert len(alphabet) == 124 + 1920 and ord(alphabet[0]) == 1 and ord(alphabet[-1]) == 0x7FF
+    assert not {"\r", "'", "\\"} & set(alphabet)
+    value = "".join(alphabet)
+    (tmp_path / "abc.py").write_text(f"_='''{value}'''\nprint(ascii(_))\n", encoding="utf-8")
+    assert _run(["-W", "error", "abc.py"], tmp_path).stdout.strip() == ascii(value)
 
 
 @pytest.mark.parametrize(
@@ -495,8 +503,8 @@ def test_a_program_with_other_characters_and_control_bytes_runs_wrapped(tmp_path
 def test_what_each_literal_costs():
     blob = random.Random(2).randbytes(100_000)
     assert len(latin1_literal(blob)) < 1.015 * len(blob)  # 3/256 escaped: 1.2%
-    assert len(literal(pack7(blob)).encode("utf-8")) < 1.145 * len(blob)  # 7 bits a byte: 8/7
-    assert len(literal(pack7(blob, wide=False))) < 1.175 * len(blob)  # 3/128 of the chunks escaped
+    assert len(pack_text(blob).encode("utf-8")) < 1.127 * len(blob)  # 7.105 bits a byte (7 bits: 1.143)
+    assert len(pack_text(blob, "ascii")) < 1.151 * len(blob)  # log2(124) bits a byte
 
 
 def test_escapes_land_on_whichever_quote_is_rarer():
@@ -521,7 +529,7 @@ def test_check_proves_the_program_and_reports_the_transformations():
 
 def test_check_fails_on_an_altered_payload():
     source = _source()
-    for encoding in ("utf8", "latin1"):
+    for encoding in ("utf8", "ascii", "latin1"):
         data = wrap(source, "prog.py", encoding=encoding).data
         start, end = data.index(b"_=") + 5, data.index(b"'''\n", 10)
         header = 16  # .lzma's header: properties, dictionary size, length (not the program); 7/8 a byte in utf8
@@ -714,3 +722,52 @@ def test_wrap_loader_ships_the_loader_inside_and_pack_verify_count_it(tmp_path):
     assert np.isclose(float(run.stdout.split()[-1]), want)
     r = runner.invoke(main, ["wrap", "--check", str(out), str(program)])
     assert r.exit_code == 0 and "rnpk_load" in r.output
+
+
+# --- --codec cm: context mixing, its decoder in the file ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\0",
+        bytes(range(256)),
+        b"abcabcabc" * 300 + bytes(range(255, -1, -1)),  # the match model, then its miss
+        random.Random(7).randbytes(3000),
+        b"def f(x):\n return x\n" * 200,
+    ],
+)
+def test_cm_reads_back_every_byte_value(data):
+    coded = cm.compress(data)
+    assert cm.decompress(coded, len(data)) == data
+    if len(data) > 2000 and data.isascii():
+        assert len(coded) < len(data) / 20  # repeats cost next to nothing
+
+
+def test_a_program_wrapped_with_cm_runs_and_check_proves_it(tmp_path):
+    source = _source()
+    _, out = _wrap_to(tmp_path, "cm", source, codec="cm")
+    data = out.read_bytes()
+    data.decode("utf-8")
+    (tmp_path / "plain.py").write_bytes(wrap(source, "prog.py").data)  # docstrings go either way
+    assert _run([str(out), "x"], tmp_path).stdout == _run(["plain.py", "x"], tmp_path).stdout != ""
+    assert check(data, source, "prog.py").codec == "cm"
+    start, end = data.index(b"_='''") + 5, data.index(b"'''\n", 10)
+    for at in range(start + 16, end, max(1, (end - start) // 12)):  # the decoder's bytes, then the coded ones
+        damaged = bytearray(data)
+        damaged[at] ^= 0x20 if data[at] not in b"'\\" else 0x01
+        with pytest.raises(DataError):
+            check(bytes(damaged), source, "prog.py")
+    with pytest.raises(DataError):  # the stub's decoder call, edited
+        check(data.replace(b"g['D'](o[", b"g['D'](o[:0]+o[", 1), source, "prog.py")
+    size = re.search(rb"g\['D'\]\(o\[\d+:\],(\d+)\)", data)[1]
+    with pytest.raises(DataError, match="claims"):  # a size that would keep the decoder busy for hours
+        check(data.replace(b"," + size + b")", b",9" + size * 4 + b")", 1), source, "prog.py")
+
+
+def test_cm_is_asked_for_by_name_and_never_in_latin1():
+    source = _source()
+    assert wrap(source, "prog.py").codec == "lzma"  # auto never picks it: start-up costs seconds
+    with pytest.raises((ConfigError, DataError)):
+        wrap(source, "prog.py", codec="cm", encoding="latin1")

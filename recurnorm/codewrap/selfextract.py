@@ -2,15 +2,16 @@
 that decompresses, compiles and runs them.
 
 By default the file is UTF-8 (PEP 3120's default: linters, `inspect.getsource`, diff views
-and a program reading its own `__file__` as UTF-8 all read it). The compressed bytes are cut
-into 7-bit chunks; a chunk is one ASCII character of a triple-quoted literal, except the
-three a literal cannot hold as they are (NUL is refused in source, CR reads as LF, the
-backslash escapes): such a chunk and the next one share one 2-byte character, U+0100 to
-U+027F (letters, never a control or a line break). 7 bits a byte everywhere: 14.3% over the
-compressed bytes, against base85's 25% (measured on 100 KB of random bytes: 14.3% and
-25.0%; the UTF-8 capacity of 1- and 2-byte characters is 7.12 bits, 1.7% better, only
-with an arithmetic coder in the stub). `ascii` escapes those chunks instead (`\\0`, `\\r`,
-`\\\\`): pure ASCII, 3/128 of the chunks cost two bytes (17.0%). One decoder reads both.
+and a program reading its own `__file__` as UTF-8 all read it). The literal's characters are
+the 124 ASCII characters a triple-quoted literal holds as they are (all but NUL, refused in
+source; CR, read as LF; the backslash; the quote) and the 1,920 2-byte characters
+U+0080-U+07FF. Each 1,024-byte block of the compressed bytes is one number, written as the
+string of that rank among all the strings of as many UTF-8 bytes (`pack_text`): 7.105 bits a
+byte, the capacity of that alphabet (log2 of x, x^2 = 124x + 1920) less < 1 byte a block:
+12.6% over the compressed bytes, against 14.3% for 7-bit chunks and base85's 25%. The stub
+sums the ranks back, one block at a time, so its work stays linear (~0.02 s for 30 KB).
+`ascii` is the same with the ASCII characters alone (log2 124 = 6.954 bits, 15.0%): one
+decoder reads both.
 
 `latin1` declares `#coding:latin1`, so each of the 256 byte values is one character;
 only the backslash, CR, NUL and closing quotes are escaped (~1.2%). It is 12% smaller, but
@@ -22,7 +23,7 @@ program, which runs in the stub's own globals, so `__name__`, `__file__`, `__spe
 sys.argv are those of the file Python was given. Each source is compiled under its own
 name and put in `linecache`: tracebacks name it with its own line numbers and show its
 lines, and `inspect.getsource` (Triton's `@jit`, TorchScript) finds the code. In the
-7-bit encodings the pairs' most frequent words are single bytes before compression
+UTF-8 encodings the pairs' most frequent words are single bytes before compression
 (`words_out`).
 """
 
@@ -34,10 +35,12 @@ import re
 import warnings
 from collections import Counter
 from dataclasses import dataclass
+from functools import cache
 
 from ..errors import DataError
+from . import cm
 
-CODECS = ("lzma", "brotli")
+CODECS = ("lzma", "brotli", "cm")
 ENCODINGS = ("utf8", "ascii", "latin1")
 _LZMA1 = {"id": lzma.FILTER_LZMA1, "preset": 9 | lzma.PRESET_EXTREME, "lp": 0, "pb": 0}  # text: no 2/4-byte structure
 _LZMA_LC = (0, 1, 2, 3, 4)  # literal context bits tried, the smallest output kept
@@ -60,17 +63,27 @@ _MANY = (
 )
 _LATIN1 = "#coding:latin1\n"
 _DECODE = "__import__('{codec}').decompress({blob}).decode()"
-_BAD = (0, 13, 92)  # the 7-bit chunks a literal cannot hold as they are: NUL, CR, backslash
-_ESCAPE = {0: "\\0", 13: "\\r", 92: "\\\\"}
-_WIDE = 256  # a bad chunk k and the next one w: chr(_WIDE + 128 * _BAD.index(k) + w), 2 UTF-8 bytes
-# The stub of the 7-bit encodings: the literal's characters to bits to the compressed bytes
-# (their count is written in: pack7's leading zero bits and the blob's zero bytes go), then
+# The literal's characters: ASCII but NUL (refused in source), CR (read as LF, even inside a
+# literal), the quote (the literal is '''...''') and the backslash; and in utf8, the 1,920
+# 2-byte characters U+0080-U+07FF. Each 1,024-byte block of the compressed bytes is one
+# number, written as the string of that rank among all strings of `_block_chars` UTF-8 bytes
+# (a mixed radix: N(m) strings of m bytes, N(m) = 124 N(m-1) + 1920 N(m-2)).
+_ASCII = tuple(c for c in range(1, 128) if c not in (13, 39, 92))  # 124
+_RANK = {c: i for i, c in enumerate(_ASCII)}
+_TWO = {"utf8": 1920, "ascii": 0}  # 2-byte characters, U+0080 on
+_BLOCK = 1024  # bytes a number: the rounding costs < 1 literal byte a block; the stub's work stays linear
+# The stub of the UTF-8 encodings: the literal's characters to numbers to the compressed bytes
+# (their count is written in: a block's leading zero bytes are its number's), then
 # `words_out` undone, then each source registered with linecache and compiled under its own
 # name; modules are run into sys.modules, the program is returned to run in these globals.
-_STUB7 = (
+_STUB_MIXED = (
     "def __(b):\n"
-    " import sys,linecache as L;b=''.join(f'{{o:07b}}'if o<128 else f'{{(0,13,92)[o//128-2]:07b}}{{o%128:07b}}'"
-    "for o in map(ord,b));x,w,t=__import__('{codec}').decompress(int(b,2).to_bytes({n},'big')).split(b'\\1',2)\n"
+    " import sys,linecache as L;N=[1,124];exec('N+=124*N[-1]+{two}*N[-2],;'*{chars});b=b.encode();o=b''\n"
+    " while b:\n"
+    "  v=m=0\n"
+    "  for c in map(ord,b[:{chars}].decode()[::-1]):k=c>127;v+=k*124*N[m+1]+(c-128 if k else c-1-(c>13)-(c>39)-(c>92))*N[m];m+=1+k\n"
+    "  o+=v.to_bytes(min({block},{n}-len(o)),'big');b=b[{chars}:]\n"
+    " x,w,t={decompress}.split(b'\\1',2)\n"
     " for k,y in zip([k for k in range(128,256)if k not in x],w.split()):t=t.replace(bytes([k]),y)\n"
     " d=t.decode().split('\\0')\n"
     " for f,s in zip(d[::2],d[1::2]):L.cache[f]=0,None,s.splitlines(1),f;c=compile(s,f,'exec');"
@@ -78,6 +91,12 @@ _STUB7 = (
     " return c\n"
     "exec(globals().pop('__')(globals().pop('_')))\n"
 )
+# --codec cm: the blob is the decoder's source (lzma) and the coded bytes; the stub runs the one on the other
+_CM = "(exec(__import__('lzma').decompress(o[:{k}]),g:={{}})or g['D'](o[{k}:],{size}))"
+_CM_MAX = 2_000_000  # bytes a cm payload may claim: wrap reads sources of at most 1,000,000
+_CM_WORDS = 16  # cm models words itself: 16 words, not 128, are 0.9% smaller on the records
+_CM_RE = re.compile(r"g\['D'\]\(o\[(\d+):\],(\d+)\)")
+_STUB_RE = re.compile(r"N\+=124\*N\[-1\]\+(\d+)\*N.*?to_bytes\(min\(\d+,(\d+)-len", re.S)
 _WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]{2,}")
 
 
@@ -96,7 +115,10 @@ class Payload:
 
 
 def compress(data: bytes, codec: str) -> bytes:
-    """The smallest stream of `codec` that its plain `decompress(data)` reads back."""
+    """The smallest stream of `codec` that its plain `decompress(data)` reads back (cm: the
+    decoder's source, compressed, then the coded bytes; `decompress` needs their size)."""
+    if codec == "cm":
+        return _cm_decoder() + cm.compress(data)
     if codec == "brotli":
         import brotli
 
@@ -115,7 +137,7 @@ def compress(data: bytes, codec: str) -> bytes:
     )
 
 
-def words_out(data: bytes) -> bytes:
+def words_out(data: bytes, limit: int = 128) -> bytes:
     """`data` with its most frequent words (3+ identifier characters) as the bytes 128-255 it
     does not hold: `absent\\1words\\1text`, `absent` the bytes >= 128 that `data` holds (a
     UTF-8 source's other characters), `words` space-separated in the order of the codes left.
@@ -126,7 +148,7 @@ def words_out(data: bytes) -> bytes:
     codes = [k for k in range(128, 256) if k not in held]
     counts = Counter(_WORD.findall(data))
     gain = {w: (len(w) - 1) * n - len(w) - 1 for w, n in counts.items()}  # bytes saved before compression
-    words = sorted((w for w in counts if gain[w] > 0), key=lambda w: (-gain[w], w))[: len(codes)]
+    words = sorted((w for w in counts if gain[w] > 0), key=lambda w: (-gain[w], w))[: min(limit, len(codes))]
     table = {w: bytes([k]) for w, k in zip(words, codes, strict=False)}
     return held + b"\1" + b" ".join(words) + b"\1" + _WORD.sub(lambda m: table.get(m.group(), m.group()), data)
 
@@ -139,7 +161,19 @@ def words_in(raw: bytes) -> bytes:
     return text
 
 
-def decompress(blob: bytes, codec: str) -> bytes:
+@cache
+def _cm_decoder() -> bytes:
+    return compress(cm.DECODER.encode(), "lzma")
+
+
+def decompress(blob: bytes, codec: str, size: int = -1) -> bytes:
+    if codec == "cm":  # the decoder the file carries must be this one: it is what runs
+        if not 0 <= size <= _CM_MAX:  # a size written in the stub: its coder runs that long
+            raise DataError(f"its cm payload claims {size:,} bytes (at most {_CM_MAX:,})")
+        k = len(_cm_decoder())
+        if lzma.decompress(blob[:k]) != cm.DECODER.encode():
+            raise DataError("its cm decoder is not recurnorm's")
+        return cm.decompress(blob[k:], size)
     if codec == "brotli":
         import brotli
 
@@ -168,51 +202,55 @@ def latin1_literal(blob: bytes) -> bytes:
     return best
 
 
-def pack7(blob: bytes, wide: bool = True) -> str:
-    """`blob` as the characters of a str literal's value, 7 bits each (see the module's doc):
-    a NUL, CR or backslash chunk shares a 2-byte character with the next (`wide`), or stays
-    one character for `literal` to escape (the last chunk always does)."""
-    n = 8 * len(blob)
-    bits = (
-        f"{int.from_bytes(blob, 'big'):0{n + -n % 7}b}" if blob else ""
-    )  # zero bits first: the stub's int() drops them
-    chunks = [int(bits[i : i + 7], 2) for i in range(0, len(bits), 7)]
-    out, i = [], 0
-    while i < len(chunks):
-        k = chunks[i]
-        if wide and k in _BAD and i + 1 < len(chunks):
-            out.append(chr(_WIDE + 128 * _BAD.index(k) + chunks[i + 1]))
-            i += 2
-        else:
-            out.append(chr(k))
-            i += 1
+def _counts(two: int, size: int) -> list[int]:
+    """N(m) for m < size: how many strings of m UTF-8 bytes the alphabet spells."""
+    n = [1, len(_ASCII)]
+    while len(n) < size:
+        n.append(len(_ASCII) * n[-1] + two * n[-2])
+    return n
+
+
+def _block_chars(size: int, two: int) -> int:
+    """The UTF-8 bytes a block of `size` bytes takes: the fewest m with N(m) >= 256**size."""
+    top, n = 256**size, _counts(two, 2 * size + 2)
+    return next(m for m, count in enumerate(n) if count >= top)
+
+
+def pack_text(blob: bytes, encoding: str = "utf8") -> str:
+    """`blob` as the value of a triple-quoted str literal (see _ASCII): each block of _BLOCK
+    bytes is a number, written as the string of that rank among the strings of its length;
+    utf8 carries 7.105 bits a UTF-8 byte (12.6% over the blob), ascii 6.954 (15.0%)."""
+    two = _TWO[encoding]
+    n, out = _counts(two, 2 * _BLOCK + 2), []
+    for start in range(0, len(blob), _BLOCK):
+        chunk = blob[start : start + _BLOCK]
+        value, m = int.from_bytes(chunk, "big"), _block_chars(len(chunk), two)
+        while m:  # rank -> string, first character first (unpack_text's sum, inverted)
+            if value < len(_ASCII) * n[m - 1]:
+                c, value = divmod(value, n[m - 1])
+                out.append(chr(_ASCII[c]))
+                m -= 1
+            else:
+                c, value = divmod(value - len(_ASCII) * n[m - 1], n[m - 2])
+                out.append(chr(128 + c))
+                m -= 2
     return "".join(out)
 
 
-def unpack7(text: str, n: int) -> bytes:
-    """What the stub does to the literal (the inverse of `pack7`), for `read`; any text
-    pack7 never writes raises or reads as other bytes, which `read`'s rebuild tells."""
-    bits = "".join(f"{o:07b}" if o < 128 else f"{_BAD[o // 128 - 2]:07b}{o % 128:07b}" for o in map(ord, text))
-    return int(bits, 2).to_bytes(n, "big")
-
-
-def literal(value: str) -> str:
-    """`value` as a triple-quoted str literal, escaping NUL, CR, backslash and a quote that
-    would close it (on whichever quote needs fewer)."""
-    best = None
-    for q in "'\"":
-        out = []
-        for i, c in enumerate(value):
-            o = ord(c)
-            if o in _ESCAPE:
-                out.append("\\000" if o == 0 and value[i + 1 : i + 2] in tuple("01234567") else _ESCAPE[o])
-            elif c == q and (value[i + 1 : i + 3] == q * 2 or value[i:].strip(q) == ""):
-                out.append("\\" + q)  # it would close the literal: a third quote in a row, or the last
-            else:
-                out.append(c)
-        text = q * 3 + "".join(out) + q * 3
-        best = text if best is None or len(text) < len(best) else best
-    return best
+def unpack_text(text: str, size: int, encoding: str = "utf8") -> bytes:
+    """What the stub does to the literal (the inverse of `pack_text`), for `read`; text that
+    pack_text never writes raises or reads as other bytes, which `read`'s rebuild tells."""
+    two = _TWO[encoding]
+    chars = _block_chars(_BLOCK, two)
+    n, data, out = _counts(two, chars + 2), text.encode("utf-8"), b""
+    for start in range(0, len(data), chars):
+        value = m = 0
+        for c in map(ord, reversed(data[start : start + chars].decode("utf-8"))):
+            wide = c > 127
+            value += wide * len(_ASCII) * n[m + 1] + (c - 128 if wide else _RANK[c]) * n[m]
+            m += 1 + wide
+        out += value.to_bytes(min(_BLOCK, size - len(out)), "big")
+    return out
 
 
 def build(payload: Payload, blob: bytes) -> bytes:
@@ -220,10 +258,18 @@ def build(payload: Payload, blob: bytes) -> bytes:
     if payload.encoding == "latin1":
         head, blob_expr = _LATIN1.encode() + b"_=" + latin1_literal(blob) + b"\n", "globals().pop('_').encode('l1')"
     elif payload.encoding in ("utf8", "ascii"):
-        head = "_=" + literal(pack7(blob, wide=payload.encoding == "utf8")) + "\n"
-        return (head + _STUB7.format(codec=payload.codec, n=len(blob))).encode("utf-8")
+        two = _TWO[payload.encoding]
+        decode = f"__import__('{payload.codec}').decompress(o)"
+        if payload.codec == "cm":
+            decode = _CM.format(k=len(_cm_decoder()), size=len(raw_bytes(payload)))
+        stub = _STUB_MIXED.format(
+            decompress=decode, n=len(blob), two=two, chars=_block_chars(_BLOCK, two), block=_BLOCK
+        )
+        return ("_='''" + pack_text(blob, payload.encoding) + "'''\n" + stub).encode("utf-8")
     else:
         raise DataError(f"unknown encoding {payload.encoding!r} (one of {', '.join(ENCODINGS)})")
+    if payload.codec == "cm":
+        raise DataError("the cm codec is written in the UTF-8 encodings only (not latin1)")
     decode = _DECODE.format(codec=payload.codec, blob=blob_expr)
     return head + (_ONE if len(payload.files) == 1 else _MANY).format(payload=decode).encode()
 
@@ -233,10 +279,15 @@ def make(payload: Payload) -> bytes:
     for name, text in payload.files:
         if "\0" in name + text:
             raise DataError(f"{name}: contains NUL, which no Python source can")
+    return build(payload, compress(raw_bytes(payload), payload.codec))
+
+
+def raw_bytes(payload: Payload) -> bytes:
+    """The bytes compressed: the name/source pairs, and in the UTF-8 encodings `words_out`."""
     data = "\0".join(x for pair in payload.files for x in pair).encode("utf-8")
     if payload.encoding != "latin1":  # (the latin-1 stub, the compact loader's, stays as it was)
-        data = words_out(data)
-    return build(payload, compress(data, payload.codec))
+        data = words_out(data, _CM_WORDS if payload.codec == "cm" else 128)
+    return data
 
 
 def read(data: bytes, where: str = "the wrapped file") -> tuple[Payload, bytes]:
@@ -256,28 +307,24 @@ def read(data: bytes, where: str = "the wrapped file") -> tuple[Payload, bytes]:
         raise DataError(f"{where}: not Python ({exc})") from None
     first = tree.body[0] if tree.body else None  # `_="..."`: the literal
     value = first.value.value if isinstance(first, ast.Assign) and isinstance(first.value, ast.Constant) else None
-    codecs = [c for c in CODECS if f"__import__('{c}')" in text]
-    sizes = [  # the stub's `to_bytes(n,'big')`: the blob's length (the rebuild below proves it)
-        n.args[0].value
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "to_bytes" and n.args
-        if isinstance(n.args[0], ast.Constant) and type(n.args[0].value) is int
-    ]
-    if not isinstance(value, str) or len(codecs) != 1:
+    coded = _CM_RE.search(text)  # cm's stub imports lzma, for its decoder
+    codecs = ["cm"] if coded else [c for c in CODECS if f"__import__('{c}')" in text]
+    # the stub's alphabet (how many 2-byte characters) and the blob's length: the rebuild
+    # below proves both, and everything else
+    stub = _STUB_RE.search(text)
+    if not isinstance(value, str) or len(codecs) != 1 or not (latin1 or stub):
         raise DataError(f"{where}: not a file written by recurnorm wrap")
-    encodings = ["latin1"] if latin1 else ["utf8", "ascii"]
+    encoding = "latin1" if latin1 else {str(v): k for k, v in _TWO.items()}.get(stub[1], "utf8")
     try:
-        blob = value.encode("latin-1") if latin1 else unpack7(value, sizes[0] if len(sizes) == 1 else -1)
-        raw = decompress(blob, codecs[0])
+        blob = value.encode("latin-1") if latin1 else unpack_text(value, int(stub[2]), encoding)
+        raw = decompress(blob, codecs[0], int(coded[2]) if coded else -1)
         raw = raw if latin1 else words_in(raw)
         parts = raw.decode("utf-8").split("\0")
     except Exception as exc:  # any damage to the compressed bytes
         raise DataError(f"{where}: its payload does not decompress ({type(exc).__name__}: {exc})") from None
     if len(parts) < 2 or len(parts) % 2:
         raise DataError(f"{where}: its payload is not name/source pairs")
-    files = tuple(zip(parts[::2], parts[1::2], strict=True))
-    for encoding in encodings:  # byte for byte what wrap writes: nothing added, nothing edited
-        payload = Payload(files, codecs[0], encoding)
-        if build(payload, blob) == data:
-            return payload, blob
+    payload = Payload(tuple(zip(parts[::2], parts[1::2], strict=True)), codecs[0], encoding)
+    if build(payload, blob) == data:  # byte for byte what wrap writes: nothing added, nothing edited
+        return payload, blob
     raise DataError(f"{where}: its code differs from the stub recurnorm wrap writes")
