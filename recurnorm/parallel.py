@@ -43,9 +43,9 @@ def ordered(fn, items: list, jobs: int, sizes: list[int], limit: int):
         yield from map(fn, items)
         return
     pool = _Forks(fn, items, jobs) if FORK else _Threads(fn, items, jobs)
-    try:
+    try:  # (where the system gave one job or none: here, in order)
         yield from map(fn, items) if pool.alive() < 2 else _schedule(pool, fn, items, sizes, limit)
-    finally:  # (the system gave one job or none: here, in order)
+    finally:
         pool.stop()
 
 
@@ -172,7 +172,7 @@ def _serve(fn, items: list, task_r: int, result_w: int) -> None:
         try:
             value, buffers = fn(items[int.from_bytes(head, "little")])
             lengths = [memoryview(b).nbytes for b in buffers]
-            text = json.dumps([value, lengths], allow_nan=False).encode()
+            text = json.dumps([value, lengths]).encode()
         except BaseException:  # the parent runs it again, and raises its error
             buffers, text = [], b""
         _write(result_w, FRAME.pack(bool(text), len(text)) + text)

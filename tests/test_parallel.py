@@ -222,3 +222,32 @@ def test_a_large_item_at_work_leaves_the_other_jobs_busy(monkeypatch):
 
     assert list(parallel.ordered(code, list(range(6)), 2, sizes, 110)) == list(range(6))
     assert order.index(2) < order.index(1)
+
+
+def test_verify_and_unpack_give_the_same_for_any_jobs(tmp_path):
+    """Tied names, an LQER tensor, an empty one: unpack writes the same file, verify the same report."""
+    import torch
+    from click.testing import CliRunner
+    from safetensors.torch import save_file
+
+    from recurnorm.cli.main import main
+    from recurnorm.export.pack import pack_checkpoint
+    from recurnorm.export.spec import build_policy
+
+    g = torch.Generator().manual_seed(0)
+    sd = {f"blocks.{i}.mlp.fc.weight": torch.randn(48, 32, generator=g) for i in range(3)}
+    save_file({**sd, "empty": torch.zeros(0, 4)}, tmp_path / "m.safetensors")
+    arts = [tmp_path / "lqer.rnpk", tmp_path / "tied.rnpk"]
+    arts[0].write_bytes(pack_checkpoint(tmp_path / "m.safetensors", build_policy("int6:lqer=2")).data)
+    arts[1].write_bytes(api.pack_qtensors(_qtensors()))
+    run = lambda *a: CliRunner().invoke(main, [str(x) for x in a], catch_exceptions=False)  # noqa: E731
+    for art in arts:
+        files, reports = [], []
+        for jobs in (1, 2):
+            out = tmp_path / f"{art.stem}-{jobs}.safetensors"
+            assert run("unpack", art, "-o", out, "--jobs", jobs).exit_code == 0
+            files.append(out.read_bytes())
+            r = run("verify", art, "--json", "--jobs", jobs)
+            assert r.exit_code == 0, r.output
+            reports.append(r.output)
+        assert files[0] == files[1] and reports[0] == reports[1]

@@ -275,12 +275,26 @@ def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact
     return Artifact(manifest, manifest.get("metadata", {}), qtensors, aliases)
 
 
-def iter_artifact(data: bytes, max_decoded_bytes: int | None = None):
+def iter_artifact(data: bytes, max_decoded_bytes: int | None = None, fn=None, jobs: int = 1):
     """(manifest, its tensors decoded one at a time, after read_artifact's checks): ([entries],
     QTensor) per stored tensor (an LQER tensor's factor entries first, the factors on its
-    QTensor), ([alias entry], None) per alias. A mapped file's pages are let go as read."""
+    QTensor), ([alias entry], None) per alias. A mapped file's pages are let go as read.
+    fn: fn(entries, QTensor) of each instead, decoded and run jobs at once (parallel.ordered: fn
+    returns (JSON-able, [bytes-like]); close the results with contextlib.closing)."""
     manifest, payload = validate.read_container(data, max_decoded_bytes)
-    return manifest, _decoded(manifest, payload)
+    units: list[list[dict]] = [[]]  # (validate checked that factors come just before their tensor)
+    factors = {n for t in manifest["tensors"] for n in t.get("lowrank", ())}
+    for t in manifest["tensors"]:
+        units[-1].append(t)
+        if t["name"] not in factors:
+            units.append([])
+    sizes = [sum(math.prod(t.get("shape", ())) for t in u) for u in units[:-1]]
+    work = partial(_unit, manifest, payload, fn or (lambda *item: item))
+    return manifest, parallel.ordered(work, units[:-1], jobs, sizes, _limit(sizes))
+
+
+def _unit(manifest: dict, payload: memoryview, fn, unit: list[dict]):
+    return fn(*next(_decoded({**manifest, "tensors": unit}, payload)))  # (one item a unit)
 
 
 def _decoded(manifest: dict, payload: memoryview):
@@ -354,26 +368,14 @@ def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> 
 
 
 def decoded_stats(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1) -> tuple[dict, list[dict]]:
-    """(manifest, tensor_stats rows) of artifact bytes, decoded one stored tensor (with its LQER
-    factors) or alias at a time, jobs at once."""
-    manifest, payload = validate.read_container(data, max_decoded_bytes)
-    units: list[list[dict]] = [[]]  # (validate checked that factors come just before their tensor)
-    factors = {n for t in manifest["tensors"] for n in t.get("lowrank", ())}
-    for t in manifest["tensors"]:
-        units[-1].append(t)
-        if t["name"] not in factors:
-            units.append([])
-    sizes = [sum(math.prod(t.get("shape", ())) for t in u) for u in units[:-1]]
-    stats = partial(_unit_stats, manifest, payload)
-    with closing(parallel.ordered(stats, units[:-1], jobs, sizes, _limit(sizes))) as results:
+    """(manifest, tensor_stats rows) of artifact bytes, decoded one tensor at a time, jobs at once."""
+    manifest, results = iter_artifact(data, max_decoded_bytes, _stats, jobs)
+    with closing(results):
         return manifest, [row for rows, _ in results for row in rows]
 
 
-def _unit_stats(manifest: dict, payload: memoryview, unit: list[dict]) -> tuple[list[dict], list]:
-    rows: list[dict] = []
-    for entries, qt in _decoded({**manifest, "tensors": unit}, payload):
-        rows += tensor_stats({"tensors": entries}, None if qt is None else {entries[-1]["name"]: qt})
-    return rows, []
+def _stats(entries: list[dict], qt: QTensor | None) -> tuple[list[dict], list]:
+    return tensor_stats({"tensors": entries}, None if qt is None else {entries[-1]["name"]: qt}), []
 
 
 def _codec_label(s: dict) -> str:
@@ -417,15 +419,18 @@ class VerifyReport:
         return asdict(self)
 
 
-def verify_bytes(data: bytes, budget=None, path: str = "<bytes>", max_decoded_bytes: int | None = None) -> VerifyReport:
+def verify_bytes(
+    data: bytes, budget=None, path: str = "<bytes>", max_decoded_bytes: int | None = None, jobs: int = 1
+) -> VerifyReport:
     """Decode everything, check every checksum, then the cap; never raises for a bad artifact.
 
     ok means `unpack` succeeds: read_artifact checks what each quantizer needs; with a loader
-    in the budget, ok also means the standalone loader reads it (the portable profile).
+    in the budget, ok also means the standalone loader reads it (the portable profile). jobs:
+    tensors decoded at once.
     """
     budget = budget or Budget()
     try:
-        manifest, rows = decoded_stats(data, max_decoded_bytes)
+        manifest, rows = decoded_stats(data, max_decoded_bytes, jobs)
     except ArtifactError as exc:
         return VerifyReport(path, False, exc.exit_code, str(exc))
     metadata = manifest.get("metadata", {})
@@ -463,10 +468,10 @@ def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -
         raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def verify_artifact(path: str | Path, budget=None, max_decoded_bytes: int | None = None) -> VerifyReport:
+def verify_artifact(path: str | Path, budget=None, max_decoded_bytes: int | None = None, jobs: int = 1) -> VerifyReport:
     """verify_bytes on a file (a missing/unreadable file is reported as corrupt)."""
     try:
         data = read_artifact_file(path, max_decoded_bytes)
     except ArtifactError as exc:
         return VerifyReport(str(path), False, ArtifactError.exit_code, str(exc))
-    return verify_bytes(data, budget, str(path), max_decoded_bytes)
+    return verify_bytes(data, budget, str(path), max_decoded_bytes, jobs)
