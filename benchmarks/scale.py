@@ -8,7 +8,7 @@ never into the repository), tensor by tensor. Each command runs in a
 child under /usr/bin/time: wall seconds, CPU seconds (user + system, its --jobs workers' too),
 peak RSS of its largest process and the peak PSS summed over it and its workers (from /proc). bf16 is lossless:
 the unpacked file must be the checkpoint, byte for byte; int8 and int4 must pack, verify and
-unpack. Every quantizer packs with each --jobs; the artifacts must be identical. ZipNN (`pip
+unpack. Every quantizer packs, verifies and unpacks with each --jobs; the artifacts must be identical. ZipNN (`pip
 install --target DIR zipnn`, DIR on PYTHONPATH for this run only; never a dependency) compresses
 and decompresses the same file's bytes as bf16 with threads = each --jobs, in 32 MiB pieces (zipnn 0.5.4 round-trips
 buffers of 64 MiB and more wrong), timed around its calls alone.
@@ -225,13 +225,15 @@ def main() -> None:
             same = len({sha(a) for a in arts.values()}) == 1
             print(f"| --jobs {', '.join(map(str, jobs))} give the same bytes | | | | | | | {same} |")
             art = arts[jobs[0]]
-            r = timed([*cli, "verify", str(art), "--max-bytes", str(10**11)])
-            row(f"verify -q {q}", r, mb, "ok")
-            out = tmp / f"{q}.safetensors"
-            r = timed([*cli, "unpack", str(art), "-o", str(out)])
-            exact = sha(out) == sha(ckpt) if q == "bf16" else ""
-            row(f"unpack -q {q}", r, mb, f"bit for bit: {exact}" if q == "bf16" else "ok")
-            out.unlink()
+            for j in jobs:
+                r = timed([*cli, "verify", str(art), "--max-bytes", str(10**11), "--jobs", str(j)])
+                row(f"verify -q {q} --jobs {j}", r, mb, "ok")
+            for j in jobs:
+                out = tmp / f"{q}.safetensors"
+                r = timed([*cli, "unpack", str(art), "-o", str(out), "--jobs", str(j)])
+                exact = sha(out) == sha(ckpt) if q == "bf16" else ""
+                row(f"unpack -q {q} --jobs {j}", r, mb, f"bit for bit: {exact}" if q == "bf16" else "ok")
+                out.unlink()
             for a in arts.values():
                 a.unlink()
         if not args.no_zipnn:

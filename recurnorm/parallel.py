@@ -1,11 +1,11 @@
 """fn over items in N jobs, results in the items' order, under a cap on the sizes at work at once.
 
-Jobs are processes where the system forks (Linux, macOS): the coders' Python holds the
-interpreter, so threads gained 1.06-1.29x on two cores where processes approach 2x. A forked
-worker inherits fn and items (a memory-mapped checkpoint or artifact, the policy): nothing is
-sent to it but an item's number. fn(item) returns (a JSON-able value, [bytes-like]), which is
-what comes back through a pipe (JSON and raw bytes, never pickle). Where there is no fork
-(Windows), jobs are threads of this process, which share everything and send nothing.
+Jobs are forked processes on Linux: the coders' Python holds the interpreter, so threads
+gained only 1.06-1.29x on two cores (docs/SCALE.md). A forked worker inherits fn and items (a
+memory-mapped checkpoint or artifact, the policy): nothing is sent to it but an item's number. fn(item) returns (a JSON-able value, [bytes-like]), which is
+what comes back through a pipe (JSON and raw bytes, never pickle). Elsewhere jobs are threads
+of this process, which share everything and send nothing: Windows has no fork, and macOS's
+system libraries (Accelerate's BLAS, the Objective-C runtime) are not safe in a forked child.
 
 An item that fails in a worker (an error, or the worker killed) is run again here when its turn
 comes: its error, with its traceback, reaches the caller as with one job; Ctrl-C (SIGINT, sent to
@@ -26,7 +26,7 @@ import threading
 import warnings
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-FORK = hasattr(os, "fork")  # (tests set it False to run the thread path)
+FORK = sys.platform.startswith("linux")  # (tests set it False to run the thread path)
 FRAME = struct.Struct("<BQ")  # a result: ok, the JSON's length; then the JSON [value, [lengths]], the bytes
 PIPE_BYTES = 1 << 20  # fewer wake-ups per coded tensor (Linux: at most /proc/sys/fs/pipe-max-size)
 

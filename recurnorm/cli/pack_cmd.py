@@ -37,17 +37,19 @@ DECODED_OPTION = click.option(
 
 
 def jobs_option(what: str):
-    """--jobs N (default: the cores available) of pack, verify and unpack."""
+    """--jobs N of pack, verify and unpack: at most the cores available (the default)."""
     return click.option(
         "--jobs",
         type=click.IntRange(min=1),
         default=None,
-        help=f"{what} at once, in worker processes [default: the cores available]",
+        help=f"{what} at once, in worker processes (the same result for any number; at most the "
+        "cores available, its default: more would only hold more memory)",
     )
 
 
 def default_jobs(jobs: int | None) -> int:
-    return jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(jobs or cores, cores)
 
 
 def _inputs(*paths) -> list[Path]:
