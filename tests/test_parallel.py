@@ -139,7 +139,7 @@ import os, sys, time
 from recurnorm import parallel
 
 def slow(i):
-    print(os.getpid(), flush=True)
+    os.write(1, f"{os.getpid()}\\n".encode())  # (one write: the two workers' lines never mix)
     time.sleep(120)
     return [i], []
 
@@ -251,3 +251,24 @@ def test_verify_and_unpack_give_the_same_for_any_jobs(tmp_path):
             assert r.exit_code == 0, r.output
             reports.append(r.output)
         assert files[0] == files[1] and reports[0] == reports[1]
+
+
+def test_items_start_out_of_order_only_while_the_results_waiting_hold_little(monkeypatch):
+    """Results that came back before their turn hold memory: past HOLD_BYTES, nothing more
+    starts out of order (here: item 2 waits for item 0, which waits for item 1's end)."""
+    monkeypatch.setattr(parallel, "FORK", False)
+    monkeypatch.setattr(parallel, "HOLD_BYTES", 5)
+    first_done, events = threading.Event(), []
+
+    def code(item):
+        events.append(("start", item))
+        if item == 0:
+            assert first_done.wait(timeout=30)
+        events.append(("end", item))
+        if item == 1:
+            first_done.set()
+        return [item], [b"x" * 10]
+
+    got = list(parallel.ordered(code, list(range(4)), 2, [100, 5, 5, 5], 110))
+    assert [v for v, _ in got] == [[0], [1], [2], [3]]
+    assert events.index(("start", 2)) > events.index(("end", 0))
