@@ -5,9 +5,10 @@ The checkpoint: 22 layers, 2048 wide, 5632-wide MLP, 4 KV heads of 64, 32000 voc
 head (1.1B weights, 2.2 GB of bf16), Gaussian weights of std 0.02 (norms at 1), written once to
 scale/ in the benchmarks' cache folder ($RECURNORM_BENCH_CACHE, default ~/.cache/recurnorm-bench;
 never into the repository), tensor by tensor. Each command runs in a
-child under /usr/bin/time: wall seconds, CPU seconds (user + system) and peak RSS. bf16 is lossless:
+child under /usr/bin/time: wall seconds, CPU seconds (user + system, its --jobs workers' too),
+peak RSS of its largest process and the peak PSS summed over it and its workers (from /proc). bf16 is lossless:
 the unpacked file must be the checkpoint, byte for byte; int8 and int4 must pack, verify and
-unpack. Every quantizer packs with each --jobs; the artifacts must be identical. ZipNN (`pip
+unpack. Every quantizer packs, verifies and unpacks with each --jobs; the artifacts must be identical. ZipNN (`pip
 install --target DIR zipnn`, DIR on PYTHONPATH for this run only; never a dependency) compresses
 and decompresses the same file's bytes as bf16 with threads = each --jobs, in 32 MiB pieces (zipnn 0.5.4 round-trips
 buffers of 64 MiB and more wrong), timed around its calls alone.
@@ -70,28 +71,72 @@ def make_checkpoint(path: Path, layers: int, **dims) -> None:
 
 
 def timed(cmd: list[str], env: dict | None = None) -> dict:
-    """Run cmd under /usr/bin/time: wall s, cpu s, peak RSS MB; raises if it fails. Without GNU
-    time, the children's resource usage (peak RSS: the largest child's so far)."""
+    """Run cmd under /usr/bin/time: wall s, cpu s (with its worker processes'), peak RSS MB of
+    its largest process, and the peak of the PSS summed over it and its workers (sampled every
+    0.1 s from /proc: --jobs runs workers, whose memory the largest process's RSS hides, and
+    PSS counts the pages they share with the parent once). Raises if it fails. Without GNU time,
+    the children's resource usage (peak RSS: the largest child's so far)."""
     if not os.path.exists("/usr/bin/time"):
         import resource
 
         before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        pss = _peak_pss(p)
+        err = p.stderr.read()
         wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
-        if r.returncode != 0:
-            raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-2000:]}")
+        if p.returncode != 0:
+            raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}\n{err[-2000:]}")
         cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-        return {"wall": wall, "cpu": cpu, "rss_mb": after.ru_maxrss / 1024, "load": os.getloadavg()[0]}
-    with tempfile.NamedTemporaryFile("r", suffix=".time") as t:
+        return {"wall": wall, "cpu": cpu, "rss_mb": after.ru_maxrss / 1024, "pss_mb": pss, "load": os.getloadavg()[0]}
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as t, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
-        r = subprocess.run(
-            ["/usr/bin/time", "-o", t.name, "-f", "%U %S %M", *cmd], capture_output=True, text=True, env=env
+        p = subprocess.Popen(
+            ["/usr/bin/time", "-o", t.name, "-f", "%U %S %M", *cmd], stdout=subprocess.DEVNULL, stderr=err, env=env
         )
+        pss = _peak_pss(p)
         wall = time.perf_counter() - start
-        if r.returncode != 0:
-            raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-2000:]}")
+        if p.returncode != 0:
+            err.seek(0)
+            raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}\n{err.read()[-2000:]}")
         user, system, rss = t.read().split()[-3:]
-    return {"wall": wall, "cpu": float(user) + float(system), "rss_mb": int(rss) / 1024, "load": os.getloadavg()[0]}
+    return {
+        "wall": wall,
+        "cpu": float(user) + float(system),
+        "rss_mb": int(rss) / 1024,
+        "pss_mb": pss,
+        "load": os.getloadavg()[0],
+    }
+
+
+def _peak_pss(p: subprocess.Popen) -> float | None:
+    """Wait for p; the largest sum of Pss over p and its descendants seen (MB), or None without
+    /proc/PID/smaps_rollup (not Linux)."""
+    peak = None
+    while p.poll() is None:
+        tree, total = _descendants(p.pid), 0
+        for pid in tree:
+            try:
+                with open(f"/proc/{pid}/smaps_rollup") as f:
+                    total += sum(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+            except OSError:  # (gone meanwhile, or no smaps_rollup)
+                continue
+            peak = max(peak or 0, total / 1024)
+        time.sleep(0.1)
+    return peak
+
+
+def _descendants(root: int) -> list[int]:
+    parent = {}
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    tree = [root]
+    for pid in tree:
+        tree += [c for c, pp in parent.items() if pp == pid]
+    return tree
 
 
 def sha(path: Path) -> str:
@@ -118,8 +163,9 @@ print(n, tc, td)
 
 
 def row(what: str, r: dict, mb: float, extra: str = "") -> None:
+    pss = "" if r["pss_mb"] is None else f"{r['pss_mb']:,.0f}"
     print(
-        f"| {what} | {r['wall']:.1f} | {mb / r['wall']:.0f} | {r['cpu']:.1f} | {r['rss_mb']:,.0f} | {r['load']:.1f} | {extra} |",
+        f"| {what} | {r['wall']:.1f} | {mb / r['wall']:.0f} | {r['cpu']:.1f} | {r['rss_mb']:,.0f} | {pss} | {r['load']:.1f} | {extra} |",
         flush=True,
     )
 
@@ -148,7 +194,9 @@ def main() -> None:
     largest = max(4 * __import__("math").prod(s) for s in shapes(args.layers, **dims).values())
     print(f"checkpoint {ckpt} ({size:,} bytes); largest tensor as fp32 {largest:,} bytes")
     print(f"RSS target: 2 x that + 1 GB = {(2 * largest + (1 << 30)) / (1 << 20):,.0f} MB")
-    print("| run | wall s | MB/s | cpu s | peak RSS MB | load | result |\n|---|---|---|---|---|---|---|")
+    print(
+        "| run | wall s | MB/s | cpu s | peak RSS MB | peak PSS sum MB | load | result |\n|---|---|---|---|---|---|---|---|"
+    )
     cli = [sys.executable, "-m", "recurnorm.cli.main"]
     jobs = [int(j) for j in args.jobs.split(",")]
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
@@ -175,15 +223,17 @@ def main() -> None:
                 )
                 row(f"pack -q {q} --jobs {j}", r, mb, f"{arts[j].stat().st_size:,} bytes")
             same = len({sha(a) for a in arts.values()}) == 1
-            print(f"| --jobs {', '.join(map(str, jobs))} give the same bytes | | | | | | {same} |")
+            print(f"| --jobs {', '.join(map(str, jobs))} give the same bytes | | | | | | | {same} |")
             art = arts[jobs[0]]
-            r = timed([*cli, "verify", str(art), "--max-bytes", str(10**11)])
-            row(f"verify -q {q}", r, mb, "ok")
-            out = tmp / f"{q}.safetensors"
-            r = timed([*cli, "unpack", str(art), "-o", str(out)])
-            exact = sha(out) == sha(ckpt) if q == "bf16" else ""
-            row(f"unpack -q {q}", r, mb, f"bit for bit: {exact}" if q == "bf16" else "ok")
-            out.unlink()
+            for j in jobs:
+                r = timed([*cli, "verify", str(art), "--max-bytes", str(10**11), "--jobs", str(j)])
+                row(f"verify -q {q} --jobs {j}", r, mb, "ok")
+            for j in jobs:
+                out = tmp / f"{q}.safetensors"
+                r = timed([*cli, "unpack", str(art), "-o", str(out), "--jobs", str(j)])
+                exact = sha(out) == sha(ckpt) if q == "bf16" else ""
+                row(f"unpack -q {q} --jobs {j}", r, mb, f"bit for bit: {exact}" if q == "bf16" else "ok")
+                out.unlink()
             for a in arts.values():
                 a.unlink()
         if not args.no_zipnn:

@@ -62,23 +62,32 @@ def test_every_pack_searches_a_tall_tensor():
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_the_search_runs_on_one_blas_thread_inside_pack(monkeypatch, jobs):
+def test_the_search_runs_on_one_blas_thread_inside_pack(monkeypatch, tmp_path, jobs):
     """pack runs tensors side by side itself: numpy's BLAS (the search's products) gets one
-    thread there, and its own count back after (two OpenBLAS threads ran the search 1.3-15x
-    slower whenever another process shared the cores)."""
+    thread there (in its worker processes too), and its own count back after (two OpenBLAS
+    threads ran the search 1.3-15x slower whenever another process shared the cores)."""
+    import json
+
     from threadpoolctl import threadpool_info, threadpool_limits
 
     def blas_threads() -> set[int]:
         return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
 
-    seen, find = [], parents.find
-    monkeypatch.setattr(parents, "find", lambda *a, **k: seen.append(blas_threads()) or find(*a, **k))
+    log, find = tmp_path / "seen", parents.find
+
+    def logged(*a, **k):
+        with open(log, "a") as f:  # (a file: with jobs, the search runs in worker processes)
+            f.write(json.dumps(sorted(blas_threads())) + "\n")
+        return find(*a, **k)
+
+    monkeypatch.setattr(parents, "find", logged)
     emb = _related_rows(roots=1024, kids=PackOptions().parents_search_rows)
     qts = {f"emb{i}": quant.get("int8").quantize(emb + i, name="emb") for i in range(2)}
     with threadpool_limits(2, user_api="blas"):
         before = blas_threads()
         pack_qtensors(qts, jobs=jobs)
         assert blas_threads() == before
+    seen = [set(json.loads(line)) for line in log.read_text().splitlines()]
     assert len(seen) == 2 and all(s <= {1} for s in seen)
     if before != {1}:  # (a numpy built without a BLAS thread pool has nothing to limit)
         assert all(s == {1} for s in seen)

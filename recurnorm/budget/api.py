@@ -6,15 +6,16 @@ import hashlib
 import math
 import mmap
 import stat
-import threading
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from .. import parallel
 from ..errors import ArtifactError, OverCapError, QuantError
 from ..quant import dequantize_all
 from ..quant import registry as quant_registry
@@ -137,61 +138,41 @@ def _pack(qtensors, metadata: dict, codecs, options: PackOptions, check: bool, j
     # Tensor by tensor, in order (jobs at once): each tensor's streams are written before the next's.
     # (a streamed checkpoint's sizes come from its header: its tensors are read when coded)
     sizes = [qtensors.numel(n) if hasattr(qtensors, "numel") else getattr(qtensors[n], "numel", 0) for n in stored]
-    encode = lambda n: _encode_tensor(n, qtensors[n], qtensors, codecs, options, check)  # noqa: E731
-    for done in _ordered(encode, stored, jobs, sizes):
-        for entry, coded in done:
-            for kind, stream in entry["streams"].items():
-                codec, params, data = coded[kind]
-                stream.update(codec=codec, params=params, offset=offset, length=len(data))
-                sha.update(data)
-                offset += len(data)
-                chunks.append(data) if sink is None else sink.write(data)
-            entries.append(entry)
+    with closing(
+        parallel.ordered(partial(_encoded, qtensors, codecs, options, check), stored, jobs, sizes, _limit(sizes))
+    ) as results:
+        for done, buffers in results:
+            buffers = iter(buffers)
+            for entry, coded in done:
+                for kind, stream in entry["streams"].items():
+                    (codec, params), data = coded[kind], next(buffers)
+                    stream.update(codec=codec, params=params, offset=offset, length=len(data))
+                    sha.update(data)
+                    offset += len(data)
+                    chunks.append(data) if sink is None else sink.write(data)
+                entries.append(entry)
     manifest = {"format": "rnpk", "version": spec.VERSION, "metadata": metadata, "tensors": entries + aliases}
     return fmt.write_container(manifest, chunks, (offset, sha.hexdigest()))
 
 
 # Tensors coded side by side hold at most this many weights together, or the largest tensor
-# alone: a job's memory grows with its tensor (~10 bytes a weight at its peak), so jobs may not
-# multiply the largest tensor's. A 1.1B-weight model, int4, 2 jobs: its 65.5M-weight embedding
-# and head side by side peaked at 1,577 MB, 904 MB with one job (docs/SCALE.md).
+# and SIDE_BY_SIDE_WEIGHTS / 4 more: a job's memory grows with its tensor (~10 bytes a weight at
+# its peak), so jobs may not multiply the largest tensor's. A 1.1B-weight model, int4, 2 jobs:
+# its 65.5M-weight embedding and head side by side peaked at 1,577 MB, 904 MB with one job; one
+# of them beside an 11.5M-weight layer matrix keeps the other job busy (docs/SCALE.md).
 SIDE_BY_SIDE_WEIGHTS = 1 << 26
 
 
-def _ordered(fn, items: list, jobs: int, sizes: list[int]):
-    """fn of each item, in order, in threads (the coders' numpy and C loops let go of the
-    interpreter): at most jobs at a time, and no more weights (sizes) at once than the largest
-    item's or SIDE_BY_SIDE_WEIGHTS."""
-    jobs = _startable_threads(min(jobs, len(items))) if jobs > 1 else 1
-    if jobs < 2:
-        yield from map(fn, items)
-        return
-    limit = max(SIDE_BY_SIDE_WEIGHTS, *sizes)
-    with ThreadPoolExecutor(jobs) as pool:
-        running: list = []  # (future, size), in order
-        for item, size in zip(items, sizes, strict=True):
-            while running and (len(running) >= jobs or sum(s for _, s in running) + size > limit):
-                yield running.pop(0)[0].result()
-            running.append((pool.submit(fn, item), size))
-        yield from (f.result() for f, _ in running)
+def _limit(sizes: list[int]) -> int:
+    return max(SIDE_BY_SIDE_WEIGHTS, *sizes, 0) + SIDE_BY_SIDE_WEIGHTS // 4
 
 
-def _startable_threads(n: int) -> int:
-    """How many of n threads the system starts at once: a ulimit on address space or tasks
-    refuses some ("can't start new thread"; 8 MB of stack each), on a many-core machine
-    too. Each is held until the last has started, then let go."""
-    hold, threads = threading.Event(), []
-    try:
-        for _ in range(n):
-            threads.append(threading.Thread(target=hold.wait, daemon=True))
-            threads[-1].start()
-    except RuntimeError:
-        threads.pop()
-    finally:
-        hold.set()
-        for t in threads:
-            t.join()
-    return len(threads)
+def _encoded(qtensors, codecs, options: PackOptions, check: bool, name: str) -> tuple[list, list]:
+    """_encode_tensor of a tensor as it crosses from a job: ([entry, {kind: (codec, params)}], [bytes])."""
+    done = _encode_tensor(name, qtensors[name], qtensors, codecs, options, check)
+    return [(e, {k: c[:2] for k, c in coded.items()}) for e, coded in done], [
+        coded[k][2] for e, coded in done for k in e["streams"]
+    ]
 
 
 def _encode_tensor(name: str, qt: QTensor, names, codecs, options: PackOptions, check: bool) -> list[tuple[dict, dict]]:
@@ -300,12 +281,26 @@ def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact
     return Artifact(manifest, manifest.get("metadata", {}), qtensors, aliases)
 
 
-def iter_artifact(data: bytes, max_decoded_bytes: int | None = None):
+def iter_artifact(data: bytes, max_decoded_bytes: int | None = None, fn=None, jobs: int = 1):
     """(manifest, its tensors decoded one at a time, after read_artifact's checks): ([entries],
     QTensor) per stored tensor (an LQER tensor's factor entries first, the factors on its
-    QTensor), ([alias entry], None) per alias. A mapped file's pages are let go as read."""
+    QTensor), ([alias entry], None) per alias. A mapped file's pages are let go as read.
+    fn: fn(entries, QTensor) of each instead, decoded and run jobs at once (parallel.ordered: fn
+    returns (JSON-able, [bytes-like]); close the results with contextlib.closing)."""
     manifest, payload = validate.read_container(data, max_decoded_bytes)
-    return manifest, _decoded(manifest, payload)
+    units: list[list[dict]] = [[]]  # (validate checked that factors come just before their tensor)
+    factors = {n for t in manifest["tensors"] for n in t.get("lowrank", ())}
+    for t in manifest["tensors"]:
+        units[-1].append(t)
+        if t["name"] not in factors:
+            units.append([])
+    sizes = [sum(math.prod(t.get("shape", ())) for t in u) for u in units[:-1]]
+    work = partial(_unit, manifest, payload, fn or (lambda *item: item))
+    return manifest, parallel.ordered(work, units[:-1], jobs, sizes, _limit(sizes))
+
+
+def _unit(manifest: dict, payload: memoryview, fn, unit: list[dict]):
+    return fn(*next(_decoded({**manifest, "tensors": unit}, payload)))  # (one item a unit)
 
 
 def _decoded(manifest: dict, payload: memoryview):
@@ -378,13 +373,15 @@ def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> 
     return rows
 
 
-def decoded_stats(data: bytes, max_decoded_bytes: int | None = None) -> tuple[dict, list[dict]]:
-    """(manifest, tensor_stats rows) of artifact bytes, decoded one tensor at a time."""
-    manifest, tensors = iter_artifact(data, max_decoded_bytes)
-    rows: list[dict] = []
-    for entries, qt in tensors:
-        rows += tensor_stats({"tensors": entries}, None if qt is None else {entries[-1]["name"]: qt})
-    return manifest, rows
+def decoded_stats(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1) -> tuple[dict, list[dict]]:
+    """(manifest, tensor_stats rows) of artifact bytes, decoded one tensor at a time, jobs at once."""
+    manifest, results = iter_artifact(data, max_decoded_bytes, _stats, jobs)
+    with closing(results):
+        return manifest, [row for rows, _ in results for row in rows]
+
+
+def _stats(entries: list[dict], qt: QTensor | None) -> tuple[list[dict], list]:
+    return tensor_stats({"tensors": entries}, None if qt is None else {entries[-1]["name"]: qt}), []
 
 
 def _codec_label(s: dict) -> str:
@@ -428,15 +425,18 @@ class VerifyReport:
         return asdict(self)
 
 
-def verify_bytes(data: bytes, budget=None, path: str = "<bytes>", max_decoded_bytes: int | None = None) -> VerifyReport:
+def verify_bytes(
+    data: bytes, budget=None, path: str = "<bytes>", max_decoded_bytes: int | None = None, jobs: int = 1
+) -> VerifyReport:
     """Decode everything, check every checksum, then the cap; never raises for a bad artifact.
 
     ok means `unpack` succeeds: read_artifact checks what each quantizer needs; with a loader
-    in the budget, ok also means the standalone loader reads it (the portable profile).
+    in the budget, ok also means the standalone loader reads it (the portable profile). jobs:
+    tensors decoded at once.
     """
     budget = budget or Budget()
     try:
-        manifest, rows = decoded_stats(data, max_decoded_bytes)
+        manifest, rows = decoded_stats(data, max_decoded_bytes, jobs)
     except ArtifactError as exc:
         return VerifyReport(path, False, exc.exit_code, str(exc))
     metadata = manifest.get("metadata", {})
@@ -474,10 +474,10 @@ def read_artifact_file(path: str | Path, max_decoded_bytes: int | None = None) -
         raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def verify_artifact(path: str | Path, budget=None, max_decoded_bytes: int | None = None) -> VerifyReport:
+def verify_artifact(path: str | Path, budget=None, max_decoded_bytes: int | None = None, jobs: int = 1) -> VerifyReport:
     """verify_bytes on a file (a missing/unreadable file is reported as corrupt)."""
     try:
         data = read_artifact_file(path, max_decoded_bytes)
     except ArtifactError as exc:
         return VerifyReport(str(path), False, ArtifactError.exit_code, str(exc))
-    return verify_bytes(data, budget, str(path), max_decoded_bytes)
+    return verify_bytes(data, budget, str(path), max_decoded_bytes, jobs)

@@ -36,6 +36,22 @@ DECODED_OPTION = click.option(
 )
 
 
+def jobs_option(what: str):
+    """--jobs N of pack, verify and unpack: at most the cores available (the default)."""
+    return click.option(
+        "--jobs",
+        type=click.IntRange(min=1),
+        default=None,
+        help=f"{what} at once, in worker processes (the same result for any number; at most the "
+        "cores available, its default: more would only hold more memory)",
+    )
+
+
+def default_jobs(jobs: int | None) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(jobs or cores, cores)
+
+
 def _inputs(*paths) -> list[Path]:
     """Files a command reads, which its outputs must never replace."""
     out: list[Path] = []
@@ -255,12 +271,7 @@ def policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_
     "length in model.seq_len (or block_size, max_seq_len, train_seq_len); imports and runs that code",
 )
 @DECODED_OPTION
-@click.option(
-    "--jobs",
-    type=click.IntRange(min=1),
-    default=None,
-    help="tensors coded at once (the same bytes for any number) [default: the cores available]",
-)
+@jobs_option("tensors coded (and decoded by its self-check)")
 def pack(
     ckpt,
     quant,
@@ -335,7 +346,7 @@ def pack(
         progress=progress,
         max_decoded_bytes=max_decoded_bytes,
         out=out,
-        jobs=jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1),
+        jobs=default_jobs(jobs),
     )
     try:
         _finish_pack(ckpt, packed, out, budget, fit_bytes, force, as_json, effort, progress)
@@ -406,15 +417,18 @@ def _finish_pack(ckpt, packed, out, budget, fit_bytes, force, as_json, effort, p
 @click.option("-o", "--out", type=click.Path(path_type=Path), required=True, help="output .safetensors")
 @click.option("--force", is_flag=True, help="overwrite OUT (and config.json beside it)")
 @DECODED_OPTION
-def unpack(artifact, out, force, max_decoded_bytes):
+@jobs_option("tensors decoded")
+def unpack(artifact, out, force, max_decoded_bytes, jobs):
     """Decode an artifact to dequantized weights (+ config.json beside them)."""
+    from contextlib import closing
+
     from ..budget import api, safetensors_out
     from ..io import atomic_write_many, check_distinct, check_writable
     from ..quant import registry as quant_registry
-    from ..quant.registry import dequantize
 
     check_writable(out, force, [artifact])
-    manifest, tensors = api.iter_artifact(api.read_artifact_file(artifact, max_decoded_bytes), max_decoded_bytes)
+    data = api.read_artifact_file(artifact, max_decoded_bytes)
+    manifest, tensors = api.iter_artifact(data, max_decoded_bytes, _dequantized, default_jobs(jobs))
     config = manifest.get("metadata", {}).get("config")
     cfg_path = out.with_name("config.json")
     if config is not None:
@@ -428,13 +442,33 @@ def unpack(artifact, out, force, max_decoded_bytes):
     names: dict[str, list[str]] = {}  # stored tensor -> its names (with its aliases)
     for n, t in stored.items():
         names.setdefault(t["name"], []).append(n)
-    decoded = ((names[e[-1]["name"]], dequantize(qt, original_dtype=True)) for e, qt in tensors if qt is not None)
+    decoded = ((names[n], _tensor(b[0], *specs[n])) for n, b in tensors if n is not None)
     parts = [(out, lambda f: safetensors_out.write_each(f, specs, decoded))]
     if config is not None:
         text = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8")
         parts.append((cfg_path, lambda f: f.write(text)))
-    atomic_write_many(parts, exclusive=not force)
+    with closing(tensors):
+        atomic_write_many(parts, exclusive=not force)
     echo(f"wrote {out} ({len(specs)} tensors){' and ' + str(cfg_path) if config is not None else ''}")
+
+
+def _dequantized(entries: list[dict], qt):
+    """(name, [its dequantized bytes]) of a stored tensor, as a job sends it; (None, []) of an alias."""
+    import torch
+
+    from ..quant.registry import dequantize
+
+    if qt is None:
+        return None, []
+    return entries[-1]["name"], [dequantize(qt, original_dtype=True).contiguous().reshape(-1).view(torch.uint8).numpy()]
+
+
+def _tensor(buffer, dtype, shape):
+    import torch
+
+    if not len(buffer):  # (torch.frombuffer refuses an empty buffer)
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
 
 
 def factors_of(manifest: dict) -> set[str]:
@@ -477,6 +511,7 @@ OUT_FILE = click.Path(dir_okay=False, path_type=Path)
 )
 @click.option("--force", is_flag=True, help="overwrite an existing --report/--junit file (never an input)")
 @DECODED_OPTION
+@jobs_option("tensors decoded")
 def verify(
     artifacts,
     max_bytes,
@@ -493,6 +528,7 @@ def verify(
     model_factory,
     force,
     max_decoded_bytes,
+    jobs,
 ):
     """Integrity, byte cap and (with --reference) loss gate for each artifact.
 
@@ -540,7 +576,8 @@ def verify(
     outcomes = []
     for artifact in artifacts:
         out = ci_report.Outcome(
-            verify_artifact(artifact, budget, max_decoded_bytes), gate_requested=reference is not None
+            verify_artifact(artifact, budget, max_decoded_bytes, default_jobs(jobs)),
+            gate_requested=reference is not None,
         )
         if reference is not None and out.report.exit_code != exitcodes.CORRUPT:
             from ..evaluate.gate import loss_gate

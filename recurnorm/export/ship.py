@@ -195,7 +195,7 @@ def _ship_streamed(ckpt, policy: ExportPolicy, out: Path, jobs: int, max_decoded
             pack_streamed(streamed, policy, metadata, f, out.parent, jobs=jobs)
             f.flush()
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        rows, meta = packed_rows(data, max_decoded_bytes)
+        rows, meta = packed_rows(data, max_decoded_bytes, jobs)  # (the self-check: a full decode, in jobs)
     except BaseException:
         _discard(tmp)
         raise

@@ -1,0 +1,277 @@
+"""fn over items in N jobs, results in the items' order, under a cap on the sizes at work at once.
+
+Jobs are forked processes on Linux: the coders' Python holds the interpreter, so threads
+gained only 1.06-1.29x on two cores (docs/SCALE.md). A forked worker inherits fn and items (a
+memory-mapped checkpoint or artifact, the policy): nothing is sent to it but an item's number. fn(item) returns (a JSON-able value, [bytes-like]), which is
+what comes back through a pipe (JSON and raw bytes, never pickle). Elsewhere jobs are threads
+of this process, which share everything and send nothing: Windows has no fork, and macOS's
+system libraries (Accelerate's BLAS, the Objective-C runtime) are not safe in a forked child.
+
+An item that fails in a worker (an error, or the worker killed) is run again here when its turn
+comes: its error, with its traceback, reaches the caller as with one job; Ctrl-C (SIGINT, sent to
+the whole process group) is this process's alone, and every worker is killed and reaped on any
+way out. fn must be pure (running an item twice gives the same result).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import select
+import signal
+import struct
+import sys
+import threading
+import warnings
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+FORK = sys.platform.startswith("linux")  # (tests set it False to run the thread path)
+FRAME = struct.Struct("<BQ")  # a result: ok, the JSON's length; then the JSON [value, [lengths]], the bytes
+PIPE_BYTES = 1 << 20  # fewer wake-ups per coded tensor (Linux: at most /proc/sys/fs/pipe-max-size)
+
+
+# Results that came back before their turn wait here up to this many bytes (their buffers):
+# meanwhile later items start out of order, so that a large item at work does not leave the
+# other jobs idle. A 1.1B-weight model: its int8 head and embedding take 7.9 s of CPU each, in
+# which the other job codes ~170M weights of int4 matrices (0.45 bytes a weight coded).
+HOLD_BYTES = 1 << 27
+
+
+def ordered(fn, items: list, jobs: int, sizes: list[int], limit: int):
+    """fn(item) of each item, in order, at most jobs at a time. An item starts beside others
+    while the sizes at work stay within limit (alone, any size starts); items start out of
+    order while the results waiting for their turn hold at most HOLD_BYTES. Use it in a
+    `with contextlib.closing(...)` so that the workers stop when the caller stops reading."""
+    jobs = min(jobs, len(items))
+    if jobs < 2:
+        yield from map(fn, items)
+        return
+    pool = _Forks(fn, items, jobs) if FORK else _Threads(fn, items, jobs)
+    try:  # (where the system gave one job or none: here, in order)
+        yield from map(fn, items) if pool.alive() < 2 else _schedule(pool, fn, items, sizes, limit)
+    finally:
+        pool.stop()
+
+
+def _schedule(pool, fn, items: list, sizes: list[int], limit: int):
+    todo = list(range(len(items)))  # not started, in order
+    working: dict[int, int] = {}  # item -> size
+    done: dict[int, tuple[bool, object]] = {}  # item -> (ok, result or its exception or None)
+    held = 0  # bytes of the results in done
+    for first in range(len(items)):
+        while first not in done and (working or todo) and pool.alive():
+            while len(working) < pool.alive() and todo:
+                at_work = sum(working.values())
+                fits = (i for i in todo if at_work + sizes[i] <= limit and (i == first or held <= HOLD_BYTES))
+                i = todo[0] if not working else next(fits, None)
+                if i is None:
+                    break
+                todo.remove(i)
+                working[i] = sizes[i]
+                pool.start(i)
+            i, ok, result = pool.wait()
+            del working[i]
+            done[i] = (ok, result)
+            held += _nbytes(done[i])
+        ok, result = done.pop(first, (False, None))  # (no worker left: run it here)
+        held -= _nbytes((ok, result))
+        todo = [i for i in todo if i != first]
+        if ok:
+            yield result
+        elif isinstance(result, BaseException):
+            raise result  # (a thread's: its own traceback)
+        else:
+            yield fn(items[first])  # a worker's failure: again here, where its error is the caller's
+
+
+def _nbytes(outcome: tuple[bool, object]) -> int:
+    """The bytes a result (value, [bytes-like]) holds in its buffers (0 for anything else)."""
+    ok, result = outcome
+    if not ok or not isinstance(result, tuple) or len(result) != 2 or not isinstance(result[1], list):
+        return 0
+    return sum(memoryview(b).nbytes for b in result[1])
+
+
+class _Forks:
+    """Worker processes forked from this one, each fed item numbers through a pipe."""
+
+    def __init__(self, fn, items: list, jobs: int) -> None:
+        self.workers: list[tuple[int, int, io.FileIO]] = []  # (pid, task pipe, result pipe)
+        self.busy: dict[int, int] = {}  # worker index -> item
+        self.free: list[int] = []
+        try:
+            for _ in range(jobs):
+                self.workers.append(self._fork(fn, items))
+                self.free.append(len(self.workers) - 1)
+        except OSError:  # (EAGAIN: a ulimit on processes) the jobs the system gives
+            pass
+        except BaseException:  # (Ctrl-C between two forks)
+            self.stop()
+            raise
+
+    def _fork(self, fn, items):
+        task_r, task_w = os.pipe()
+        result_r, result_w = os.pipe()
+        try:
+            with warnings.catch_warnings():  # (3.12+ warns of forking a process with threads: torch's
+                warnings.simplefilter("ignore", DeprecationWarning)  # pool idles; the child uses none)
+                pid = os.fork()
+        except OSError:
+            for fd in (task_r, task_w, result_r, result_w):
+                os.close(fd)
+            raise
+        if pid == 0:  # the worker: never returns (os._exit: no atexit, no flush of the parent's buffers)
+            code = 1
+            try:
+                for fd in (task_w, result_r, *(w for _, w, _ in self.workers)):
+                    os.close(fd)
+                for *_, result in self.workers:
+                    result.close()
+                _serve(fn, items, task_r, result_w)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(task_r)
+        os.close(result_w)
+        return pid, task_w, io.FileIO(result_r, "rb")
+
+    def alive(self) -> int:
+        return len(self.free) + len(self.busy)
+
+    def start(self, item: int) -> None:
+        w = self.free.pop()
+        self.busy[w] = item
+        os.write(self.workers[w][1], item.to_bytes(8, "little"))
+
+    def wait(self) -> tuple[int, bool, object]:
+        """(item, ok, result) of a worker that finished; a dead worker's item comes back not ok."""
+        ready, _, _ = select.select([self.workers[w][2] for w in self.busy], [], [])
+        w = next(w for w in self.busy if self.workers[w][2] is ready[0])
+        item = self.busy.pop(w)
+        try:
+            ok, value = _receive(self.workers[w][2])
+        except EOFError:  # killed (out of memory?): never given work again
+            pid, task_w, result = self.workers[w]
+            os.close(task_w)
+            result.close()
+            os.waitpid(pid, 0)
+            return item, False, None
+        self.free.append(w)
+        return item, ok, value
+
+    def stop(self) -> None:
+        """Kill and reap every worker (a worker between items has nothing to lose)."""
+        for w, (pid, task_w, result) in enumerate(self.workers):
+            if w in self.free or w in self.busy:
+                os.close(task_w)
+                result.close()
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        self.free, self.busy = [], {}
+
+
+def _serve(fn, items: list, task_r: int, result_w: int) -> None:
+    """A worker's loop: an item's number in, its frame out, until the task pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent answers it
+    if "torch" in sys.modules:  # one thread each: the jobs are the parallelism
+        sys.modules["torch"].set_num_threads(1)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+    for fd in (task_r, result_w):
+        _widen(fd)
+    tasks = io.FileIO(task_r, "rb")
+    while len(head := tasks.read(8)) == 8:
+        try:
+            value, buffers = fn(items[int.from_bytes(head, "little")])
+            lengths = [memoryview(b).nbytes for b in buffers]
+            text = json.dumps([value, lengths]).encode()
+        except BaseException:  # the parent runs it again, and raises its error
+            buffers, text = [], b""
+        _write(result_w, FRAME.pack(bool(text), len(text)) + text)
+        for b in buffers:
+            _write(result_w, memoryview(b).cast("B"))
+
+
+def _receive(pipe: io.FileIO) -> tuple[bool, object]:
+    ok, n = FRAME.unpack(_read(pipe, FRAME.size))
+    if not ok:
+        return False, None
+    value, lengths = json.loads(bytes(_read(pipe, n)))
+    data = _read(pipe, sum(lengths))
+    buffers, at = [], 0
+    for n in lengths:
+        buffers.append(data[at : at + n])
+        at += n
+    return True, (value, buffers)
+
+
+def _read(pipe: io.FileIO, n: int) -> memoryview:
+    out = memoryview(bytearray(n))
+    got = 0
+    while got < n:
+        k = pipe.readinto(out[got:])
+        if not k:
+            raise EOFError
+        got += k
+    return out
+
+
+def _write(fd: int, data) -> None:
+    data = memoryview(data)
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _widen(fd: int) -> None:
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+    except (ImportError, OSError):  # (not Linux, or over the system's limit: the default size)
+        pass
+
+
+class _Threads:
+    """Threads of this process (where there is no fork): as many as the system starts."""
+
+    def __init__(self, fn, items: list, jobs: int) -> None:
+        self.fn, self.items = fn, items
+        self.size = _startable_threads(jobs)
+        self.pool = ThreadPoolExecutor(max(self.size, 1))  # (starts its threads as work comes)
+        self.futures: dict = {}
+
+    def alive(self) -> int:
+        return self.size
+
+    def start(self, item: int) -> None:
+        self.futures[self.pool.submit(self.fn, self.items[item])] = item
+
+    def wait(self) -> tuple[int, bool, object]:
+        f = next(iter(wait(self.futures, return_when=FIRST_COMPLETED).done))
+        item = self.futures.pop(f)
+        return (item, False, f.exception()) if f.exception() else (item, True, f.result())
+
+    def stop(self) -> None:
+        for f in self.futures:
+            f.cancel()
+        self.pool.shutdown()
+
+
+def _startable_threads(n: int) -> int:
+    """How many of n threads the system starts at once: a ulimit on address space or tasks
+    refuses some ("can't start new thread"; 8 MB of stack each), on a many-core machine
+    too. Each is held until the last has started, then let go."""
+    hold, threads = threading.Event(), []
+    try:
+        for _ in range(n):
+            threads.append(threading.Thread(target=hold.wait, daemon=True))
+            threads[-1].start()
+    except RuntimeError:
+        threads.pop()
+    finally:
+        hold.set()
+        for t in threads:
+            t.join()
+    return len(threads)

@@ -1,0 +1,274 @@
+"""--jobs: fn over items in worker processes (threads where there is no fork), in order, under
+a cap on the sizes at work; errors, killed workers and Ctrl-C end as with one job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recurnorm import parallel
+from recurnorm.budget import api
+from recurnorm.errors import QuantError
+from recurnorm.quant import registry as quant
+from recurnorm.quant.qtensor import QTensor
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _tagged(i):
+    return [i, os.getpid()], [bytes([i % 256]) * i, b""]
+
+
+def test_jobs_run_in_worker_processes_and_come_back_in_order():
+    got = list(parallel.ordered(_tagged, list(range(40)), 3, [1] * 40, 10))
+    assert [v[0] for v, _ in got] == list(range(40))
+    assert [bytes(b[0]) for _, b in got] == [bytes([i % 256]) * i for i in range(40)]
+    pids = {v[1] for v, _ in got}
+    assert os.getpid() not in pids and 1 < len(pids) <= 3
+    assert all(_gone(p) for p in pids)  # killed and reaped: none left behind
+
+
+def test_jobs_go_on_with_the_processes_the_system_forks(monkeypatch):
+    """A ulimit refuses the third fork: the items run on two workers; refused from the second,
+    here, in order."""
+    fork = os.fork
+    for allowed in (2, 1):
+        forks = []
+
+        def limited(allowed=allowed, forks=forks):
+            if len(forks) >= allowed:
+                raise BlockingIOError(11, "Resource temporarily unavailable")
+            forks.append(1)
+            return fork()
+
+        monkeypatch.setattr(os, "fork", limited)
+        got = list(parallel.ordered(_tagged, list(range(20)), 8, [1] * 20, 10))
+        assert [v[0] for v, _ in got] == list(range(20))
+        assert len({v[1] for v, _ in got}) == allowed and (os.getpid() in {v[1] for v, _ in got}) == (allowed < 2)
+
+
+def _dies_in_a_worker(parent):
+    def fn(i):
+        if i == 3 and os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)  # (as the kernel's out-of-memory killer does)
+        return [i, os.getpid()], []
+
+    return fn
+
+
+def test_an_item_whose_worker_died_is_run_here():
+    got = list(parallel.ordered(_dies_in_a_worker(os.getpid()), list(range(12)), 2, [1] * 12, 10))
+    assert [v[0] for v, _ in got] == list(range(12))
+    assert got[3][0][1] == os.getpid()
+
+
+def _qtensors():
+    rng = np.random.default_rng(0)
+    q = quant.get("int8")
+    qts = {f"w{i}": q.quantize(rng.standard_normal((64, 48)).astype(np.float32), name=f"w{i}") for i in range(6)}
+    qts["tied"] = qts["w2"]
+    return qts
+
+
+def test_pack_codes_in_workers_with_the_same_bytes(monkeypatch, tmp_path):
+    """The process path itself: each tensor coded in another process, the bytes of one job."""
+    log = tmp_path / "pids"
+    encode = api._encode_tensor
+
+    def logged(name, *args):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return encode(name, *args)
+
+    monkeypatch.setattr(api, "_encode_tensor", logged)
+    one = api.pack_qtensors(_qtensors(), jobs=1)
+    assert set(log.read_text().split()) == {str(os.getpid())}
+    log.unlink()
+    assert api.pack_qtensors(_qtensors(), jobs=2) == one
+    pids = set(log.read_text().split())
+    assert len(log.read_text().split()) == 6 and str(os.getpid()) not in pids
+    manifest, rows = api.decoded_stats(one)
+    assert api.decoded_stats(one, jobs=3) == (manifest, rows)  # the self-check's decode in jobs
+
+
+def test_the_self_check_decodes_lqer_factors_with_their_tensor_in_jobs(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from recurnorm.export.pack import pack_checkpoint
+    from recurnorm.export.spec import build_policy
+
+    g = torch.Generator().manual_seed(0)
+    save_file(
+        {f"blocks.{i}.mlp.fc.weight": torch.randn(48, 32, generator=g) for i in range(3)}, tmp_path / "m.safetensors"
+    )
+    data = pack_checkpoint(tmp_path / "m.safetensors", build_policy("int6:lqer=2")).data
+    rows = api.decoded_stats(data)
+    assert api.decoded_stats(data, jobs=2) == rows
+    assert any("lowrank_of" in r for r in rows[1])
+
+
+def test_a_failing_tensor_raises_its_error_as_with_one_job():
+    qts = _qtensors()
+    qts["w4"] = QTensor("int8", (64, 48), "float32", np.zeros(64 * 48, np.int8), np.ones(64, np.float32))  # 1-D codes
+    errors = []
+    for jobs in (1, 2):
+        with pytest.raises(QuantError, match="tensor w4") as exc:
+            api.pack_qtensors(qts, jobs=jobs)
+        errors.append(str(exc.value))
+    assert errors[0] == errors[1]
+
+
+CTRL_C = """
+import os, sys, time
+from recurnorm import parallel
+
+def slow(i):
+    os.write(1, f"{os.getpid()}\\n".encode())  # (one write: the two workers' lines never mix)
+    time.sleep(120)
+    return [i], []
+
+try:
+    list(parallel.ordered(slow, [0, 1, 2], 2, [1, 1, 1], 10))
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_stops_and_reaps_the_workers():
+    """SIGINT to the process group, as a terminal sends it: the parent exits 130, no worker left."""
+    p = subprocess.Popen([sys.executable, "-c", CTRL_C], cwd=ROOT, stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        pids = [int(p.stdout.readline()) for _ in range(2)]
+        os.killpg(p.pid, signal.SIGINT)
+        assert p.wait(timeout=60) == 130
+    finally:
+        p.kill()
+    assert all(_gone(pid) for pid in pids)
+
+
+def test_jobs_go_on_with_the_threads_the_system_gives(monkeypatch):
+    """Without fork: a ulimit refuses a third live thread: the items run on two, in order;
+    refused from the first, on the calling thread."""
+    monkeypatch.setattr(parallel, "FORK", False)
+    start = threading.Thread.start
+    for allowed in (2, 0):
+        started = []
+
+        def limited(self, allowed=allowed, started=started):
+            if sum(t.is_alive() for t in started) >= allowed:
+                raise RuntimeError("can't start new thread")
+            started.append(self)
+            start(self)
+
+        monkeypatch.setattr(threading.Thread, "start", limited)
+        assert list(parallel.ordered(lambda i: i * i, list(range(20)), 8, [1] * 20, 10)) == [i * i for i in range(20)]
+        assert len(started) == 2 * allowed  # the probe's threads, then the pool's
+
+
+def test_jobs_never_hold_more_weights_at_once_than_the_largest_tensor(monkeypatch):
+    """--jobs codes tensors side by side while their weights together stay within the largest
+    tensor's and SIDE_BY_SIDE_WEIGHTS / 4 (or SIDE_BY_SIDE_WEIGHTS): two embedding-sized
+    tensors, each ~10 bytes a weight at its peak, never run together, nor beside a small one;
+    small ones do; results come in order (the scheduler is the same for threads and processes)."""
+    monkeypatch.setattr(parallel, "FORK", False)
+    monkeypatch.setattr(api, "SIDE_BY_SIDE_WEIGHTS", 10)
+    sizes = [3, 3, 3, 100, 100, 3, 3, 3, 3]
+    lock, running, together = threading.Lock(), [], threading.Barrier(3, timeout=30)
+
+    def code(item):
+        with lock:
+            running.append(item)
+            alone = list(running)
+        if item < 3:
+            together.wait()  # the first three run side by side (3 jobs, 9 weights <= 100), or this breaks
+        with lock:
+            running.remove(item)
+        assert sizes[item] < 100 or alone == [item]
+        return item
+
+    assert list(parallel.ordered(code, list(range(len(sizes))), 3, sizes, api._limit(sizes))) == list(range(9))
+
+
+def test_a_large_item_at_work_leaves_the_other_jobs_busy(monkeypatch):
+    """The embedding and the head (large, first) do not run together, but the layers' matrices
+    start beside each, out of order: item 0 ends only once item 2 has started."""
+    monkeypatch.setattr(parallel, "FORK", False)
+    sizes = [100, 100, 5, 5, 5, 5]
+    second_started, order = threading.Event(), []
+
+    def code(item):
+        order.append(item)
+        if item == 2:
+            second_started.set()
+        if item == 0:
+            assert second_started.wait(timeout=30)
+        return item
+
+    assert list(parallel.ordered(code, list(range(6)), 2, sizes, 110)) == list(range(6))
+    assert order.index(2) < order.index(1)
+
+
+def test_verify_and_unpack_give_the_same_for_any_jobs(tmp_path):
+    """Tied names, an LQER tensor, an empty one: unpack writes the same file, verify the same report."""
+    import torch
+    from click.testing import CliRunner
+    from safetensors.torch import save_file
+
+    from recurnorm.cli.main import main
+    from recurnorm.export.pack import pack_checkpoint
+    from recurnorm.export.spec import build_policy
+
+    g = torch.Generator().manual_seed(0)
+    sd = {f"blocks.{i}.mlp.fc.weight": torch.randn(48, 32, generator=g) for i in range(3)}
+    save_file({**sd, "empty": torch.zeros(0, 4)}, tmp_path / "m.safetensors")
+    arts = [tmp_path / "lqer.rnpk", tmp_path / "tied.rnpk"]
+    arts[0].write_bytes(pack_checkpoint(tmp_path / "m.safetensors", build_policy("int6:lqer=2")).data)
+    arts[1].write_bytes(api.pack_qtensors(_qtensors()))
+    run = lambda *a: CliRunner().invoke(main, [str(x) for x in a], catch_exceptions=False)  # noqa: E731
+    for art in arts:
+        files, reports = [], []
+        for jobs in (1, 2):
+            out = tmp_path / f"{art.stem}-{jobs}.safetensors"
+            assert run("unpack", art, "-o", out, "--jobs", jobs).exit_code == 0
+            files.append(out.read_bytes())
+            r = run("verify", art, "--json", "--jobs", jobs)
+            assert r.exit_code == 0, r.output
+            reports.append(r.output)
+        assert files[0] == files[1] and reports[0] == reports[1]
+
+
+def test_items_start_out_of_order_only_while_the_results_waiting_hold_little(monkeypatch):
+    """Results that came back before their turn hold memory: past HOLD_BYTES, nothing more
+    starts out of order (here: item 2 waits for item 0, which waits for item 1's end)."""
+    monkeypatch.setattr(parallel, "FORK", False)
+    monkeypatch.setattr(parallel, "HOLD_BYTES", 5)
+    first_done, events = threading.Event(), []
+
+    def code(item):
+        events.append(("start", item))
+        if item == 0:
+            assert first_done.wait(timeout=30)
+        events.append(("end", item))
+        if item == 1:
+            first_done.set()
+        return [item], [b"x" * 10]
+
+    got = list(parallel.ordered(code, list(range(4)), 2, [100, 5, 5, 5], 110))
+    assert [v for v, _ in got] == [[0], [1], [2], [3]]
+    assert events.index(("start", 2)) > events.index(("end", 0))
