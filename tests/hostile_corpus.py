@@ -182,11 +182,12 @@ def _one(name: str, **change) -> bytes:
     return _packed({name: QTensor(**fields)})
 
 
-def _edit(fn: Callable[[dict], object]) -> Callable[[], bytes]:
-    """A case: the base manifest changed in place by fn, re-signed."""
+def _edit(fn: Callable[[dict], object], base: Callable[[], bytes] = lambda: BASE) -> Callable[[], bytes]:
+    """A case: the base artifact's manifest changed in place by fn, re-signed (the header's
+    field flags follow the manifest)."""
 
     def make() -> bytes:
-        m, payload = fmt.split_container(BASE)
+        m, payload = fmt.split_container(base())
         m = copy.deepcopy(m)
         fn(m)
         return resign(m, payload)
@@ -394,14 +395,8 @@ def _lqer_base() -> bytes:
 
 
 def _lqer(fn: Callable[[dict], object]) -> Callable[[], bytes]:
-    """A case: the LQER base manifest changed by fn, re-signed (the flag follows the manifest)."""
-
-    def make() -> bytes:
-        m, payload = fmt.split_container(_lqer_base())
-        fn(m)
-        return resign(m, payload)
-
-    return make
+    """A case: the LQER base manifest changed by fn."""
+    return _edit(fn, _lqer_base)
 
 
 def _lqer_unflagged() -> bytes:
@@ -749,17 +744,14 @@ def _stack() -> bytes:
     [64, 16] (spec.FIELD_FLAGS) and parents across its 64 rows."""
     walk = np.cumsum(np.random.default_rng(7).integers(-3, 4, size=(64, 16)), axis=0).clip(-127, 127)
     bank = QTensor("int8", (2, 32, 16), "float32", walk.astype(np.int8), np.ones(64, np.float16))
-    return pack_qtensors({"bank": bank})
+    data = pack_qtensors({"bank": bank})
+    entry = _entry(fmt.split_container(data)[0], "bank")
+    assert entry["view"] == [64, 16] and "parents" in entry["streams"]  # (what the cases forge)
+    return data
 
 
 def _stack_edit(fn: Callable[[dict], object]) -> Callable[[], bytes]:
-    def make() -> bytes:
-        m, payload = fmt.split_container(_stack())
-        assert _entry(m, "bank")["view"] == [64, 16] and "parents" in _entry(m, "bank")["streams"]
-        fn(m)
-        return resign(m, payload)
-
-    return make
+    return _edit(fn, _stack)
 
 
 VIEW_CASES: dict[str, Callable[[], bytes]] = {
