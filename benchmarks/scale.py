@@ -10,8 +10,9 @@ peak RSS of its largest process and the peak PSS summed over it and its workers 
 the unpacked file must be the checkpoint, byte for byte; int8 and int4 must pack, verify and
 unpack. Every quantizer packs, verifies and unpacks with each --jobs; the artifacts must be identical. ZipNN (`pip
 install --target DIR zipnn`, DIR on PYTHONPATH for this run only; never a dependency) compresses
-and decompresses the same file's bytes as bf16 with threads = each --jobs, in 32 MiB pieces (zipnn 0.5.4 round-trips
-buffers of 64 MiB and more wrong), timed around its calls alone.
+the same file as bf16 into a file and decompresses that into another, with threads = each --jobs, in 256 MiB
+pieces, each a child timed as recurnorm's commands are (start-up, reading and writing included); the
+decompressed file must be the checkpoint.
 
 MB/s are of the checkpoint's bytes (2.2 GB) per wall second. The machine may be shared: the load
 average is printed with each row.
@@ -147,18 +148,22 @@ def sha(path: Path) -> str:
     return h.hexdigest()
 
 
+# ZipNN file to file, as its users run it: the same reading and writing as recurnorm's commands,
+# 256 MiB pieces, each framed by its length. (ZipNN regroups the bytes of the buffer it compresses
+# in place, even a bytes': the round trip is checked against the file, not the buffer.)
 ZIPNN = """
-import sys, time
+import struct, sys
 from zipnn import ZipNN
-z = ZipNN(bytearray_dtype="bfloat16", threads=int(sys.argv[2]))
-n = tc = td = 0
-with open(sys.argv[1], "rb") as f:
-    while piece := f.read(1 << 25):  # (zipnn 0.5.4 round-trips wrong from 64 MiB buffers on)
-        t = time.perf_counter(); c = z.compress(piece); tc += time.perf_counter() - t
-        t = time.perf_counter(); d = z.decompress(c); td += time.perf_counter() - t
-        assert bytes(d) == piece
-        n += len(c)
-print(n, tc, td)
+mode, src, dst, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+z = ZipNN(bytearray_dtype="bfloat16", threads=threads)
+with open(src, "rb") as f, open(dst, "wb") as out:
+    if mode == "c":
+        while piece := f.read(1 << 28):
+            c = z.compress(piece)
+            out.write(struct.pack("<Q", len(c)) + c)
+    else:
+        while head := f.read(8):
+            out.write(z.decompress(f.read(struct.unpack("<Q", head)[0])))
 """
 
 
@@ -199,6 +204,7 @@ def main() -> None:
     )
     cli = [sys.executable, "-m", "recurnorm.cli.main"]
     jobs = [int(j) for j in args.jobs.split(",")]
+    bf16 = {}  # ("pack" or "unpack", jobs) -> wall s; "bytes" -> the artifact's (the ZipNN comparison)
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         tmp = Path(tmp)
         for q in args.quants.split(","):
@@ -222,6 +228,8 @@ def main() -> None:
                     ]
                 )
                 row(f"pack -q {q} --jobs {j}", r, mb, f"{arts[j].stat().st_size:,} bytes")
+                if q == "bf16":
+                    bf16["pack", j], bf16["bytes"] = r["wall"], arts[j].stat().st_size
             same = len({sha(a) for a in arts.values()}) == 1
             print(f"| --jobs {', '.join(map(str, jobs))} give the same bytes | | | | | | | {same} |")
             art = arts[jobs[0]]
@@ -233,20 +241,30 @@ def main() -> None:
                 r = timed([*cli, "unpack", str(art), "-o", str(out), "--jobs", str(j)])
                 exact = sha(out) == sha(ckpt) if q == "bf16" else ""
                 row(f"unpack -q {q} --jobs {j}", r, mb, f"bit for bit: {exact}" if q == "bf16" else "ok")
+                if q == "bf16":
+                    bf16["unpack", j] = r["wall"]
                 out.unlink()
             for a in arts.values():
                 a.unlink()
         if not args.no_zipnn:
             for j in jobs:
-                r = subprocess.run([sys.executable, "-c", ZIPNN, str(ckpt), str(j)], capture_output=True, text=True)
-                if r.returncode != 0:
-                    print(f"zipnn: not run ({r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode})")
+                znn, back = tmp / "ckpt.znn", tmp / "back.bin"
+                try:
+                    c = timed([sys.executable, "-c", ZIPNN, "c", str(ckpt), str(znn), str(j)])
+                    d = timed([sys.executable, "-c", ZIPNN, "d", str(znn), str(back), str(j)])
+                except SystemExit as exc:
+                    print(f"zipnn: not run ({str(exc).strip().splitlines()[-1]})")
                     break
-                n, tc, td = r.stdout.split()
-                print(
-                    f"| zipnn threads={j}: {int(n):,} bytes | compress {tc} s ({mb / float(tc):.0f} MB/s) | decompress {td} s ({mb / float(td):.0f} MB/s) | load {os.getloadavg()[0]:.1f} |"
-                )
-
+                n, same = znn.stat().st_size, sha(back) == sha(ckpt)
+                znn.unlink()
+                back.unlink()
+                row(f"zipnn compress, threads={j}", c, mb, f"{n:,} bytes")
+                row(f"zipnn decompress, threads={j}", d, mb, f"bit for bit: {same}")
+                if "bytes" in bf16:  # the issue's targets: <= 0.99x its bytes, >= 0.5x its speeds
+                    print(
+                        f"bf16 vs zipnn, {j} job(s): bytes {bf16['bytes'] / n:.4f}x; pack speed "
+                        f"{c['wall'] / bf16['pack', j]:.2f}x, unpack speed {d['wall'] / bf16['unpack', j]:.2f}x"
+                    )
 
 if __name__ == "__main__":
     main()
