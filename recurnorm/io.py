@@ -18,6 +18,7 @@ import os
 import re
 import stat
 import tempfile
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
@@ -361,3 +362,27 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, exclusive: bool = F
 def atomic_write_json(path: str | os.PathLike, obj: object, *, exclusive: bool = False) -> Path:
     """Write JSON (indented, sorted keys, trailing newline) atomically."""
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", exclusive=exclusive)
+
+
+_WRITE_CHUNK = 64 << 20  # bytes per write: a large buffer is never copied whole
+_SEEK_LOCK = threading.Lock()  # (write_at where there is no pwrite: threads share one file position)
+
+
+def write_at(f: BinaryIO, pos: int, data) -> None:
+    """data at pos in f, whose buffer holds nothing unwritten: positional (os.pwrite), so that
+    jobs write side by side, forked ones too (they share the descriptor, not the file object)."""
+    view = memoryview(data).cast("B")
+    try:
+        fd = f.fileno() if hasattr(os, "pwrite") else None
+    except (OSError, ValueError):  # (io.UnsupportedOperation: a file in memory)
+        fd = None
+    if fd is None:  # (or Windows: its jobs are threads of this process)
+        with _SEEK_LOCK:
+            f.seek(pos)
+            for i in range(0, len(view), _WRITE_CHUNK):
+                f.write(view[i : i + _WRITE_CHUNK])
+            f.flush()
+        return
+    while view:
+        n = os.pwrite(fd, view[:_WRITE_CHUNK], pos)
+        view, pos = view[n:], pos + n

@@ -224,11 +224,14 @@ def test_a_large_item_at_work_leaves_the_other_jobs_busy(monkeypatch):
     assert order.index(2) < order.index(1)
 
 
-def test_verify_and_unpack_give_the_same_for_any_jobs(tmp_path):
-    """Tied names, an LQER tensor, an empty one: unpack writes the same file, verify the same report."""
+@pytest.mark.parametrize("jobs_as", ["processes", "threads", "threads, no pwrite"])
+def test_verify_and_unpack_give_the_same_for_any_jobs(tmp_path, monkeypatch, jobs_as):
+    """Tied names, an LQER tensor, an empty one: unpack writes the same file (each tensor written
+    by the job that decoded it: positionally, or under a lock where the system has no pwrite),
+    verify the same report."""
     import torch
     from click.testing import CliRunner
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
     from recurnorm.cli.main import main
     from recurnorm.export.pack import pack_checkpoint
@@ -241,6 +244,9 @@ def test_verify_and_unpack_give_the_same_for_any_jobs(tmp_path):
     arts[0].write_bytes(pack_checkpoint(tmp_path / "m.safetensors", build_policy("int6:lqer=2")).data)
     arts[1].write_bytes(api.pack_qtensors(_qtensors()))
     run = lambda *a: CliRunner().invoke(main, [str(x) for x in a], catch_exceptions=False)  # noqa: E731
+    monkeypatch.setattr(parallel, "FORK", jobs_as == "processes")
+    if jobs_as == "threads, no pwrite":
+        monkeypatch.delattr(os, "pwrite")
     for art in arts:
         files, reports = [], []
         for jobs in (1, 2):
@@ -251,6 +257,9 @@ def test_verify_and_unpack_give_the_same_for_any_jobs(tmp_path):
             assert r.exit_code == 0, r.output
             reports.append(r.output)
         assert files[0] == files[1] and reports[0] == reports[1]
+        want = api.unpack(art.read_bytes())  # the library's state dict, in memory
+        got = load_file(tmp_path / f"{art.stem}-2.safetensors")
+        assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
 
 
 def test_items_start_out_of_order_only_while_the_results_waiting_hold_little(monkeypatch):
@@ -272,3 +281,37 @@ def test_items_start_out_of_order_only_while_the_results_waiting_hold_little(mon
     got = list(parallel.ordered(code, list(range(4)), 2, [100, 5, 5, 5], 110))
     assert [v for v, _ in got] == [[0], [1], [2], [3]]
     assert events.index(("start", 2)) > events.index(("end", 0))
+
+
+def test_results_parked_in_a_spool_hold_nothing_and_come_out_in_order(monkeypatch, tmp_path):
+    """A Spool's park() writes a result that comes before its turn to its file: past HOLD_BYTES,
+    later items still start out of order (item 2 starts while item 0 is at work: the opposite of
+    the test above), and copy_to() writes every buffer in the items' order."""
+    import hashlib
+
+    monkeypatch.setattr(parallel, "FORK", False)
+    monkeypatch.setattr(parallel, "HOLD_BYTES", 5)
+    release, events = threading.Event(), []
+
+    def code(item):
+        events.append(("start", item))
+        if item == 0:
+            assert release.wait(timeout=30)
+        if item == 3:
+            release.set()
+        return [item], [bytes([65 + item]) * (10 + item), b"-"]
+
+    with open(tmp_path / "spool", "w+b") as f:
+        spool, sha, lengths, parked = parallel.Spool(f), hashlib.sha256(), [], []
+        for (item,), buffers in parallel.ordered(code, list(range(4)), 2, [100, 5, 5, 5], 110, spool.park):
+            parked += [item] * all(isinstance(b, parallel.Parked) for b in buffers)
+            lengths += [spool.take(b, sha) for b in buffers]
+        assert 0 not in parked and 1 in parked  # (item 1 came back while item 0 waited)
+        with open(tmp_path / "out", "w+b") as out:
+            out.write(b"head")
+            spool.copy_to(out)
+            out.write(b"tail")
+    want = b"".join(bytes([65 + i]) * (10 + i) + b"-" for i in range(4))
+    assert (tmp_path / "out").read_bytes() == b"head" + want + b"tail"
+    assert sha.hexdigest() == hashlib.sha256(want).hexdigest() and sum(lengths) == len(want)
+    assert events.index(("start", 2)) < events.index(("start", 3)) and ("start", 3) in events

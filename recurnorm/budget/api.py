@@ -86,7 +86,7 @@ def pack_qtensors(
     options: PackOptions | None = None,
     check: bool = True,
     jobs: int = 1,
-    sink=None,
+    spool=None,
 ) -> bytes:
     """Entropy-pack QTensors into artifact bytes; one QTensor under two names is stored once.
 
@@ -97,8 +97,9 @@ def pack_qtensors(
     check: refuse (QuantError) names, shapes and values that readers refuse; False only to
     forge such artifacts (tests/hostile_corpus.py).
     jobs: tensors coded at once (the same bytes for any number). qtensors may make each QTensor
-    as asked (no tied names); with sink (a file), the payload goes there tensor by tensor and the
-    header and manifest come back (written first, then the payload).
+    as asked (no tied names); with spool (a parallel.Spool), the payload goes to its file tensor by
+    tensor, as the jobs finish them, and the header and manifest come back (written first, then
+    spool.copy_to: the payload).
     """
     if options is not None and effort != "normal":
         raise QuantError("give effort or options, not both")
@@ -112,13 +113,13 @@ def pack_qtensors(
     # One BLAS thread: jobs run tensors side by side, and the parent search's small products ran
     # 1.3-15x slower on two OpenBLAS threads whenever another process shared the cores.
     with threadpool_limits(1, user_api="blas"):
-        if options.also_normal and sink is None:  # (the search ranks codings by estimates: "max" may miss)
+        if options.also_normal and spool is None:  # (the search ranks codings by estimates: "max" may miss)
             tries = (PackOptions(), replace(options, also_normal=False))
             return min((_pack(qtensors, metadata, codecs, o, check, jobs) for o in tries), key=len)
-        return _pack(qtensors, metadata, codecs, options, check, jobs, sink)
+        return _pack(qtensors, metadata, codecs, options, check, jobs, spool)
 
 
-def _pack(qtensors, metadata: dict, codecs, options: PackOptions, check: bool, jobs: int = 1, sink=None) -> bytes:
+def _pack(qtensors, metadata: dict, codecs, options: PackOptions, check: bool, jobs: int = 1, spool=None) -> bytes:
     first_name: dict[int, str] = {}
     stored, aliases = [], []
     tied = isinstance(qtensors, dict)  # (a mapping that makes QTensors as asked holds no tied names)
@@ -138,18 +139,20 @@ def _pack(qtensors, metadata: dict, codecs, options: PackOptions, check: bool, j
     # Tensor by tensor, in order (jobs at once): each tensor's streams are written before the next's.
     # (a streamed checkpoint's sizes come from its header: its tensors are read when coded)
     sizes = [qtensors.numel(n) if hasattr(qtensors, "numel") else getattr(qtensors[n], "numel", 0) for n in stored]
-    with closing(
-        parallel.ordered(partial(_encoded, qtensors, codecs, options, check), stored, jobs, sizes, _limit(sizes))
-    ) as results:
+    work = partial(_encoded, qtensors, codecs, options, check)
+    park = spool and spool.park  # (results that come before their turn wait in the spool's file)
+    with closing(parallel.ordered(work, stored, jobs, sizes, _limit(sizes), park)) as results:
         for done, buffers in results:
             buffers = iter(buffers)
             for entry, coded in done:
                 for kind, stream in entry["streams"].items():
                     (codec, params), data = coded[kind], next(buffers)
-                    stream.update(codec=codec, params=params, offset=offset, length=len(data))
-                    sha.update(data)
-                    offset += len(data)
-                    chunks.append(data) if sink is None else sink.write(data)
+                    if spool is None:
+                        sha.update(data)
+                        chunks.append(data)
+                    length = len(data) if spool is None else spool.take(data, sha)
+                    stream.update(codec=codec, params=params, offset=offset, length=length)
+                    offset += length
                 entries.append(entry)
     manifest = {"format": "rnpk", "version": spec.VERSION, "metadata": metadata, "tensors": entries + aliases}
     return fmt.write_container(manifest, chunks, (offset, sha.hexdigest()))

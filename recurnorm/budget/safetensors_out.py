@@ -17,6 +17,8 @@ from typing import BinaryIO
 
 import torch
 
+from ..io import write_at
+
 _DTYPES = {
     torch.float64: "F64",
     torch.float32: "F32",
@@ -35,30 +37,46 @@ _DTYPES = {
 _CHUNK = 64 << 20  # bytes per write: a contiguous tensor is never copied whole
 
 
+class Layout:
+    """Where each tensor of specs {name: (torch dtype, shape)} goes in the file: `head` (the
+    length and JSON header), `size` (the whole file's bytes), and places() of a tensor."""
+
+    def __init__(self, specs: dict) -> None:
+        if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
+            raise NotImplementedError("writing safetensors needs a little-endian machine")
+        self.header, offset = {}, 0
+        for name in sorted(specs):
+            dtype, shape = specs[name]
+            nbytes = math.prod(shape) * dtype.itemsize
+            self.header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        head = json.dumps(self.header, separators=(",", ":")).encode("utf-8")
+        head += b" " * (-len(head) % 8)
+        self.head = struct.pack("<Q", len(head)) + head
+        self.size = len(self.head) + offset
+
+    def places(self, names: list[str], t: torch.Tensor) -> list[tuple[int, object]]:
+        """(file position, raw bytes) of a tensor at each of its names' places."""
+        t = t.detach().cpu().contiguous().reshape(-1)
+        data = t.view(torch.uint8).numpy() if t.numel() else b""  # bool and bfloat16 too: the raw bytes
+        out = []
+        for name in names:
+            (a, b), dtype = self.header[name]["data_offsets"], self.header[name]["dtype"]
+            if dtype != _DTYPES[t.dtype] or b - a != len(data):
+                raise ValueError(f"tensor {name!r}: {t.dtype} of {len(data)} bytes, not as declared")
+            out.append((len(self.head) + a, data))
+        return out
+
+
 def write_each(f: BinaryIO, specs: dict, tensors) -> None:
     """The file of tensors made one at a time: specs {name: (torch dtype, shape)} make the
     header, then each (names, tensor) of `tensors` is written at its names' places (the file
     f must be seekable; places never written are zeros)."""
-    if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
-        raise NotImplementedError("writing safetensors needs a little-endian machine")
-    header, offset = {}, 0
-    for name in sorted(specs):
-        dtype, shape = specs[name]
-        nbytes = math.prod(shape) * dtype.itemsize
-        header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    head += b" " * (-len(head) % 8)
-    f.write(struct.pack("<Q", len(head)) + head)
-    start = f.tell()
+    layout = Layout(specs)
+    f.write(layout.head)
+    f.flush()
     for names, t in tensors:
-        t = t.detach().cpu().contiguous().reshape(-1)
-        data = t.view(torch.uint8).numpy() if t.numel() else b""  # bool and bfloat16 too: the raw bytes
-        for name in names:
-            (a, b), dtype = header[name]["data_offsets"], header[name]["dtype"]
-            if dtype != _DTYPES[t.dtype] or b - a != len(data):
-                raise ValueError(f"tensor {name!r}: {t.dtype} of {len(data)} bytes, not as declared")
-            f.seek(start + a)
-            for i in range(0, len(data), _CHUNK):
-                f.write(memoryview(data[i : i + _CHUNK]))
-    f.seek(start + offset)
+        for pos, data in layout.places(names, t):
+            write_at(f, pos, data)
+    f.truncate(layout.size)
+    f.seek(layout.size)

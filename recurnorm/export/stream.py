@@ -1,9 +1,9 @@
 """Pack a .safetensors checkpoint tensor by tensor, in memory bounded by its largest tensors.
 
 Each tensor is read from the file when its turn comes, quantized and coded, and its streams
-are written to a spool file before the next is read (with --jobs N, N tensors at a time); the
-header and manifest, which hold the payload's length and hash, go first in the artifact and
-the spool after them. The artifact is the one `pack_state` makes of the whole state dict, byte
+are written to a spool file before the next is read (with --jobs N, N tensors at a time, each
+written as it is done, in any order); the header and manifest, which hold the payload's length
+and hash, go first in the artifact and the spool's streams after them, in order. The artifact is the one `pack_state` makes of the whole state dict, byte
 for byte: the same plan, tensor order and coding (a safetensors file holds no tied tensors).
 What needs every tensor at once (--fit, --gptq, a recipe's LQER on its worst tensors, effort
 max's two passes, a PyTorch .pt) takes that path instead.
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import struct
 import tempfile
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..budget.safetensors_out import _DTYPES
+from ..parallel import Spool
 from ..quant import extras
 from .policy import ExportPolicy
 
@@ -128,10 +128,10 @@ def pack_streamed(streamed, policy: ExportPolicy, metadata: dict, out, spool_dir
     torch.set_num_threads(torch.get_num_threads())
     plan = policy.plan(state)
     meta = {**metadata, "export": export_metadata(policy, plan)}
-    with tempfile.TemporaryFile(dir=spool_dir) as spool:
-        out.write(pack_qtensors(Quantized(src, names, plan), meta, jobs=jobs, sink=spool))
-        spool.seek(0)
-        shutil.copyfileobj(spool, out, 1 << 24)
+    with tempfile.TemporaryFile(dir=spool_dir) as f:
+        spool = Spool(f)
+        out.write(pack_qtensors(Quantized(src, names, plan), meta, jobs=jobs, spool=spool))
+        spool.copy_to(out)
 
 
 def streams(policy: ExportPolicy) -> bool:
