@@ -360,3 +360,29 @@ def test_range_bound_agrees_with_the_exact_peak(codes, scales, dtype, peak):
     qt = q.QTensor("int8", (2, 2), dtype, np.array(codes, np.int8), np.array(scales, np.float64))
     why = q.get("int8").range_problem(qt)
     assert why is None if peak is None else f"values up to {peak:.4g}" in why
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize(
+    "values,problem",
+    [
+        ([-3.0, 1.0], None),
+        ([-0.0, 0.0], None),
+        ([-1e6, 1.0], "beyond float16"),  # the largest magnitude is a negative one
+        ([1e6, -1.0], "beyond float16"),
+        ([-np.inf, 1.0], "NaN or Inf"),
+        ([np.nan, -1.0], "NaN or Inf"),
+    ],
+)
+def test_float_bits_peak_is_the_largest_magnitude_of_either_sign(fmt, values, problem):
+    """A float format's stored words are checked for NaN/Inf and for the output dtype's range
+    (float16 here) from their largest magnitude, read without the sign from either sign's side."""
+    import recurnorm.quant.passthrough as pt
+
+    store, _ = pt.FLOAT_FORMATS[fmt]
+    signed = {2: torch.int16, 4: torch.int32}[store.itemsize]
+    bits = torch.tensor(values).to(store).view(signed).numpy().view(f"u{store.itemsize}").reshape(1, -1)
+    why = q.get(fmt).check_values(q.QTensor(fmt, (2,), "float16", bits.copy(), params={}))
+    if fmt == "fp16" and problem == "beyond float16":
+        problem = "NaN or Inf"  # (1e6 is Inf as fp16)
+    assert why is None if problem is None else problem in why

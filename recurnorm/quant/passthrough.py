@@ -44,11 +44,13 @@ class _FloatBits(Quantizer):
         mant = FLOAT_FORMATS[self.name][1]
         if not bits.size:
             return None
-        # The largest magnitude is the largest bit pattern without the sign (one pass): NaN or
-        # Inf where its exponent is all ones (quantize() refuses them: such a value is forged);
-        # else one value to convert, which a narrower output dtype may not hold (fp32 1e10 as
-        # float16).
-        top = int((bits & self.view_uint((1 << (8 * bits.itemsize - 1)) - 1)).max())
+        # The largest magnitude is the largest bit pattern without the sign: the largest signed
+        # pattern of the positives, the largest unsigned one less the sign of the negatives (two
+        # passes, no temporary: masking every word cost 4x). NaN or Inf where its exponent is all
+        # ones (quantize() refuses them: such a value is forged); else one value to convert,
+        # which a narrower output dtype may not hold (fp32 1e10 as float16).
+        sign = 1 << (8 * bits.itemsize - 1)
+        top = max(int(bits.view(f"i{bits.itemsize}").max()), int(bits.max()) - sign, 0)
         if top >> mant >= (1 << (8 * bits.itemsize - 1 - mant)) - 1:
             return f"{self.name} values hold NaN or Inf"
         if self.store == torch.bfloat16:
