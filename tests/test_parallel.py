@@ -315,3 +315,22 @@ def test_results_parked_in_a_spool_hold_nothing_and_come_out_in_order(monkeypatc
     assert (tmp_path / "out").read_bytes() == b"head" + want + b"tail"
     assert sha.hexdigest() == hashlib.sha256(want).hexdigest() and sum(lengths) == len(want)
     assert events.index(("start", 2)) < events.index(("start", 3)) and ("start", 3) in events
+
+
+def test_the_order0_bound_is_of_narrow_words_only():
+    """Pack's and verify's tables give the order-0 bound of int codes and 2-byte float words;
+    fp32's 4-byte words (nearly each its own symbol) get none, and the totals' comparison with
+    the bound leaves their bytes out."""
+    import torch
+
+    from recurnorm.cli import tables
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 32, generator=g)
+    qts = {f: quant.get(f).quantize(w) for f in ("int8", "bf16", "fp32")}
+    _, rows = api.decoded_stats(api.pack_qtensors(qts))
+    got = {r["name"]: r for r in rows}
+    assert got["int8"]["order0_bytes"] > 0 and got["bf16"]["order0_bytes"] > 0
+    assert got["fp32"]["order0_bytes"] is None and got["fp32"]["overhead"] is None
+    narrow = sum(got[n]["codes_bytes"] for n in ("int8", "bf16"))
+    assert f"codes {narrow:,} bytes vs order-0 bound" in tables.totals_lines(rows)

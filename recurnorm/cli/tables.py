@@ -34,7 +34,7 @@ def totals_lines(rows: list[dict], cap: dict | None = None) -> str:
     nbytes = sum(r["bytes"] for r in stored)
     numel = sum(r["numel"] for r in stored)
     bound = sum(r.get("order0_bytes") or 0 for r in stored)
-    codes = sum(r.get("codes_bytes") or 0 for r in stored)
+    codes = sum(r.get("codes_bytes") or 0 for r in stored if r.get("order0_bytes"))  # (what a bound was taken of)
     out = [
         f"tensors {len(stored)} (+{len(rows) - len(stored)} aliases), weights {numel:,}, "
         f"stream bytes {nbytes:,} ({nbytes * 8 / max(numel, 1):.3f} bits/weight)"
