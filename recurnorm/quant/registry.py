@@ -142,9 +142,16 @@ class Quantizer:
 
     def dequantize(self, qt: QTensor) -> Tensor:
         """The float32 tensor (original shape) a QTensor stands for."""
+        return self._dequantize(self._checked(qt))
+
+    def dequantize_to(self, qt: QTensor, dtype: torch.dtype) -> Tensor:
+        """The tensor a QTensor stands for, in dtype."""
+        return self.dequantize(qt).to(dtype)
+
+    def _checked(self, qt: QTensor) -> QTensor:
         if qt.format != self.name:
             raise QuantError(f"QTensor has format {qt.format!r}, not {self.name!r}")
-        return self._dequantize(qt)
+        return qt
 
     def code_bits(self) -> float:
         """Bits one code needs before entropy coding (for bits-per-weight reports)."""
@@ -268,7 +275,10 @@ def get(name: str, **options: Any) -> Quantizer:
 def dequantize(qt: QTensor, *, original_dtype: bool = False) -> Tensor:
     """Dequantize any QTensor by rebuilding its quantizer from format and params (plus its LQER
     correction, when it has one)."""
-    t = get(qt.format, **qt.params).dequantize(qt)
+    quantizer = get(qt.format, **qt.params)
+    if original_dtype and qt.lowrank is None:
+        return quantizer.dequantize_to(qt, torch_dtype(qt.dtype))
+    t = quantizer.dequantize(qt)
     if qt.lowrank is not None:
         t = lowrank.add_to(t, qt, *(dequantize(f) for f in qt.lowrank))
     return restore_dtype(t, qt) if original_dtype else t
