@@ -286,6 +286,7 @@ def main() -> None:
                 if q == lossless:
                     bf16["unpack", j] = r["wall"]
                 out.unlink()
+                out.with_name("config.json").unlink(missing_ok=True)  # (a real checkpoint's, written beside)
             for a in arts.values():
                 a.unlink()
         if not args.no_zipnn:
