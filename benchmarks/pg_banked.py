@@ -254,8 +254,8 @@ def train(model, tokens: np.ndarray, steps: int, seed: int = 0):
     model.train()
     for step in range(steps):
         frac = min(1.0, (step + 1) / 20) * min(1.0, (steps - step) / (0.3 * steps))
-        for o, lrs in zip(opts, base):
-            for group, lr in zip(o.param_groups, lrs):
+        for o, lrs in zip(opts, base, strict=True):
+            for group, lr in zip(o.param_groups, lrs, strict=True):
                 group["lr"] = lr * frac
         starts = torch.randint(0, toks.numel() - SEQ - 1, (8,), generator=g)
         w = torch.stack([toks[s : s + SEQ + 1] for s in starts])

@@ -310,5 +310,6 @@ def main() -> None:
                         f"{c['wall'] / bf16['pack', j]:.2f}x, unpack speed {d['wall'] / bf16['unpack', j]:.2f}x"
                     )
 
+
 if __name__ == "__main__":
     main()

@@ -77,10 +77,11 @@ class Spool:
         return value, [self._put(b) for b in buffers]
 
     def _put(self, data) -> Parked:
+        n = memoryview(data).nbytes
         self.f.seek(self.end)
         self.f.write(data)
-        self.end += memoryview(data).nbytes
-        return Parked(self.end - memoryview(data).nbytes, memoryview(data).nbytes)
+        self.end += n
+        return Parked(self.end - n, n)
 
     def take(self, data, sha) -> int:
         """Place data (a buffer, or a Parked one) next, hashed into sha; its length."""

@@ -388,7 +388,9 @@ def test_float_bits_peak_is_the_largest_magnitude_of_either_sign(fmt, values, pr
     assert why is None if problem is None else problem in why
 
 
-@pytest.mark.parametrize("fmt,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32), ("bf16", torch.float32)])
+@pytest.mark.parametrize(
+    "fmt,dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32), ("bf16", torch.float32)]
+)
 def test_a_float_format_dequantizes_to_its_original_dtype_bit_for_bit(fmt, dtype):
     """In its own dtype a float format gives back its words (unpack: no float32 between), as a
     tensor of its own: writing to it leaves the QTensor's codes as they were."""
@@ -396,7 +398,11 @@ def test_a_float_format_dequantizes_to_its_original_dtype_bit_for_bit(fmt, dtype
     qt = q.get(fmt).quantize(w)
     got = q.dequantize(qt, original_dtype=True)
     want = w.to(q.get(fmt).store).to(dtype)
-    assert got.dtype == dtype and got.shape == w.shape and torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8))
+    assert (
+        got.dtype == dtype
+        and got.shape == w.shape
+        and torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8))
+    )
     before = qt.codes.copy()
     got.zero_()
     assert np.array_equal(qt.codes, before)

@@ -47,9 +47,9 @@ class Layout:
         self.header, offset = {}, 0
         for name in sorted(specs):
             dtype, shape = specs[name]
-            nbytes = math.prod(shape) * dtype.itemsize
-            self.header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-            offset += nbytes
+            n = math.prod(shape) * dtype.itemsize
+            self.header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
+            offset += n
         head = json.dumps(self.header, separators=(",", ":")).encode("utf-8")
         head += b" " * (-len(head) % 8)
         self.head = struct.pack("<Q", len(head)) + head

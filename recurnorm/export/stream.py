@@ -3,8 +3,9 @@
 Each tensor is read from the file when its turn comes, quantized and coded, and its streams
 are written to a spool file before the next is read (with --jobs N, N tensors at a time, each
 written as it is done, in any order); the header and manifest, which hold the payload's length
-and hash, go first in the artifact and the spool's streams after them, in order. The artifact is the one `pack_state` makes of the whole state dict, byte
-for byte: the same plan, tensor order and coding (a safetensors file holds no tied tensors).
+and hash, go first in the artifact and the spool's streams after them, in order. The artifact
+is the one `pack_state` makes of the whole state dict, byte for byte: the same plan, tensor
+order and coding (a safetensors file holds no tied tensors).
 What needs every tensor at once (--fit, --gptq, a recipe's LQER on its worst tensors, effort
 max's two passes, a PyTorch .pt) takes that path instead.
 """
