@@ -246,7 +246,7 @@ def main() -> None:
     )
     cli = [sys.executable, "-m", "recurnorm.cli.main"]
     jobs = [int(j) for j in args.jobs.split(",")]
-    bf16 = {}  # lossless: ("pack" or "unpack", jobs) -> wall s; "bytes" -> the artifact's (the ZipNN comparison)
+    lossless_runs = {}  # lossless: ("pack" or "unpack", jobs) -> wall s; "bytes" -> the artifact's (the ZipNN comparison)
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         tmp = Path(tmp)
         for q in args.quants.split(","):
@@ -271,7 +271,7 @@ def main() -> None:
                 )
                 row(f"pack -q {q} --jobs {j}", r, mb, f"{arts[j].stat().st_size:,} bytes")
                 if q == lossless:
-                    bf16["pack", j], bf16["bytes"] = r["wall"], arts[j].stat().st_size
+                    lossless_runs["pack", j], lossless_runs["bytes"] = r["wall"], arts[j].stat().st_size
             same = len({sha(a) for a in arts.values()}) == 1
             print(f"| --jobs {', '.join(map(str, jobs))} give the same bytes | | | | | | | {same} |")
             art = arts[jobs[0]]
@@ -284,7 +284,7 @@ def main() -> None:
                 exact = same_tensors(out, ckpt) if q == lossless else ""
                 row(f"unpack -q {q} --jobs {j}", r, mb, f"bit for bit: {exact}" if q == lossless else "ok")
                 if q == lossless:
-                    bf16["unpack", j] = r["wall"]
+                    lossless_runs["unpack", j] = r["wall"]
                 out.unlink()
                 out.with_name("config.json").unlink(missing_ok=True)  # (a real checkpoint's, written beside)
             for a in arts.values():
@@ -304,10 +304,10 @@ def main() -> None:
                 back.unlink()
                 row(f"zipnn compress, threads={j}", c, mb, f"{n:,} bytes")
                 row(f"zipnn decompress, threads={j}", d, mb, f"bit for bit: {same}")
-                if "bytes" in bf16:  # the targets: <= 0.99x its bytes, >= 0.5x its speeds
+                if "bytes" in lossless_runs:  # the targets: <= 0.99x its bytes, >= 0.5x its speeds
                     print(
-                        f"{lossless} vs zipnn, {j} job(s): bytes {bf16['bytes'] / n:.4f}x; pack speed "
-                        f"{c['wall'] / bf16['pack', j]:.2f}x, unpack speed {d['wall'] / bf16['unpack', j]:.2f}x"
+                        f"{lossless} vs zipnn, {j} job(s): bytes {lossless_runs['bytes'] / n:.4f}x; pack speed "
+                        f"{c['wall'] / lossless_runs['pack', j]:.2f}x, unpack speed {d['wall'] / lossless_runs['unpack', j]:.2f}x"
                     )
 
 

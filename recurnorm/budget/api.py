@@ -140,7 +140,7 @@ def _pack(qtensors, metadata: dict, codecs, options: PackOptions, check: bool, j
     # (a streamed checkpoint's sizes come from its header: its tensors are read when coded)
     sizes = [qtensors.numel(n) if hasattr(qtensors, "numel") else getattr(qtensors[n], "numel", 0) for n in stored]
     work = partial(_encoded, qtensors, codecs, options, check)
-    park = spool and spool.park  # (results that come before their turn wait in the spool's file)
+    park = None if spool is None else spool.park  # (results that come before their turn wait in its file)
     with closing(parallel.ordered(work, stored, jobs, sizes, _limit(sizes), park)) as results:
         for done, buffers in results:
             buffers = iter(buffers)
