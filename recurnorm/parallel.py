@@ -25,7 +25,6 @@ import sys
 import threading
 import warnings
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from typing import BinaryIO, NamedTuple
 
 FORK = sys.platform.startswith("linux")  # (tests set it False to run the thread path)
 FRAME = struct.Struct("<BQ")  # a result: ok, the JSON's length; then the JSON [value, [lengths]], the bytes
@@ -35,16 +34,14 @@ PIPE_BYTES = 1 << 20  # fewer wake-ups per coded tensor (Linux: at most /proc/sy
 # Results that came back before their turn wait here up to this many bytes (their buffers):
 # meanwhile later items start out of order, so that a large item at work does not leave the
 # other jobs idle. A 1.1B-weight model: its int8 head and embedding take 7.9 s of CPU each, in
-# which the other job codes ~170M weights of int4 matrices (0.45 bytes a weight coded). Results
-# parked in a file (a Spool's) hold nothing here.
+# which the other job codes ~170M weights of int4 matrices (0.45 bytes a weight coded).
 HOLD_BYTES = 1 << 27
 
 
-def ordered(fn, items: list, jobs: int, sizes: list[int], limit: int, park=None):
+def ordered(fn, items: list, jobs: int, sizes: list[int], limit: int):
     """fn(item) of each item, in order, at most jobs at a time. An item starts beside others
     while the sizes at work stay within limit (alone, any size starts); items start out of
-    order while the results waiting for their turn hold at most HOLD_BYTES (park: what is done
-    to a result that comes back before its turn, e.g. Spool.park). Use it in a
+    order while the results waiting for their turn hold at most HOLD_BYTES. Use it in a
     `with contextlib.closing(...)` so that the workers stop when the caller stops reading."""
     jobs = min(jobs, len(items))
     if jobs < 2:
@@ -52,86 +49,12 @@ def ordered(fn, items: list, jobs: int, sizes: list[int], limit: int, park=None)
         return
     pool = _Forks(fn, items, jobs) if FORK else _Threads(fn, items, jobs)
     try:  # (where the system gave one job or none: here, in order)
-        yield from map(fn, items) if pool.alive() < 2 else _schedule(pool, fn, items, sizes, limit, park)
+        yield from map(fn, items) if pool.alive() < 2 else _schedule(pool, fn, items, sizes, limit)
     finally:
         pool.stop()
 
 
-class Parked(NamedTuple):
-    """A buffer of a result in a Spool's file: where, and its length."""
-
-    offset: int
-    length: int
-
-
-class Spool:
-    """Results' buffers kept in a file (an unnamed temp file) instead of memory: park() writes a
-    result's buffers at the file's end as it comes back, in any order; take() places each buffer,
-    parked or not, next in the output's order; copy_to() writes them out in that order."""
-
-    def __init__(self, f: BinaryIO) -> None:
-        self.f, self.end, self.order = f, 0, []  # order: (offset, length) taken, adjacent ones merged
-
-    def park(self, result: tuple) -> tuple:
-        value, buffers = result
-        return value, [self._put(b) for b in buffers]
-
-    def _put(self, data) -> Parked:
-        n = memoryview(data).nbytes
-        self.f.seek(self.end)
-        self.f.write(data)
-        self.end += n
-        return Parked(self.end - n, n)
-
-    def take(self, data, sha) -> int:
-        """Place data (a buffer, or a Parked one) next, hashed into sha; its length."""
-        if isinstance(data, Parked):
-            self.f.seek(data.offset)
-            for at in range(0, data.length, COPY_BYTES):
-                sha.update(self.f.read(min(COPY_BYTES, data.length - at)))
-        else:
-            sha.update(data)
-            data = self._put(data)
-        if self.order and sum(self.order[-1]) == data.offset:
-            self.order[-1] = (self.order[-1][0], self.order[-1][1] + data.length)
-        else:
-            self.order.append(tuple(data))
-        return data.length
-
-    def copy_to(self, out: BinaryIO) -> None:
-        """What was taken, in order, to out at its position (in the kernel where it can)."""
-        self.f.flush()
-        out.flush()
-        pos = out.tell()
-        for offset, n in self.order:
-            while n:
-                k = _copy_range(self.f, out, offset, pos, n)
-                offset, pos, n = offset + k, pos + k, n - k
-        out.seek(pos)
-
-
-COPY_BYTES = 1 << 24
-
-
-def _copy_range(src: BinaryIO, dst: BinaryIO, offset: int, pos: int, n: int) -> int:
-    if hasattr(os, "copy_file_range"):  # (Linux: no copy through this process's memory)
-        try:
-            k = os.copy_file_range(src.fileno(), dst.fileno(), n, offset, pos)
-            if k:
-                return k
-        except OSError:  # (a kernel or file system without it: read and write)
-            pass
-    src.seek(offset)
-    chunk = src.read(min(n, COPY_BYTES))
-    if not chunk:
-        raise EOFError(f"spool ends at {offset:,} bytes")
-    dst.seek(pos)
-    dst.write(chunk)
-    dst.flush()
-    return len(chunk)
-
-
-def _schedule(pool, fn, items: list, sizes: list[int], limit: int, park=None):
+def _schedule(pool, fn, items: list, sizes: list[int], limit: int):
     todo = list(range(len(items)))  # not started, in order
     working: dict[int, int] = {}  # item -> size
     done: dict[int, tuple[bool, object]] = {}  # item -> (ok, result or its exception or None)
@@ -149,7 +72,7 @@ def _schedule(pool, fn, items: list, sizes: list[int], limit: int, park=None):
                 pool.start(i)
             i, ok, result = pool.wait()
             del working[i]
-            done[i] = (ok, park(result) if ok and park is not None and i != first else result)
+            done[i] = (ok, result)
             held += _nbytes(done[i])
         ok, result = done.pop(first, (False, None))  # (no worker left: run it here)
         held -= _nbytes((ok, result))
@@ -167,7 +90,7 @@ def _nbytes(outcome: tuple[bool, object]) -> int:
     ok, result = outcome
     if not ok or not isinstance(result, tuple) or len(result) != 2 or not isinstance(result[1], list):
         return 0
-    return sum(memoryview(b).nbytes for b in result[1] if not isinstance(b, Parked))
+    return sum(memoryview(b).nbytes for b in result[1])
 
 
 class _Forks:

@@ -37,3 +37,37 @@ def test_settled_heap_serves_repeated_temporaries_without_page_faults():
 
     assert faults("default") > 200 * 200  # freed to the system and faulted back: ~147 pages a temporary
     assert faults("settle") < 5000  # the first touches only
+
+
+BIG = textwrap.dedent("""
+    import resource, sys
+    import numpy as np
+    from recurnorm.budget import heap
+    if sys.argv[1] == "settle":
+        heap.settle()
+    core = getattr(np, "_core", None) or np.core
+    huge = core.multiarray._set_madvise_hugepage(False)  # (returns what it was)
+    faults = []
+    for _ in range(3):  # a checkpoint's tensors: blocks past the mmap threshold, one after another
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        a = np.ones(48 << 17)  # 48 MiB
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        del a
+    print(int(huge), faults[0], faults[-1])
+""")
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_settled_heap_serves_a_tensor_sized_block_again_and_numpy_asks_no_huge_pages():
+    """Past 32 MB malloc maps each block afresh; settled, a freed 48 MiB block serves the next
+    (its pages touched once), and numpy no longer advises huge pages (heap.py: both cost a
+    virtual machine system time)."""
+
+    def probe(mode: str) -> list[int]:
+        out = subprocess.run([sys.executable, "-c", BIG, mode], capture_output=True, text=True, check=True)
+        return [int(v) for v in out.stdout.split()]
+
+    huge, first, last = probe("default")
+    assert last > 1000 or huge  # unsettled: mapped afresh each time (or fewer faults: huge pages)
+    huge, first, last = probe("settle")
+    assert huge == 0 and first > 1000 and last < 100

@@ -283,38 +283,46 @@ def test_items_start_out_of_order_only_while_the_results_waiting_hold_little(mon
     assert events.index(("start", 2)) > events.index(("end", 0))
 
 
-def test_results_parked_in_a_spool_hold_nothing_and_come_out_in_order(monkeypatch, tmp_path):
-    """A Spool's park() writes a result that comes before its turn to its file: past HOLD_BYTES,
-    later items still start out of order (item 2 starts while item 0 is at work: the opposite of
-    the test above), and copy_to() writes every buffer in the items' order."""
-    import hashlib
+@pytest.mark.parametrize("pwrite", [True, False])
+@pytest.mark.parametrize(("src", "dst"), [(0, 7), (7, 0), (3, 5), (5, 3), (0, 0)])
+def test_move_within_moves_bytes_over_their_own_place(monkeypatch, tmp_path, src, dst, pwrite):
+    """Pack writes its payload first and moves it past the header once the header is known: a
+    move that overlaps itself, either way, chunk by chunk (chunks of 4 here), with or without
+    pwrite (Windows), and the pages written behind it."""
+    from recurnorm import io as rio
 
-    monkeypatch.setattr(parallel, "FORK", False)
-    monkeypatch.setattr(parallel, "HOLD_BYTES", 5)
-    release, events = threading.Event(), []
+    monkeypatch.setattr(rio, "_WRITE_CHUNK", 4)
+    monkeypatch.setattr(rio, "EVICT_BYTES", 8)
+    if not pwrite:
+        monkeypatch.delattr(rio.os, "pwrite")
+    body = bytes(range(65, 65 + 23))
+    with open(tmp_path / "f", "w+b") as f:
+        f.write(b"." * src + body)
+        f.flush()
+        rio.move_within(f, src, dst, len(body))
+        f.flush()
+    data = (tmp_path / "f").read_bytes()
+    assert data[dst : dst + len(body)] == body
 
-    def code(item):
-        events.append(("start", item))
-        if item == 0:
-            assert release.wait(timeout=30)
-        if item == 3:
-            release.set()
-        return [item], [bytes([65 + item]) * (10 + item), b"-"]
 
-    with open(tmp_path / "spool", "w+b") as f:
-        spool, sha, lengths, parked = parallel.Spool(f), hashlib.sha256(), [], []
-        for (item,), buffers in parallel.ordered(code, list(range(4)), 2, [100, 5, 5, 5], 110, spool.park):
-            parked += [item] * all(isinstance(b, parallel.Parked) for b in buffers)
-            lengths += [spool.take(b, sha) for b in buffers]
-        assert 0 not in parked and 1 in parked  # (item 1 came back while item 0 waited)
-        with open(tmp_path / "out", "w+b") as out:
-            out.write(b"head")
-            spool.copy_to(out)
-            out.write(b"tail")
-    want = b"".join(bytes([65 + i]) * (10 + i) + b"-" for i in range(4))
-    assert (tmp_path / "out").read_bytes() == b"head" + want + b"tail"
-    assert sha.hexdigest() == hashlib.sha256(want).hexdigest() and sum(lengths) == len(want)
-    assert events.index(("start", 2)) < events.index(("start", 3)) and ("start", 3) in events
+def test_write_behind_writes_at_the_position_and_drops_what_it_wrote(monkeypatch, tmp_path):
+    """WriteBehind.write is the file's write; every EVICT_BYTES it syncs and drops the ranges
+    written since (posix_fadvise DONTNEED), and flush() the rest."""
+    from recurnorm import io as rio
+
+    monkeypatch.setattr(rio, "EVICT_BYTES", 10)
+    dropped = []
+    if hasattr(rio.os, "posix_fadvise"):
+        monkeypatch.setattr(rio.os, "posix_fadvise", lambda fd, pos, n, how: dropped.append((pos, n)))
+    with open(tmp_path / "f", "w+b") as f:
+        f.write(b"head")
+        behind = rio.WriteBehind(f)
+        for part in (b"abcdef", b"ghijkl", b"mn"):
+            behind.write(part)
+        assert dropped in ([(4, 6), (10, 6)], [])  # (10 bytes reached after the second)
+        behind.flush()
+    assert (tmp_path / "f").read_bytes() == b"headabcdefghijklmn"
+    assert dropped in ([(4, 6), (10, 6), (16, 2)], [])
 
 
 def test_the_order0_bound_is_of_narrow_words_only():

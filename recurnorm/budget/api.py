@@ -86,7 +86,7 @@ def pack_qtensors(
     options: PackOptions | None = None,
     check: bool = True,
     jobs: int = 1,
-    spool=None,
+    payload=None,
 ) -> bytes:
     """Entropy-pack QTensors into artifact bytes; one QTensor under two names is stored once.
 
@@ -97,9 +97,8 @@ def pack_qtensors(
     check: refuse (QuantError) names, shapes and values that readers refuse; False only to
     forge such artifacts (tests/hostile_corpus.py).
     jobs: tensors coded at once (the same bytes for any number). qtensors may make each QTensor
-    as asked (no tied names); with spool (a parallel.Spool), the payload goes to its file tensor by
-    tensor, as the jobs finish them, and the header and manifest come back (written first, then
-    spool.copy_to: the payload).
+    as asked (no tied names); with payload (a binary file), the payload is written to it tensor by
+    tensor, in order, and the header and manifest come back (to go before it).
     """
     if options is not None and effort != "normal":
         raise QuantError("give effort or options, not both")
@@ -113,13 +112,13 @@ def pack_qtensors(
     # One BLAS thread: jobs run tensors side by side, and the parent search's small products ran
     # 1.3-15x slower on two OpenBLAS threads whenever another process shared the cores.
     with threadpool_limits(1, user_api="blas"):
-        if options.also_normal and spool is None:  # (the search ranks codings by estimates: "max" may miss)
+        if options.also_normal and payload is None:  # (the search ranks codings by estimates: "max" may miss)
             tries = (PackOptions(), replace(options, also_normal=False))
             return min((_pack(qtensors, metadata, codecs, o, check, jobs) for o in tries), key=len)
-        return _pack(qtensors, metadata, codecs, options, check, jobs, spool)
+        return _pack(qtensors, metadata, codecs, options, check, jobs, payload)
 
 
-def _pack(qtensors, metadata: dict, codecs, options: PackOptions, check: bool, jobs: int = 1, spool=None) -> bytes:
+def _pack(qtensors, metadata: dict, codecs, options: PackOptions, check: bool, jobs: int = 1, payload=None) -> bytes:
     first_name: dict[int, str] = {}
     stored, aliases = [], []
     tied = isinstance(qtensors, dict)  # (a mapping that makes QTensors as asked holds no tied names)
@@ -140,19 +139,19 @@ def _pack(qtensors, metadata: dict, codecs, options: PackOptions, check: bool, j
     # (a streamed checkpoint's sizes come from its header: its tensors are read when coded)
     sizes = [qtensors.numel(n) if hasattr(qtensors, "numel") else getattr(qtensors[n], "numel", 0) for n in stored]
     work = partial(_encoded, qtensors, codecs, options, check)
-    park = None if spool is None else spool.park  # (results that come before their turn wait in its file)
-    with closing(parallel.ordered(work, stored, jobs, sizes, _limit(sizes), park)) as results:
+    with closing(parallel.ordered(work, stored, jobs, sizes, _limit(sizes))) as results:
         for done, buffers in results:
             buffers = iter(buffers)
             for entry, coded in done:
                 for kind, stream in entry["streams"].items():
                     (codec, params), data = coded[kind], next(buffers)
-                    if spool is None:
-                        sha.update(data)
+                    sha.update(data)
+                    if payload is None:
                         chunks.append(data)
-                    length = len(data) if spool is None else spool.take(data, sha)
-                    stream.update(codec=codec, params=params, offset=offset, length=length)
-                    offset += length
+                    else:
+                        payload.write(data)
+                    stream.update(codec=codec, params=params, offset=offset, length=len(data))
+                    offset += len(data)
                 entries.append(entry)
     manifest = {"format": "rnpk", "version": spec.VERSION, "metadata": metadata, "tensors": entries + aliases}
     return fmt.write_container(manifest, chunks, (offset, sha.hexdigest()))
@@ -290,6 +289,7 @@ def iter_artifact(data: bytes, max_decoded_bytes: int | None = None, fn=None, jo
     QTensor), ([alias entry], None) per alias. A mapped file's pages are let go as read.
     fn: fn(entries, QTensor) of each instead, decoded and run jobs at once (parallel.ordered: fn
     returns (JSON-able, [bytes-like]); close the results with contextlib.closing)."""
+    heap.settle()
     manifest, payload = validate.read_container(data, max_decoded_bytes)
     units: list[list[dict]] = [[]]  # (validate checked that factors come just before their tensor)
     factors = {n for t in manifest["tensors"] for n in t.get("lowrank", ())}

@@ -468,16 +468,20 @@ class _Placer:
     that decoded it: nothing but its name crosses back (2.2 GB of a 1.1B-weight model did)."""
 
     file = layout = names = None  # (set by unpack before the first tensor)
+    behind = None  # (its file's WriteBehind, one in each job)
 
     def __call__(self, entries: list[dict], qt):
-        from ..io import write_at
+        from ..io import WriteBehind, write_at
         from ..quant.registry import dequantize
 
         if qt is None:  # an alias: written with the tensor it names
             return None, []
         t = dequantize(qt, original_dtype=True)
+        if self.behind is None or self.behind.f is not self.file:
+            self.behind = WriteBehind(self.file)
         for pos, data in self.layout.places(self.names[entries[-1]["name"]], t):
             write_at(self.file, pos, data)
+            self.behind.done(pos, memoryview(data).nbytes)
         return entries[-1]["name"], []
 
 

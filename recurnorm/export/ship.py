@@ -192,7 +192,7 @@ def _ship_streamed(ckpt, policy: ExportPolicy, out: Path, jobs: int, max_decoded
     fd, tmp = temp_beside(out)
     try:
         with os.fdopen(fd, "wb+") as f:
-            pack_streamed(streamed, policy, metadata, f, out.parent, jobs=jobs)
+            pack_streamed(streamed, policy, metadata, f, jobs=jobs)
             f.flush()
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         rows, meta = packed_rows(data, max_decoded_bytes, jobs)  # (the self-check: a full decode, in jobs)

@@ -1,9 +1,10 @@
 """Pack a .safetensors checkpoint tensor by tensor, in memory bounded by its largest tensors.
 
 Each tensor is read from the file when its turn comes, quantized and coded, and its streams
-are written to a spool file before the next is read (with --jobs N, N tensors at a time, each
-written as it is done, in any order); the header and manifest, which hold the payload's length
-and hash, go first in the artifact and the spool's streams after them, in order. The artifact
+are written to the output, in order, before the next is read (with --jobs N, N tensors at a
+time; one that is done before its turn waits in memory, parallel.HOLD_BYTES). The header and
+manifest, which hold the payload's length and hash, go first in the artifact: once they are
+known, the payload is moved past them within the output file. The artifact
 is the one `pack_state` makes of the whole state dict, byte for byte: the same plan, tensor
 order and coding (a safetensors file holds no tied tensors).
 What needs every tensor at once (--fit, --gptq, a recipe's LQER on its worst tensors, effort
@@ -15,14 +16,13 @@ from __future__ import annotations
 import json
 import math
 import struct
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from ..budget.safetensors_out import _DTYPES
-from ..parallel import Spool
+from ..io import WriteBehind, move_within, write_at
 from ..quant import extras
 from .policy import ExportPolicy
 
@@ -116,9 +116,9 @@ def open_streamed(ckpt: str | Path):
     return src, {n: original[id(t)] for n, t in state.items()}, state, config, strip_wrapper_note(stripped)
 
 
-def pack_streamed(streamed, policy: ExportPolicy, metadata: dict, out, spool_dir: Path, *, jobs: int = 1) -> None:
-    """Write the artifact of a streamed checkpoint to the binary file out (see the module); the
-    payload waits in an unnamed file in spool_dir (the output's folder: room for it)."""
+def pack_streamed(streamed, policy: ExportPolicy, metadata: dict, out, *, jobs: int = 1) -> None:
+    """Write the artifact of a streamed checkpoint to out, a binary file opened for reading and
+    writing, from its position (see the module)."""
     from ..budget.api import pack_qtensors
     from .pack import export_metadata
 
@@ -129,10 +129,14 @@ def pack_streamed(streamed, policy: ExportPolicy, metadata: dict, out, spool_dir
     torch.set_num_threads(torch.get_num_threads())
     plan = policy.plan(state)
     meta = {**metadata, "export": export_metadata(policy, plan)}
-    with tempfile.TemporaryFile(dir=spool_dir) as f:
-        spool = Spool(f)
-        out.write(pack_qtensors(Quantized(src, names, plan), meta, jobs=jobs, spool=spool))
-        spool.copy_to(out)
+    start = out.tell()
+    behind = WriteBehind(out)
+    head = pack_qtensors(Quantized(src, names, plan), meta, jobs=jobs, payload=behind)
+    behind.flush()
+    end = out.tell()
+    move_within(out, start, start + len(head), end - start)
+    write_at(out, start, head)
+    out.seek(end + len(head))
 
 
 def streams(policy: ExportPolicy) -> bool:
