@@ -283,14 +283,15 @@ def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact
     return Artifact(manifest, manifest.get("metadata", {}), qtensors, aliases)
 
 
-def iter_artifact(data: bytes, max_decoded_bytes: int | None = None, fn=None, jobs: int = 1):
+def iter_artifact(data: bytes, max_decoded_bytes: int | None = None, fn=None, jobs: int = 1, *, hashed: bool = False):
     """(manifest, its tensors decoded one at a time, after read_artifact's checks): ([entries],
     QTensor) per stored tensor (an LQER tensor's factor entries first, the factors on its
     QTensor), ([alias entry], None) per alias. A mapped file's pages are let go as read.
     fn: fn(entries, QTensor) of each instead, decoded and run jobs at once (parallel.ordered: fn
-    returns (JSON-able, [bytes-like]); close the results with contextlib.closing)."""
+    returns (JSON-able, [bytes-like]); close the results with contextlib.closing).
+    hashed: see format.read_container."""
     heap.settle()
-    manifest, payload = validate.read_container(data, max_decoded_bytes)
+    manifest, payload = validate.read_container(data, max_decoded_bytes, hashed=hashed)
     units: list[list[dict]] = [[]]  # (validate checked that factors come just before their tensor)
     factors = {n for t in manifest["tensors"] for n in t.get("lowrank", ())}
     for t in manifest["tensors"]:
@@ -378,9 +379,9 @@ def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> 
     return rows
 
 
-def decoded_stats(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1) -> tuple[dict, list[dict]]:
+def decoded_stats(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed: bool = False):
     """(manifest, tensor_stats rows) of artifact bytes, decoded one tensor at a time, jobs at once."""
-    manifest, results = iter_artifact(data, max_decoded_bytes, _stats, jobs)
+    manifest, results = iter_artifact(data, max_decoded_bytes, _stats, jobs, hashed=hashed)
     with closing(results):
         return manifest, [row for rows, _ in results for row in rows]
 

@@ -89,10 +89,10 @@ def default_max_decoded_bytes(stored_bytes: int) -> int:
     return max(DEFAULT_MAX_DECODED_BYTES, min(DECODED_PER_STORED_BYTE * stored_bytes, memory))
 
 
-def read_container(data, max_decoded_bytes: int | None = None) -> tuple[dict, memoryview]:
+def read_container(data, max_decoded_bytes: int | None = None, *, hashed: bool = False) -> tuple[dict, memoryview]:
     """format.read_container (header, checksums, JSON), then every manifest field before anything
     is decoded (max_decoded_bytes: default_max_decoded_bytes), then the header's field flags."""
-    manifest, payload = fmt.read_container(data)
+    manifest, payload = fmt.read_container(data, hashed=hashed)
     check_manifest(manifest, max_decoded_bytes)
     for field, bit in spec.FIELD_FLAGS.items():
         if bool(spec.HEADER.unpack_from(data, 0)[2] & bit) != fmt.has_field(manifest, field):
