@@ -428,6 +428,8 @@ def move_within(f: BinaryIO, src: int, dst: int, n: int) -> None:
     overlapping or not: a chunk at a time through one buffer, each read before it is written,
     from the end whose chunks are read before they could be overwritten; written behind
     (WriteBehind). Pack moves its payload past the header once the header is known."""
+    if n <= 0 or src == dst:
+        return
     behind = WriteBehind(f)
     # (reads past f's buffer where write_at writes past it: pwrite)
     step, raw = min(n, _WRITE_CHUNK), getattr(f, "raw", f) if hasattr(os, "pwrite") else f

@@ -284,8 +284,8 @@ def test_items_start_out_of_order_only_while_the_results_waiting_hold_little(mon
 
 
 @pytest.mark.parametrize("pwrite", [True, False])
-@pytest.mark.parametrize(("src", "dst"), [(0, 7), (7, 0), (3, 5), (5, 3), (0, 0)])
-def test_move_within_moves_bytes_over_their_own_place(monkeypatch, tmp_path, src, dst, pwrite):
+@pytest.mark.parametrize(("src", "dst", "n"), [(0, 7, 23), (7, 0, 23), (3, 5, 23), (5, 3, 23), (0, 0, 23), (4, 9, 0)])
+def test_move_within_moves_bytes_over_their_own_place(monkeypatch, tmp_path, src, dst, n, pwrite):
     """Pack writes its payload first and moves it past the header once the header is known: a
     move that overlaps itself, either way, chunk by chunk (chunks of 4 here), with or without
     pwrite (Windows), and the pages written behind it."""
@@ -295,7 +295,7 @@ def test_move_within_moves_bytes_over_their_own_place(monkeypatch, tmp_path, src
     monkeypatch.setattr(rio, "EVICT_BYTES", 8)
     if not pwrite:
         monkeypatch.delattr(rio.os, "pwrite")
-    body = bytes(range(65, 65 + 23))
+    body = bytes(range(65, 65 + n))
     with open(tmp_path / "f", "w+b") as f:
         f.write(b"." * src + body)
         f.flush()

@@ -139,6 +139,7 @@ def _pack(qtensors, metadata: dict, codecs, options: PackOptions, check: bool, j
     # (a streamed checkpoint's sizes come from its header: its tensors are read when coded)
     sizes = [qtensors.numel(n) if hasattr(qtensors, "numel") else getattr(qtensors[n], "numel", 0) for n in stored]
     work = partial(_encoded, qtensors, codecs, options, check)
+    write = chunks.append if payload is None else payload.write
     with closing(parallel.ordered(work, stored, jobs, sizes, _limit(sizes))) as results:
         for done, buffers in results:
             buffers = iter(buffers)
@@ -146,10 +147,7 @@ def _pack(qtensors, metadata: dict, codecs, options: PackOptions, check: bool, j
                 for kind, stream in entry["streams"].items():
                     (codec, params), data = coded[kind], next(buffers)
                     sha.update(data)
-                    if payload is None:
-                        chunks.append(data)
-                    else:
-                        payload.write(data)
+                    write(data)
                     stream.update(codec=codec, params=params, offset=offset, length=len(data))
                     offset += len(data)
                 entries.append(entry)
@@ -288,8 +286,7 @@ def iter_artifact(data: bytes, max_decoded_bytes: int | None = None, fn=None, jo
     QTensor) per stored tensor (an LQER tensor's factor entries first, the factors on its
     QTensor), ([alias entry], None) per alias. A mapped file's pages are let go as read.
     fn: fn(entries, QTensor) of each instead, decoded and run jobs at once (parallel.ordered: fn
-    returns (JSON-able, [bytes-like]); close the results with contextlib.closing).
-    hashed: see format.read_container."""
+    returns (JSON-able, [bytes-like]); close the results with contextlib.closing). hashed: as format's."""
     heap.settle()
     manifest, payload = validate.read_container(data, max_decoded_bytes, hashed=hashed)
     units: list[list[dict]] = [[]]  # (validate checked that factors come just before their tensor)

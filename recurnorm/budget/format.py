@@ -86,10 +86,8 @@ def json_depth(obj: Any, limit: int) -> int:
 
 
 def read_container(data: bytes, *, hashed: bool = False) -> tuple[dict, memoryview]:
-    """Check header, checksums and the manifest's structure; return (manifest, payload).
-    Its fields are checked next, by validate.read_container (the one readers call).
-    hashed: the caller wrote this payload and hashed it as it did (pack's self-check, whose
-    decode then checks every stream): its checksum is not computed again."""
+    """Check header, checksums and the manifest's structure; return (manifest, payload); its fields
+    next: validate.read_container. hashed: the payload's checksum was taken as pack wrote it."""
     data = memoryview(data)
     if len(data) < spec.HEADER_SIZE:
         raise ArtifactError(f"truncated artifact: {len(data)} bytes, header needs {spec.HEADER_SIZE}")

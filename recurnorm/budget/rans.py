@@ -165,12 +165,10 @@ def order0_bits(symbols: np.ndarray) -> float:
         return 0.0
     if s.dtype.kind in "iub" and s.dtype.itemsize <= 2:
         # Counted by bit pattern: a relabelling leaves the entropy as it is; no sort, no copy.
-        u = np.ascontiguousarray(s).view(f"u{s.dtype.itemsize}")
-        if kernel.on() and u.itemsize == 2 and u.size < 1 << 32:  # (one pass: bincount casts to int64
-            counts = np.zeros(1 << 16, np.int64)  # a chunk at a time, 4x as long on bf16 words)
+        u, counts = np.ascontiguousarray(s).view(f"u{s.dtype.itemsize}"), np.zeros(1 << 16, np.int64)
+        if kernel.on() and u.itemsize == 2 and u.size < 1 << 32:  # (bincount casts to int64: 4x as long)
             kernel.c.top_counts(u, 2, 0, counts)
-            return entropy_bits(counts)
-        return entropy_bits(bincount(u))
+        return entropy_bits(counts if counts.any() else bincount(u))
     _, counts = np.unique(s, return_counts=True)
     return entropy_bits(counts)
 
