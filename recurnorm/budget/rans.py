@@ -164,11 +164,11 @@ def order0_bits(symbols: np.ndarray) -> float:
     if s.size == 0:
         return 0.0
     if s.dtype.kind in "iub" and s.dtype.itemsize <= 2:
-        # Counted by bit pattern: a relabelling leaves the entropy as it is; no sort, no copy.
-        u, counts = np.ascontiguousarray(s).view(f"u{s.dtype.itemsize}"), np.zeros(1 << 16, np.int64)
-        if kernel.on() and u.itemsize == 2 and u.size < 1 << 32:  # (bincount casts to int64: 4x as long)
-            kernel.c.top_counts(u, 2, 0, counts)
-        return entropy_bits(counts if counts.any() else bincount(u))
+        u = np.ascontiguousarray(s).view(f"u{s.dtype.itemsize}")  # (by bit pattern: no sort, no copy; the same entropy)
+        if not kernel.on() or u.itemsize == 1 or u.size >= 1 << 32:
+            return entropy_bits(bincount(u))
+        kernel.c.top_counts(u, 2, 0, counts := np.zeros(1 << 16, np.int64))  # (bincount: int64 casts, 4x as long)
+        return entropy_bits(counts)
     _, counts = np.unique(s, return_counts=True)
     return entropy_bits(counts)
 

@@ -423,7 +423,7 @@ def unpack(artifact, out, force, max_decoded_bytes, jobs):
     from contextlib import closing
 
     from ..budget import api, safetensors_out
-    from ..io import atomic_write_many, check_distinct, check_writable
+    from ..io import WriteBehind, atomic_write_many, check_distinct, check_writable
     from ..quant import registry as quant_registry
 
     check_writable(out, force, [artifact])
@@ -449,9 +449,10 @@ def unpack(artifact, out, force, max_decoded_bytes, jobs):
     def write(f):
         f.write(placer.layout.head)
         f.flush()
-        placer.file = f  # (before the first tensor: the jobs start, and fork, then)
+        placer.file, placer.behind = f, WriteBehind(f)  # (before the first tensor: the jobs fork then)
         for _ in tensors:
             pass
+        placer.behind.flush()  # (one job: this process's syncs done before the file closes)
         f.truncate(placer.layout.size)
 
     parts = [(out, write)]
@@ -467,18 +468,15 @@ class _Placer:
     """Dequantizes a decoded tensor and writes it at its places in unpack's output, in the job
     that decoded it: nothing but its name crosses back (2.2 GB of a 1.1B-weight model did)."""
 
-    file = layout = names = None  # (set by unpack before the first tensor)
-    behind = None  # (its file's WriteBehind, one in each job)
+    file = behind = layout = names = None  # (set by unpack before the first tensor; behind: a copy in each job)
 
     def __call__(self, entries: list[dict], qt):
-        from ..io import WriteBehind, write_at
+        from ..io import write_at
         from ..quant.registry import dequantize
 
         if qt is None:  # an alias: written with the tensor it names
             return None, []
         t = dequantize(qt, original_dtype=True)
-        if self.behind is None or self.behind.f is not self.file:
-            self.behind = WriteBehind(self.file)
         for pos, data in self.layout.places(self.names[entries[-1]["name"]], t):
             write_at(self.file, pos, data)
             self.behind.done(pos, memoryview(data).nbytes)
