@@ -13,6 +13,7 @@ removed by the next write to the same path, and no other file ever is.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -376,16 +377,53 @@ class WriteBehind:
     checkpoint-sized output does not push what else is cached out. Where there is no
     posix_fadvise (Windows, macOS), nothing is dropped. Forked jobs each keep their own ranges.
     The sync runs in a thread of its own, one at a time, while the writer goes on (pack's parent
-    waited 1.45 s in fdatasync with two jobs); flush() before the file is closed."""
+    waited 1.45 s in fdatasync with two jobs); so do write()'s writes, at most QUEUE_BYTES ahead
+    (pack's parent takes the next job's result meanwhile). flush() before the file is closed."""
 
     def __init__(self, f: BinaryIO) -> None:
         self.f, self.ranges, self.pending, self.syncing = f, [], 0, None
+        self.queue: collections.deque = collections.deque()  # what write() was given, not yet written
+        self.queued, self.writer, self.error = 0, None, None
+        self.changed = threading.Condition()
 
     def write(self, data) -> None:
-        """f.write(data), at f's position."""
-        pos = self.f.tell()
-        self.f.write(data)
-        self.done(pos, memoryview(data).nbytes)
+        """f.write(data), at f's position after the earlier writes, by a thread of its own: data
+        must not change until it is written (flush() waits for that)."""
+        n = memoryview(data).nbytes
+        with self.changed:
+            while self.queued and self.queued + n > QUEUE_BYTES and self.error is None:
+                self.changed.wait()
+            if self.error is not None:
+                raise self.error
+            self.queue.append(data)
+            self.queued += n
+            self.changed.notify_all()
+        if self.writer is None:
+            self.writer = threading.Thread(target=self._write_queue, daemon=True)
+            self.writer.start()
+
+    def _write_queue(self) -> None:
+        while True:
+            with self.changed:
+                while not self.queue:
+                    self.changed.wait()
+                data = self.queue[0]
+                if data is None:  # (flush's)
+                    self.queue.popleft()
+                    return
+            try:
+                pos = self.f.tell()
+                self.f.write(data)
+                self.done(pos, memoryview(data).nbytes)
+            except BaseException as exc:  # (ENOSPC...) raised by the next write() or flush()
+                with self.changed:
+                    self.error = exc
+                    self.changed.notify_all()
+                return
+            with self.changed:
+                self.queue.popleft()
+                self.queued -= memoryview(data).nbytes
+                self.changed.notify_all()
 
     def done(self, pos: int, n: int) -> None:
         """[pos, pos + n) holds what it will hold (or was read and is not needed again)."""
@@ -395,7 +433,15 @@ class WriteBehind:
             self._evict()
 
     def flush(self) -> None:
-        """Evict what is left, and wait until it is."""
+        """Write what write() was given, evict what is left, and wait until it is."""
+        if self.writer is not None:
+            with self.changed:
+                self.queue.append(None)
+                self.changed.notify_all()
+            self.writer.join()
+            self.writer = None
+            if self.error is not None:
+                raise self.error
         self._evict()
         if self.syncing is not None:
             self.syncing.join()
@@ -421,6 +467,7 @@ def _drop(fd: int, ranges: list[tuple[int, int]]) -> None:
 
 
 EVICT_BYTES = 64 << 20
+QUEUE_BYTES = 64 << 20
 
 
 def move_within(f: BinaryIO, src: int, dst: int, n: int) -> None:

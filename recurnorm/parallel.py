@@ -15,6 +15,7 @@ way out. fn must be pure (running an item twice gives the same result).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -45,13 +46,37 @@ def ordered(fn, items: list, jobs: int, sizes: list[int], limit: int):
     `with contextlib.closing(...)` so that the workers stop when the caller stops reading."""
     jobs = min(jobs, len(items))
     if jobs < 2:
-        yield from map(fn, items)
+        with one_thread():
+            yield from map(fn, items)
         return
     pool = _Forks(fn, items, jobs) if FORK else _Threads(fn, items, jobs)
-    try:  # (where the system gave one job or none: here, in order)
-        yield from map(fn, items) if pool.alive() < 2 else _schedule(pool, fn, items, sizes, limit)
+    try:
+        if pool.alive() < 2:  # (the system gave one job or none: here, in order)
+            with one_thread():
+                yield from map(fn, items)
+        else:
+            yield from _schedule(pool, fn, items, sizes, limit)
     finally:
         pool.stop()
+
+
+@contextlib.contextmanager
+def one_thread():
+    """torch and BLAS on one thread, as in each forked job: one job is one core's work. torch's
+    own threads made one job take 1.36 cores (int8 pack of a 1.1B-weight model: 106 s of CPU in
+    78 s), so that --jobs 1 was not one core, nor the same work as each of N jobs."""
+    from threadpoolctl import threadpool_limits
+
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch else 1
+    try:
+        with threadpool_limits(1):
+            if torch:
+                torch.set_num_threads(1)
+            yield
+    finally:
+        if torch:
+            torch.set_num_threads(threads)
 
 
 def _schedule(pool, fn, items: list, sizes: list[int], limit: int):
@@ -71,18 +96,24 @@ def _schedule(pool, fn, items: list, sizes: list[int], limit: int):
             working[i] = sizes[i]
             pool.start(i)
 
-    for first in range(len(items)):
-        while first not in done and (working or todo) and pool.alive():
-            start(first)
-            i, ok, result = pool.wait()
+    def collect(block: bool) -> None:  # the results of the jobs that are done (block: one at least)
+        nonlocal held
+        for i, ok, result in pool.finished(block):
             del working[i]
             done[i] = (ok, result)
             held += _nbytes(done[i])
+
+    for first in range(len(items)):
+        while first not in done and (working or todo) and pool.alive():
+            start(first)
+            collect(block=True)
         ok, result = done.pop(first, (False, None))  # (no worker left: run it here)
         held -= _nbytes((ok, result))
         todo = [i for i in todo if i != first]
-        # The freed job starts its next item before the caller takes this result (pack hashes and
-        # writes it: the job sat idle meanwhile, 200 times on a 1.1B-weight checkpoint).
+        # Jobs done while the caller took earlier results (pack hashes and writes each) start
+        # their next item before the caller takes this one: a 1.1B-weight checkpoint's first
+        # 300 MB of results, written in 1.5 s, left both jobs idle that long.
+        collect(block=False)
         start(first + 1)
         if ok:
             yield result
@@ -151,10 +182,14 @@ class _Forks:
         self.busy[w] = item
         os.write(self.workers[w][1], item.to_bytes(8, "little"))
 
-    def wait(self) -> tuple[int, bool, object]:
-        """(item, ok, result) of a worker that finished; a dead worker's item comes back not ok."""
-        ready, _, _ = select.select([self.workers[w][2] for w in self.busy], [], [])
-        w = next(w for w in self.busy if self.workers[w][2] is ready[0])
+    def finished(self, block: bool) -> list[tuple[int, bool, object]]:
+        """(item, ok, result) of each worker that has finished (block: wait for one); a dead
+        worker's item comes back not ok."""
+        pipes = {self.workers[w][2]: w for w in self.busy}
+        ready, _, _ = select.select(list(pipes), [], [], None if block else 0) if pipes else ([], 0, 0)
+        return [self._take(pipes[pipe]) for pipe in ready]
+
+    def _take(self, w: int) -> tuple[int, bool, object]:
         item = self.busy.pop(w)
         try:
             ok, value = _receive(self.workers[w][2])
@@ -181,11 +216,7 @@ class _Forks:
 def _serve(fn, items: list, task_r: int, result_w: int) -> None:
     """A worker's loop: an item's number in, its frame out, until the task pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent answers it
-    if "torch" in sys.modules:  # one thread each: the jobs are the parallelism
-        sys.modules["torch"].set_num_threads(1)
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(1)
+    one_thread().__enter__()  # (for the worker's life: the jobs are the parallelism)
     for fd in (task_r, result_w):
         _widen(fd)
     tasks = io.FileIO(task_r, "rb")
@@ -255,10 +286,13 @@ class _Threads:
     def start(self, item: int) -> None:
         self.futures[self.pool.submit(self.fn, self.items[item])] = item
 
-    def wait(self) -> tuple[int, bool, object]:
-        f = next(iter(wait(self.futures, return_when=FIRST_COMPLETED).done))
-        item = self.futures.pop(f)
-        return (item, False, f.exception()) if f.exception() else (item, True, f.result())
+    def finished(self, block: bool) -> list[tuple[int, bool, object]]:
+        done = wait(self.futures, None if block else 0, FIRST_COMPLETED).done if self.futures else ()
+        out = []
+        for f in done:
+            item = self.futures.pop(f)
+            out.append((item, False, f.exception()) if f.exception() else (item, True, f.result()))
+        return out
 
     def stop(self) -> None:
         for f in self.futures:

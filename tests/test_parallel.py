@@ -327,6 +327,79 @@ def test_write_behind_writes_at_the_position_and_drops_what_it_wrote(monkeypatch
     assert dropped in ([(4, 6), (10, 6), (16, 2)], [])
 
 
+def test_write_behind_writes_in_a_thread_at_most_queue_bytes_ahead(monkeypatch, tmp_path):
+    """write() returns while its bytes wait for the writer thread, until QUEUE_BYTES wait; the
+    file gets them in order; a write's error reaches the next write() or flush()."""
+    from recurnorm import io as rio
+
+    monkeypatch.setattr(rio, "QUEUE_BYTES", 4)
+    release, written = threading.Event(), []
+
+    class Slow:  # a file whose writes wait for release
+        def tell(self):
+            return sum(map(len, written))
+
+        def write(self, data):
+            assert release.wait(30)
+            if bytes(data) == b"bad":
+                raise OSError(28, "No space left on device")
+            written.append(bytes(data))
+
+        def flush(self):
+            pass
+
+        def fileno(self):
+            raise OSError("not a real file")
+
+    monkeypatch.delattr(rio.os, "posix_fadvise", raising=False)  # (nothing to drop)
+    behind = rio.WriteBehind(Slow())
+    behind.write(b"abc")  # queued: the thread waits in write
+    second = threading.Thread(target=behind.write, args=(b"de",))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive() and written == []  # 3 + 2 bytes would be past QUEUE_BYTES: it waits
+    release.set()
+    second.join(30)
+    behind.flush()
+    assert written == [b"abc", b"de"]
+    behind.write(b"bad")
+    with pytest.raises(OSError, match="No space"):
+        behind.flush()
+
+
+def test_one_job_runs_torch_on_one_thread_as_each_job_does():
+    """--jobs 1 is one core's work, the same as each of N jobs: torch's own threads off while
+    the items run, back after."""
+    import torch
+
+    before = torch.get_num_threads()
+    seen = list(parallel.ordered(lambda i: torch.get_num_threads(), [0, 1], 1, [1, 1], 10))
+    assert seen == [1, 1]
+    assert torch.get_num_threads() == before
+
+
+def test_jobs_done_while_the_caller_takes_a_result_start_their_next_item_first():
+    """A job that finished while the caller was busy with earlier results is given its next
+    item before the caller gets the next result (not only when a result is still missing)."""
+    events = []
+
+    class Pool:  # two jobs: item 0 ends first, then item 1 has ended by the next look
+        finishing = [[(0, True, "r0")], [(1, True, "r1")]]
+
+        def alive(self):
+            return 2
+
+        def start(self, i):
+            events.append(f"start {i}")
+
+        def finished(self, block):
+            return self.finishing.pop(0) if self.finishing else []
+
+    got = parallel._schedule(Pool(), None, [0, 1, 2, 3], [1] * 4, 10)
+    assert next(got) == "r0"
+    assert events == ["start 0", "start 1", "start 2", "start 3"]  # both jobs busy before "r0"
+
+
 def test_the_order0_bound_is_of_narrow_words_only():
     """Pack's and verify's tables give the order-0 bound of int codes and 2-byte float words;
     fp32's 4-byte words (nearly each its own symbol) get none, and the totals' comparison with

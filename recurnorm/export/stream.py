@@ -131,8 +131,10 @@ def pack_streamed(streamed, policy: ExportPolicy, metadata: dict, out, *, jobs: 
     meta = {**metadata, "export": export_metadata(policy, plan)}
     start = out.tell()
     behind = WriteBehind(out)
-    head = pack_qtensors(Quantized(src, names, plan), meta, jobs=jobs, payload=behind)
-    behind.flush()
+    try:
+        head = pack_qtensors(Quantized(src, names, plan), meta, jobs=jobs, payload=behind)
+    finally:  # (its writer thread done, an error or not, before the file closes)
+        behind.flush()
     end = out.tell()
     move_within(out, start, start + len(head), end - start)
     write_at(out, start, head)
