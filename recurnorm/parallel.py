@@ -216,20 +216,20 @@ class _Forks:
 def _serve(fn, items: list, task_r: int, result_w: int) -> None:
     """A worker's loop: an item's number in, its frame out, until the task pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent answers it
-    one_thread().__enter__()  # (for the worker's life: the jobs are the parallelism)
     for fd in (task_r, result_w):
         _widen(fd)
     tasks = io.FileIO(task_r, "rb")
-    while len(head := tasks.read(8)) == 8:
-        try:
-            value, buffers = fn(items[int.from_bytes(head, "little")])
-            lengths = [memoryview(b).nbytes for b in buffers]
-            text = json.dumps([value, lengths]).encode()
-        except BaseException:  # the parent runs it again, and raises its error
-            buffers, text = [], b""
-        _write(result_w, FRAME.pack(bool(text), len(text)) + text)
-        for b in buffers:
-            _write(result_w, memoryview(b).cast("B"))
+    with one_thread():  # (for the worker's life: the jobs are the parallelism)
+        while len(head := tasks.read(8)) == 8:
+            try:
+                value, buffers = fn(items[int.from_bytes(head, "little")])
+                lengths = [memoryview(b).nbytes for b in buffers]
+                text = json.dumps([value, lengths]).encode()
+            except BaseException:  # the parent runs it again, and raises its error
+                buffers, text = [], b""
+            _write(result_w, FRAME.pack(bool(text), len(text)) + text)
+            for b in buffers:
+                _write(result_w, memoryview(b).cast("B"))
 
 
 def _receive(pipe: io.FileIO) -> tuple[bool, object]:

@@ -367,15 +367,22 @@ def test_write_behind_writes_in_a_thread_at_most_queue_bytes_ahead(monkeypatch, 
         behind.flush()
 
 
-def test_one_job_runs_torch_on_one_thread_as_each_job_does():
-    """--jobs 1 is one core's work, the same as each of N jobs: torch's own threads off while
-    the items run, back after."""
+def _threads(i):
     import torch
 
-    before = torch.get_num_threads()
-    seen = list(parallel.ordered(lambda i: torch.get_num_threads(), [0, 1], 1, [1, 1], 10))
-    assert seen == [1, 1]
-    assert torch.get_num_threads() == before
+    return torch.get_num_threads(), []
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_each_job_runs_torch_on_one_thread(jobs):
+    """--jobs 1 is one core's work, the same as each of N jobs: torch's own threads off while
+    the items run (each worker's life), back after."""
+    import torch
+
+    torch.set_num_threads(2)
+    seen = list(parallel.ordered(_threads, list(range(6)), jobs, [1] * 6, 10))
+    assert [n for n, _ in seen] == [1] * 6
+    assert torch.get_num_threads() == 2
 
 
 def test_jobs_done_while_the_caller_takes_a_result_start_their_next_item_first():
