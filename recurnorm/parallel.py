@@ -45,19 +45,15 @@ def ordered(fn, items: list, jobs: int, sizes: list[int], limit: int):
     order while the results waiting for their turn hold at most HOLD_BYTES. Use it in a
     `with contextlib.closing(...)` so that the workers stop when the caller stops reading."""
     jobs = min(jobs, len(items))
-    if jobs < 2:
-        with one_thread():
+    with one_thread():  # (here too: one job, or jobs that are threads of this process)
+        if jobs < 2:
             yield from map(fn, items)
-        return
-    pool = _Forks(fn, items, jobs) if FORK else _Threads(fn, items, jobs)
-    try:
-        if pool.alive() < 2:  # (the system gave one job or none: here, in order)
-            with one_thread():
-                yield from map(fn, items)
-        else:
-            yield from _schedule(pool, fn, items, sizes, limit)
-    finally:
-        pool.stop()
+            return
+        pool = _Forks(fn, items, jobs) if FORK else _Threads(fn, items, jobs)
+        try:  # (where the system gave one job or none: here, in order)
+            yield from map(fn, items) if pool.alive() < 2 else _schedule(pool, fn, items, sizes, limit)
+        finally:
+            pool.stop()
 
 
 @contextlib.contextmanager

@@ -373,12 +373,13 @@ def _threads(i):
     return torch.get_num_threads(), []
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
-def test_each_job_runs_torch_on_one_thread(jobs):
-    """--jobs 1 is one core's work, the same as each of N jobs: torch's own threads off while
-    the items run (each worker's life), back after."""
+@pytest.mark.parametrize("jobs, fork", [(1, True), (2, True), (2, False)])
+def test_each_job_runs_torch_on_one_thread(monkeypatch, jobs, fork):
+    """--jobs 1 is one core's work, the same as each of N jobs (processes, or threads where
+    there is no fork): torch's own threads off while the items run, back after."""
     import torch
 
+    monkeypatch.setattr(parallel, "FORK", fork)
     torch.set_num_threads(2)
     seen = list(parallel.ordered(_threads, list(range(6)), jobs, [1] * 6, 10))
     assert [n for n, _ in seen] == [1] * 6
