@@ -145,7 +145,11 @@ SMOKE_PRINTS = {
     "plan_calibration.py": [r'TRAINED_CODE_RATIO = \{"int8": \d\.\d{4}'],
     "quant_error.py": [r"(?m)^int4 g64 +4\.250 +\d\.\d{4}", r"bnb nf4 \(anchor\)|no NF4 anchor \(skipped\)"],
     "real_ckpt.py": [r"21 float tensors, 82,432 parameters", r"its tokenizer\.json"],
-    "scale.py": [r"\| --jobs 1, 2 give the same bytes \|.*True", r"bit for bit: True"],
+    "scale.py": [
+        r"\| --jobs 1, 2 give the same bytes \|.*True",
+        r"bit for bit: True",
+        r"\| unpack -q bf16 \| [\d.]+x \| [\d.]+x \|",
+    ],
     "ship.py": [r"(?m)^golf tiny int8 +[\d,]+ +[\d,]+ ", r"tiny-bert\.safetensors ternary"],
     "train_speed.py": [r"(?m)^plain +\d+ +\d+ ", r"(?m)^shared +\d+ +\d+ "],
     "wrap.py": [r"0_smoke_stand_in .* same as the source"],
