@@ -386,6 +386,41 @@ def test_each_job_runs_torch_on_one_thread(monkeypatch, jobs, fork):
     assert torch.get_num_threads() == 2
 
 
+def test_a_worker_gives_back_its_free_memory_after_a_large_item(monkeypatch, tmp_path):
+    """After an item larger than LARGE_SHARE of the limit (only then), the worker returns the
+    memory it freed: else it keeps a large tensor's working set beside the other job's."""
+    log = tmp_path / "trims"
+    monkeypatch.setattr(parallel, "_give_back_free_memory", lambda: log.open("a").write("trim\n"))
+    got = list(parallel.ordered(_tagged, [0, 1, 2, 3], 2, [100, 1, 1, 1], 100))
+    assert [v[0] for v, _ in got] == [0, 1, 2, 3]
+    assert log.read_text() == "trim\n"  # after item 0 alone
+
+
+TRIM_PROBE = """
+import numpy as np
+from recurnorm import parallel
+from recurnorm.budget import heap
+heap.settle()
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+big = np.ones(1 << 25)  # 256 MiB from the heap (no mmap)
+later = np.ones(1 << 20)  # 8 MiB above it: the heap's top is not free
+del big
+before = rss()
+parallel._give_back_free_memory()
+print(before - rss())
+"""
+
+
+@pytest.mark.skipif(
+    not (sys.platform == "linux" and (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")),
+    reason="glibc's malloc_trim",
+)
+def test_giving_back_free_memory_returns_a_freed_block_below_the_top():
+    out = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, check=True)
+    assert int(out.stdout) > 200 << 20
+
+
 def test_jobs_done_while_the_caller_takes_a_result_start_their_next_item_first():
     """A job that finished while the caller was busy with earlier results is given its next
     item before the caller gets the next result (not only when a result is still missing)."""
