@@ -49,6 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchkit  # noqa: E402
 
 CACHE = benchkit.CACHE / "scale"  # (not where hashes.py looks for real ones)
+# Reading smaps_rollup walks a process's page tables (a mapped checkpoint's too): every 0.1 s,
+# it slowed a two-job bf16 pack from 21.0 s to 28.8 s; every 0.5 s, not measurably. A large
+# tensor's peak lasts longer than that (the head's coding: 1.1 s).
+PSS_EVERY = 0.5
 SMOKE_DIMS = {"width": 64, "mlp": 128, "vocab": 256, "kv": 32}  # --smoke's checkpoint
 
 
@@ -86,8 +90,8 @@ def make_checkpoint(path: Path, layers: int, **dims) -> None:
 def timed(cmd: list[str], env: dict | None = None) -> dict:
     """Run cmd under /usr/bin/time: wall s, cpu s (with its worker processes'), peak RSS MB of
     its largest process, and the peak of the PSS summed over it and its workers (sampled every
-    0.1 s from /proc: --jobs runs workers, whose memory the largest process's RSS hides, and
-    PSS counts the pages they share with the parent once). Raises if it fails. Without GNU time,
+    PSS_EVERY s from /proc: --jobs runs workers, whose memory the largest process's RSS hides,
+    and PSS counts the pages they share with the parent once). Raises if it fails. Without GNU time,
     the children's resource usage (peak RSS: the largest child's so far)."""
     if not os.path.exists("/usr/bin/time"):
         import resource
@@ -142,7 +146,7 @@ def _peak_pss(p: subprocess.Popen) -> float | None:
             except OSError:  # (gone meanwhile, or no smaps_rollup)
                 continue
             peak = max(peak or 0, total / 1024)
-        time.sleep(0.1)
+        time.sleep(PSS_EVERY)
     return peak
 
 
