@@ -16,7 +16,6 @@ way out. fn must be pure (running an item twice gives the same result).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import io
 import json
 import os
@@ -27,6 +26,8 @@ import sys
 import threading
 import warnings
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+from . import heap
 
 FORK = sys.platform.startswith("linux")  # (tests set it False to run the thread path)
 FRAME = struct.Struct("<BQ")  # a result: ok, the JSON's length; then the JSON [value, [lengths]], the bytes
@@ -238,16 +239,7 @@ def _serve(fn, items: list, task_r: int, result_w: int, large: set[int]) -> None
                 _write(result_w, memoryview(b).cast("B"))
             if item in large:
                 value = buffers = None  # (the result sent: its memory freed too)
-                _give_back_free_memory()
-
-
-def _give_back_free_memory() -> None:
-    """glibc's malloc_trim: the heap's free pages, wherever they lie, back to the system (its
-    trim threshold only returns a free top, and a large tensor's blocks lie below later ones)."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # (not glibc)
-        pass
+                heap.give_back()
 
 
 def _receive(pipe: io.FileIO) -> tuple[bool, object]:

@@ -14,7 +14,7 @@ GLIBC = sys.platform == "linux" and (os.confstr("CS_GNU_LIBC_VERSION") or "").st
 PROBE = textwrap.dedent("""
     import resource, sys
     import numpy as np
-    from recurnorm.budget import heap
+    from recurnorm import heap
     if sys.argv[1] == "settle":
         heap.settle()
         heap.settle()  # once is enough; again is harmless
@@ -42,7 +42,7 @@ def test_settled_heap_serves_repeated_temporaries_without_page_faults():
 BIG = textwrap.dedent("""
     import resource, sys
     import numpy as np
-    from recurnorm.budget import heap
+    from recurnorm import heap
     if sys.argv[1] == "settle":
         heap.settle()
     core = getattr(np, "_core", None) or np.core
@@ -71,3 +71,24 @@ def test_settled_heap_serves_a_tensor_sized_block_again_and_numpy_asks_no_huge_p
     assert last > 1000 or huge  # unsettled: mapped afresh each time (or fewer faults: huge pages)
     huge, first, last = probe("settle")
     assert huge == 0 and first > 1000 and last < 100
+
+
+TRIM_PROBE = """
+import numpy as np
+from recurnorm import heap
+heap.settle()
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+big = np.ones(1 << 25)  # 256 MiB from the heap (no mmap)
+later = np.ones(1 << 20)  # 8 MiB above it: the heap's top is not free
+del big
+before = rss()
+heap.give_back()
+print(before - rss())
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc_trim")
+def test_giving_back_free_memory_returns_a_freed_block_below_the_top():
+    out = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, check=True)
+    assert int(out.stdout) > 200 << 20

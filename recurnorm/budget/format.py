@@ -121,13 +121,19 @@ def read_container(data: bytes, *, hashed: bool = False) -> tuple[dict, memoryvi
     plen = manifest.get("payload_length")
     if not is_int(plen) or plen != len(payload):
         raise ArtifactError(f"truncated or padded artifact: payload is {len(payload)} bytes, manifest says {plen}")
+    if not hashed:
+        check_payload(manifest, payload)
+    return manifest, payload
+
+
+def check_payload(manifest: dict, payload: memoryview) -> None:
+    """ArtifactError unless the payload's SHA-256 is the manifest's (a mapped file's pages let go as hashed)."""
     sha = hashlib.sha256()
-    for i in range(0, 0 if hashed else len(payload), 1 << 26):  # (a mapped file's pages let go as they are hashed)
+    for i in range(0, len(payload), 1 << 26):
         sha.update(payload[i : i + (1 << 26)])
         release(payload)
-    if not hashed and sha.hexdigest() != manifest.get("payload_sha256"):
+    if sha.hexdigest() != manifest.get("payload_sha256"):
         raise ArtifactError("payload checksum mismatch (corrupt artifact)")
-    return manifest, payload
 
 
 def release(data: memoryview) -> None:
