@@ -69,7 +69,11 @@ def ordered(fn, items: list, jobs: int, sizes: list[int], limit: int):
 def one_thread():
     """torch and BLAS on one thread, as in each forked job: one job is one core's work. torch's
     own threads made one job take 1.36 cores (int8 pack of a 1.1B-weight model: 106 s of CPU in
-    78 s), so that --jobs 1 was not one core, nor the same work as each of N jobs."""
+    78 s), so that --jobs 1 was not one core, nor the same work as each of N jobs; the search's
+    small products ran 1.3-15x slower on two OpenBLAS threads whenever another process shared the
+    cores. Entered by the caller's thread before any job starts, it also remakes torch's thread
+    pool there first (in a process forked after torch ran, two job threads remaking it at once
+    can get none: "Invalid thread pool!")."""
     from threadpoolctl import threadpool_limits
 
     torch = sys.modules.get("torch")
@@ -139,7 +143,7 @@ def _nbytes(outcome: tuple[bool, object]) -> int:
 class _Forks:
     """Worker processes forked from this one, each fed item numbers through a pipe."""
 
-    def __init__(self, fn, items: list, jobs: int, large: set[int] = frozenset()) -> None:
+    def __init__(self, fn, items: list, jobs: int, large: set[int]) -> None:
         self.workers: list[tuple[int, int, io.FileIO]] = []  # (pid, task pipe, result pipe)
         self.busy: dict[int, int] = {}  # worker index -> item
         self.free: list[int] = []

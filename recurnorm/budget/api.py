@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from .. import heap, parallel
 from ..errors import ArtifactError, OverCapError, QuantError
@@ -110,13 +109,10 @@ def pack_qtensors(
         fmt.dumps(metadata)
     except (TypeError, ValueError) as exc:
         raise QuantError(f"metadata is not JSON-serializable: {exc}") from None
-    # One BLAS thread: jobs run tensors side by side, and the parent search's small products ran
-    # 1.3-15x slower on two OpenBLAS threads whenever another process shared the cores.
-    with threadpool_limits(1, user_api="blas"):
-        if options.also_normal and payload is None:  # (the search ranks codings by estimates: "max" may miss)
-            tries = (PackOptions(), replace(options, also_normal=False))
-            return min((_pack(qtensors, metadata, codecs, o, check, jobs) for o in tries), key=len)
-        return _pack(qtensors, metadata, codecs, options, check, jobs, payload)
+    if options.also_normal and payload is None:  # (the search ranks codings by estimates: "max" may miss)
+        tries = (PackOptions(), replace(options, also_normal=False))
+        return min((_pack(qtensors, metadata, codecs, o, check, jobs) for o in tries), key=len)
+    return _pack(qtensors, metadata, codecs, options, check, jobs, payload)
 
 
 def _pack(qtensors, metadata: dict, codecs, options: PackOptions, check: bool, jobs: int = 1, payload=None) -> bytes:

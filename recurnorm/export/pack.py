@@ -227,9 +227,8 @@ def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None, jobs: int
     """(tensor_stats rows with each tensor's ``rule``, metadata) of artifact bytes (decoded in jobs)."""
     from ..budget.api import decoded_stats
 
-    manifest, rows = decoded_stats(
-        data, max_decoded_bytes, jobs, hashed=hashed
-    )  # decode once: proves the round trip, gives bounds
+    # Decode once: proves the round trip, gives bounds.
+    manifest, rows = decoded_stats(data, max_decoded_bytes, jobs, hashed=hashed)
     metadata = manifest.get("metadata", {})
     export = metadata.get("export") or {}
     rules = dict(export.get("rules") or {})

@@ -123,10 +123,6 @@ def pack_streamed(streamed, policy: ExportPolicy, metadata: dict, out, *, jobs: 
     from .pack import export_metadata
 
     src, names, state, _, _ = streamed
-    # Tensors are quantized in --jobs processes, or threads where there is no fork. In a process
-    # forked after torch ran, torch remakes its thread pool on first use, and two threads doing so
-    # at once can get none ("Invalid thread pool!"): let this thread remake it first.
-    torch.set_num_threads(torch.get_num_threads())
     plan = policy.plan(state)
     meta = {**metadata, "export": export_metadata(policy, plan)}
     start = out.tell()
