@@ -92,3 +92,28 @@ print(before - rss())
 def test_giving_back_free_memory_returns_a_freed_block_below_the_top():
     out = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, check=True)
     assert int(out.stdout) > 200 << 20
+
+
+WORKING_SET = textwrap.dedent("""
+    import resource
+    import numpy as np
+    from recurnorm import heap
+    heap.settle()
+    faults = []
+    for _ in range(3):  # a large tensor's temporaries, 192 MiB at once, freed, then the next's
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        parts = [np.ones(8 << 20) for _ in range(3)]  # 64 MiB each
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        del parts
+    print(faults[0], faults[-1])
+""")
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+def test_a_large_tensors_freed_working_set_serves_the_next_tensor():
+    """A settled heap keeps a freed top of 192 MiB (a large tensor's temporaries, each over the
+    mmap threshold) for the next tensor: at glibc's own trim threshold (64 MB) it went back to
+    the system after each tensor, and each next one faulted all of its pages in again."""
+    out = subprocess.run([sys.executable, "-c", WORKING_SET], capture_output=True, text=True, check=True)
+    first, last = (int(v) for v in out.stdout.split())
+    assert first > 40_000 and last < 1000
