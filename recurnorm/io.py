@@ -470,28 +470,38 @@ EVICT_BYTES = 64 << 20
 QUEUE_BYTES = 64 << 20
 
 
-def move_within(f: BinaryIO, src: int, dst: int, n: int) -> None:
+def move_within(f: BinaryIO, src: int, dst: int, n: int, moved: Callable[[int], object] | None = None) -> None:
     """Move n bytes of f (opened for reading and writing, its buffer flushed) from src to dst,
     overlapping or not: a chunk at a time through one buffer, each read before it is written,
     from the end whose chunks are read before they could be overwritten; written behind
-    (WriteBehind). Pack moves its payload past the header once the header is known."""
+    (WriteBehind). moved(k): after each chunk of a move towards the file's start (dst < src),
+    the first k bytes are in place (readable by others); in any move, k = n at the end. Pack
+    moves its payload to just past the header once the header is known."""
     if n <= 0 or src == dst:
+        if moved is not None:
+            moved(n)
         return
     behind = WriteBehind(f)
     # (reads past f's buffer where write_at writes past it: pwrite)
     step, raw = min(n, _WRITE_CHUNK), getattr(f, "raw", f) if hasattr(os, "pwrite") else f
     buf = memoryview(bytearray(step))
-    for at in range(0, n, step) if dst < src else reversed(range(0, n, step)):
-        k, got = min(step, n - at), 0
-        raw.seek(src + at)
-        while got < k:
-            m = raw.readinto(buf[got:k])
-            if not m:
-                raise EOFError(f"{getattr(f, 'name', 'file')}: ends before {src + at + k:,} bytes")
-            got += m
-        write_at(f, dst + at, buf[:k])
-        behind.done(min(src, dst) + at, k + abs(src - dst))
-    behind.flush()
+    try:
+        for at in range(0, n, step) if dst < src else reversed(range(0, n, step)):
+            k, got = min(step, n - at), 0
+            raw.seek(src + at)
+            while got < k:
+                m = raw.readinto(buf[got:k])
+                if not m:
+                    raise EOFError(f"{getattr(f, 'name', 'file')}: ends before {src + at + k:,} bytes")
+                got += m
+            write_at(f, dst + at, buf[:k])
+            behind.done(min(src, dst) + at, k + abs(src - dst))
+            if moved is not None and dst < src:
+                moved(at + k)
+    finally:
+        behind.flush()
+    if moved is not None:
+        moved(n)
 
 
 def write_at(f: BinaryIO, pos: int, data) -> None:

@@ -322,6 +322,39 @@ def test_move_within_moves_bytes_over_their_own_place(monkeypatch, tmp_path, src
     assert data[dst : dst + len(body)] == body
 
 
+def test_move_within_says_how_far_a_move_towards_the_start_has_got(tmp_path, monkeypatch):
+    from recurnorm import io as rio
+
+    monkeypatch.setattr(rio, "_WRITE_CHUNK", 4)
+    for src, dst, expect in ((9, 2, [4, 8, 10, 10]), (2, 9, [10])):  # (the other way: only at its end)
+        seen = []
+        with open(tmp_path / "f", "w+b") as f:
+            f.write(b"." * src + b"0123456789")
+            f.flush()
+            rio.move_within(f, src, dst, 10, seen.append)
+        assert seen == expect and (tmp_path / "f").read_bytes()[dst : dst + 10] == b"0123456789"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forked jobs")
+def test_progress_is_seen_by_a_forked_job_and_a_failure_ends_its_wait():
+    import time
+
+    for last, code in ((5, 0), (parallel.Progress.FAILED, 3)):
+        progress = parallel.Progress()
+        pid = os.fork()
+        if pid == 0:  # the job: waits for 5
+            try:
+                progress.wait(5)
+                os._exit(0)
+            except RuntimeError:
+                os._exit(3)
+        progress.set(3)
+        time.sleep(0.05)
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0)  # (still waiting)
+        progress.set(last)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == code
+
+
 def test_write_behind_writes_at_the_position_and_drops_what_it_wrote(monkeypatch, tmp_path):
     """WriteBehind.write is the file's write; every EVICT_BYTES it syncs and drops the ranges
     written since (posix_fadvise DONTNEED, in a thread), and flush() the rest and waits."""

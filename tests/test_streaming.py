@@ -71,6 +71,59 @@ def test_unpack_writes_each_tensor_as_unpacking_all_at_once(ckpt, tmp_path):
     assert whole.read_bytes() == out.read_bytes()
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_self_check_decodes_the_bytes_moved_into_place(ckpt, tmp_path, monkeypatch, jobs):
+    """The payload moves to just past the header while the self-check decodes it, each tensor
+    once its bytes are in place (in chunks of 512 bytes here, so that jobs wait on the move):
+    a byte the move gets wrong is found, and nothing is written."""
+    from recurnorm import io as rio
+
+    d, _ = ckpt
+    monkeypatch.setattr(rio, "_WRITE_CHUNK", 512)
+    out = tmp_path / "a.rnpk"
+    assert _run("pack", d, "-q", "bf16", "--jobs", jobs, "-o", out).exit_code == 0  # (waits, then passes)
+    good = out.read_bytes()
+    real, moves = rio.write_at, []
+
+    def wrong_byte(f, pos, data):  # the move's 6th chunk lands with one byte changed
+        moves.append(pos)
+        data = bytearray(data)
+        data[7] ^= 1 if len(moves) == 6 else 0
+        real(f, pos, data)
+
+    monkeypatch.setattr(rio, "write_at", wrong_byte)
+    bad = tmp_path / "b.rnpk"
+    r = _run("pack", d, "-q", "bf16", "--jobs", jobs, "-o", bad)
+    assert r.exit_code != 0 and "would not pass verify" in r.output and "checksum mismatch" in r.output
+    assert len(moves) > 6 and not bad.exists() and not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
+    monkeypatch.setattr(rio, "write_at", real)
+    assert _run("pack", d, "-q", "bf16", "--jobs", jobs, "-o", bad).exit_code == 0 and bad.read_bytes() == good
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_move_that_fails_is_what_pack_reports(ckpt, tmp_path, monkeypatch, jobs):
+    """The disk fills while the payload moves: that error reaches the user (not a job's wait for
+    a move that stopped), and the temp file goes."""
+    import errno
+
+    from recurnorm import io as rio
+
+    d, _ = ckpt
+    monkeypatch.setattr(rio, "_WRITE_CHUNK", 512)
+    real, calls = rio.write_at, []
+
+    def full(f, pos, data):
+        calls.append(pos)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(f, pos, data)
+
+    monkeypatch.setattr(rio, "write_at", full)
+    with pytest.raises(OSError, match="No space left"):
+        _run("pack", d, "-q", "bf16", "--jobs", jobs, "-o", tmp_path / "a.rnpk")
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_decoded_limit_is_checked_before_packing(ckpt, tmp_path):
     d, _ = ckpt
     r = CliRunner().invoke(

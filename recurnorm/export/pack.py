@@ -223,12 +223,13 @@ class Packed:
         return (self.metadata.get("export") or {}).get("policy") or self.policy.summary()
 
 
-def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed: bool = False):
-    """(tensor_stats rows with each tensor's ``rule``, metadata) of artifact bytes (decoded in jobs)."""
+def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed=False, ready=None):
+    """(tensor_stats rows with each tensor's ``rule``, metadata) of artifact bytes (decoded in jobs;
+    hashed, ready: of an artifact as pack writes it, see api.iter_artifact)."""
     from ..budget.api import decoded_stats
 
     # Decode once: proves the round trip, gives bounds.
-    manifest, rows = decoded_stats(data, max_decoded_bytes, jobs, hashed=hashed)
+    manifest, rows = decoded_stats(data, max_decoded_bytes, jobs, hashed=hashed, ready=ready)
     metadata = manifest.get("metadata", {})
     export = metadata.get("export") or {}
     rules = dict(export.get("rules") or {})
@@ -243,14 +244,14 @@ def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None, jobs: int
     return rows, metadata
 
 
-def packed_rows(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed: bool = False):
+def packed_rows(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed=False, ready=None):
     """rows_with_rules of an artifact just packed here, under verify's decoded-bytes rule. Its
     readers' refusal is then this input's limit, not a corrupt file: QuantError (exit 1), never
-    ArtifactError (exit 4). hashed: see format.read_container."""
+    ArtifactError (exit 4)."""
     from ..errors import ArtifactError, QuantError
 
     try:
-        return rows_with_rules(data, max_decoded_bytes, jobs, hashed=hashed)
+        return rows_with_rules(data, max_decoded_bytes, jobs, hashed=hashed, ready=ready)
     except ArtifactError as exc:
         raise QuantError(f"the packed artifact would not pass verify: {exc}") from None
 

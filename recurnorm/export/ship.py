@@ -168,7 +168,6 @@ def gptq_coverage(exporter, policy: ExportPolicy, state: dict) -> list[str]:
 
 def _ship_streamed(ckpt, policy: ExportPolicy, out: Path, jobs: int, max_decoded_bytes: int | None) -> Packed | None:
     """ship() of a checkpoint read tensor by tensor (stream.py), or None where it cannot be."""
-    import mmap
     import os
 
     from ..io import _discard, temp_beside
@@ -189,15 +188,18 @@ def _ship_streamed(ckpt, policy: ExportPolicy, out: Path, jobs: int, max_decoded
     metadata = {"quant": policy.quantizer, "source": Path(ckpt).name}
     if config is not None:
         metadata["config"] = config
+
+    # The self-check: a full decode, in jobs, of the file's bytes (each stream's codes against their
+    # checksum; the payload's was taken of the bytes as they were written: not again, 1.4-3 s of
+    # one core), each tensor's once they are in place.
+    def check(data, ready):
+        return packed_rows(data, max_decoded_bytes, jobs, hashed=True, ready=ready)
+
     fd, tmp = temp_beside(out)
     try:
         with os.fdopen(fd, "wb+") as f:
-            pack_streamed(streamed, policy, metadata, f, jobs=jobs)
+            data, (rows, meta) = pack_streamed(streamed, policy, metadata, f, jobs=jobs, check=check)
             f.flush()
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        # The self-check: a full decode, in jobs (each stream's codes against their checksum; the
-        # payload's was taken of the bytes as they were written: not again, 1.4-3 s of one core).
-        rows, meta = packed_rows(data, max_decoded_bytes, jobs, hashed=True)
     except BaseException:
         _discard(tmp)
         raise

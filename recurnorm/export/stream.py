@@ -3,8 +3,9 @@
 Each tensor is read from the file when its turn comes, quantized and coded, and its streams
 are written to the output, in order, before the next is read (with --jobs N, N tensors at a
 time; one that is done before its turn waits in memory, parallel.HOLD_BYTES). The header and
-manifest, which hold the payload's length and hash, go first in the artifact: once they are
-known, the payload is moved past them within the output file. The artifact
+manifest, which hold the payload's length and hash, go first in the artifact: the payload is
+written past the room they could take, and moved back to just past them once they are known,
+while the self-check decodes it. The artifact
 is the one `pack_state` makes of the whole state dict, byte for byte: the same plan, tensor
 order and coding (a safetensors file holds no tied tensors).
 What needs every tensor at once (--fit, --gptq, a recipe's LQER on its worst tensors, effort
@@ -13,9 +14,12 @@ max's two passes, a PyTorch .pt) takes that path instead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import mmap
 import struct
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -116,25 +120,68 @@ def open_streamed(ckpt: str | Path):
     return src, {n: original[id(t)] for n, t in state.items()}, state, config, strip_wrapper_note(stripped)
 
 
-def pack_streamed(streamed, policy: ExportPolicy, metadata: dict, out, *, jobs: int = 1) -> None:
+def pack_streamed(streamed, policy: ExportPolicy, metadata: dict, out, *, check, jobs: int = 1):
     """Write the artifact of a streamed checkpoint to out, a binary file opened for reading and
-    writing, from its position (see the module)."""
+    writing, from its position (see the module); (a read-only map of the artifact, check(map,
+    ready) of it). The payload is written past the largest header there can be; once the header
+    is known, it goes before it and the payload moves back to just past it, while check (pack's
+    self-check) decodes what has moved: ready(end) returns once the payload's first `end` bytes
+    are in place (in a forked job too). A 1.1B-weight bf16 model: the move took 2.1-2.4 s after
+    the coding, alone."""
     from ..budget.api import pack_qtensors
+    from ..budget.spec import HEADER_SIZE, MAX_MANIFEST_BYTES
+    from ..parallel import Progress
     from .pack import export_metadata
 
     src, names, state, _, _ = streamed
     plan = policy.plan(state)
     meta = {**metadata, "export": export_metadata(policy, plan)}
     start = out.tell()
+    payload_at = start + HEADER_SIZE + MAX_MANIFEST_BYTES  # (pack refuses a larger manifest)
+    out.seek(payload_at)
     behind = WriteBehind(out)
     try:
         head = pack_qtensors(Quantized(src, names, plan), meta, jobs=jobs, payload=behind)
     finally:  # (its writer thread done, an error or not, before the file closes)
         behind.flush()
-    end = out.tell()
-    move_within(out, start, start + len(head), end - start)
-    write_at(out, start, head)
-    out.seek(end + len(head))
+    n = out.tell() - payload_at
+    write_at(out, start, head)  # (into the room left before the payload)
+    size = start + len(head) + n
+    progress, failed = Progress(), []
+
+    def move() -> None:
+        try:
+            move_within(out, payload_at, start + len(head), n, moved)
+        except BaseException as exc:  # (raised by the caller's thread, below)
+            failed.append(exc)
+            progress.set(Progress.FAILED)
+
+    def moved(k: int) -> None:
+        progress.set(k)
+        if stopping.is_set():
+            raise _Stopped
+
+    stopping, mover = threading.Event(), threading.Thread(target=move, daemon=True)
+    data = mmap.mmap(out.fileno(), size, access=mmap.ACCESS_READ)
+    mover.start()
+    try:
+        result = check(data, progress.wait)
+    except BaseException:
+        stopping.set()
+        raise
+    finally:
+        mover.join()
+        if failed and not isinstance(failed[0], _Stopped):
+            raise failed[0] from None  # (what stopped the move, not a job's wait for it)
+    with contextlib.suppress(BufferError):  # (a view of it still held: Linux shrinks a mapped file)
+        data.close()  # (Windows does not)
+    out.truncate(size)
+    out.seek(size)
+    return mmap.mmap(out.fileno(), size, access=mmap.ACCESS_READ) if data.closed else data, result
+
+
+class _Stopped(Exception):
+    """The move stopped early: the self-check failed."""
 
 
 def streams(policy: ExportPolicy) -> bool:
