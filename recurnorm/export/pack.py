@@ -223,7 +223,9 @@ class Packed:
         return (self.metadata.get("export") or {}).get("policy") or self.policy.summary()
 
 
-def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed=False, ready=None):
+def rows_with_rules(
+    data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed: bool = False, ready=None
+):
     """(tensor_stats rows with each tensor's ``rule``, metadata) of artifact bytes (decoded in jobs;
     hashed, ready: of an artifact as pack writes it, see api.iter_artifact)."""
     from ..budget.api import decoded_stats
@@ -244,7 +246,7 @@ def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None, jobs: int
     return rows, metadata
 
 
-def packed_rows(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed=False, ready=None):
+def packed_rows(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed: bool = False, ready=None):
     """rows_with_rules of an artifact just packed here, under verify's decoded-bytes rule. Its
     readers' refusal is then this input's limit, not a corrupt file: QuantError (exit 1), never
     ArtifactError (exit 4)."""
