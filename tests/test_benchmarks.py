@@ -147,6 +147,7 @@ SMOKE_PRINTS = {
     "real_ckpt.py": [r"21 float tensors, 82,432 parameters", r"its tokenizer\.json"],
     "scale.py": [
         r"\| --jobs 1, 2 give the same bytes \|.*True",
+        r"\| pack -q bf16 --jobs 2, 2 shards \|.*as from one file: True",
         r"bit for bit: True",
         r"\| unpack -q bf16 \| [\d.]+x \| [\d.]+x \|",
     ],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -11,7 +12,7 @@ import click
 from ..budget.cap import DEFAULT_MAX_BYTES
 from ..budget.spec import MAGIC
 from ..display import echo
-from ..errors import ArtifactError, OverCapError
+from ..errors import ArtifactError, CheckpointError, OverCapError
 from .exitcodes import OVER_CAP
 
 MAX_BYTES_HELP = "byte cap (decimal), counting the artifact plus --code files and --loader"
@@ -54,12 +55,16 @@ def default_jobs(jobs: int | None) -> int:
 
 def _inputs(*paths) -> list[Path]:
     """Files a command reads, which its outputs must never replace."""
+    from ..export.load import SHARD_INDEXES, checkpoint_files
+
     out: list[Path] = []
     for p in paths:
         p = Path(p)
         out.append(p)
         if p.is_dir():
-            out += [p / "model.safetensors", p / "config.json"]
+            with contextlib.suppress(CheckpointError):  # (a folder without one: the command says so)
+                out += checkpoint_files(p)
+            out += [p / name for name in ("config.json", *SHARD_INDEXES)]
     return out
 
 

@@ -115,61 +115,138 @@ def factory_model_from_artifact(factory, artifact: str | os.PathLike | bytes) ->
     )
 
 
-def load_checkpoint_state(path: str | Path) -> tuple[dict, dict | None]:
-    """(state_dict, config or None) from a .safetensors file, a checkpoint dir, or a .pt/.pth/.bin."""
+def load_checkpoint_state(source: str | Path) -> tuple[dict, dict | None]:
+    """(state_dict, config or None) from a .safetensors file, a .pt/.pth/.bin, or a checkpoint
+    folder (checkpoint_files: one file, or the shards its index names)."""
+    from ..io import check_input
+
+    files = checkpoint_files(source)
+    state: dict = {}
+    for file, names in files.items():
+        check_input(file, "checkpoint")  # a FIFO or device: refused before any library opens it
+        part = _load_file(file)
+        check_shard(file, part, names, state)
+        state.update(part)
+    return state, check_checkpoint(source, files, state)
+
+
+def check_checkpoint(source, files: dict, state: dict) -> dict | None:
+    """The config.json beside a checkpoint (None: none, or a .pt's folder, which may be
+    anything's), once its tensors (or their meta) are checked as an artifact will hold them:
+    some, not too many, of dtypes a format stores. Errors name its file or shards' folder."""
+    first = next(iter(files))
+    path = first if len(files) == 1 else Path(source)
+    if not state:
+        raise CheckpointError(f"{path}: holds no tensors")
+    check_pack_limits(state, path)
+    _check_dtypes(state, path)
+    cfg = first.parent / "config.json"
+    with_config = Path(source).is_dir() or first.suffix == ".safetensors"
+    return _read_config(cfg) if with_config and cfg.exists() else None
+
+
+# Where a checkpoint folder's tensors are: one file, or shards (files a Hugging Face
+# checkpoint is split into) that an index names: {"weight_map": {tensor: file in the folder}}.
+FOLDER_FILES = ("model.safetensors", "pytorch_model.bin")
+SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def checkpoint_files(path: str | Path) -> dict[Path, set[str] | None]:
+    """{file: the tensor names it must hold (a shard's, from the index), or None (any)} of a
+    checkpoint: a file itself, or a folder's model.safetensors, pytorch_model.bin, or the
+    shards its index names (in the index's order). CheckpointError naming what is missing."""
+    path = Path(path)
+    if not path.is_dir():
+        if not path.exists():
+            raise CheckpointError(f"checkpoint {path} does not exist")
+        return {path: None}
+    for name in FOLDER_FILES:
+        if (path / name).exists():
+            return {path / name: None}
+    for name in SHARD_INDEXES:
+        if (path / name).exists():
+            return _shards(path / name)
+    raise CheckpointError(f"{path} has no {', '.join(FOLDER_FILES)} or index of shards ({', '.join(SHARD_INDEXES)})")
+
+
+def _shards(index: Path) -> dict[Path, set[str] | None]:
+    from ..io import read_input
+
+    # (the names must fit an artifact's manifest: an index that cannot is refused unread)
+    data = read_input(index, spec.MAX_MANIFEST_BYTES, "the checkpoint's index of shards", CheckpointError)
+    try:
+        obj = json.loads(data.decode("utf-8"), parse_constant=fmt.no_constant)
+    except (RecursionError, ValueError) as exc:
+        raise CheckpointError(f"{index}: not valid JSON: {exc}") from None
+    weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f'{index}: expected a "weight_map" of tensor names to shard files')
+    files: dict[Path, set[str] | None] = {}
+    for name, file in weight_map.items():
+        # a plain name in the folder: never a path elsewhere (the index is the checkpoint's, not ours)
+        if not isinstance(file, str) or file in ("", ".", "..") or Path(file).name != file or "\\" in file:
+            raise CheckpointError(f"{index}: tensor {name!r}: {file!r} is not a file name in {index.parent}")
+        files.setdefault(index.parent / file, set()).add(name)  # type: ignore[union-attr]
+    for file in files:
+        if not file.is_file():
+            raise CheckpointError(f"{index}: its shard {file.name} is missing from {index.parent}")
+    return files
+
+
+def check_shard(file: Path, held, names: set[str] | None, earlier) -> None:
+    """CheckpointError unless a file holds the tensors its index says (names; None: any) and
+    none that an earlier file held (held, earlier: collections of names)."""
+    again = next((n for n in held if n in earlier), None)
+    if again is not None:
+        raise CheckpointError(f"{file}: tensor {again!r} is in an earlier shard too")
+    if names is not None and set(held) != names:
+        extra = sorted(set(held) - names)
+        why = (
+            f"holds tensor {extra[0]!r}, which the index does not put in it"
+            if extra
+            else f"lacks tensor {min(names - set(held))!r}, which the index puts in it"
+        )
+        raise CheckpointError(f"{file}: {why}")
+
+
+def _load_file(path: Path) -> dict:
+    """The tensors of one .safetensors or .pt/.pth/.bin file."""
     import torch
 
-    path = Path(path)
-    if path.is_dir():
-        path = path / "model.safetensors"
-        if not path.exists():
-            raise CheckpointError(f"{path.parent} has no model.safetensors")
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    from ..io import check_input, open_input
+    from ..io import open_input
 
-    check_input(path, "checkpoint")  # a FIFO or device: refused before any library opens it
-    config = None
-    cfg_path = path.parent / "config.json"
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
         _check_safetensors_header(path)
         try:
-            state = load_file(str(path))
+            return load_file(str(path))
         except Exception as exc:
             raise CheckpointError(f"{path}: cannot read safetensors: {exc}") from None
-        if cfg_path.exists():
-            config = _read_config(cfg_path)
-    elif path.suffix in (".pt", ".pth", ".bin"):
-        try:
-            with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's concern
-                warnings.simplefilter("ignore")
-                with open_input(path, "checkpoint") as f:
-                    obj = torch.load(f, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            if type(exc).__name__ != "UnpicklingError":  # torch's weights_only refusal
-                raise CheckpointError(f"{path}: cannot load as a weights-only state dict: {first}") from None
-            # torch's own text runs to several lines and suggests weights_only=False: never.
-            raise CheckpointError(
-                f"{path}: holds Python objects besides tensors; recurnorm never unpickles them "
-                "(unpickling runs the file's code): save a plain state dict or .safetensors"
-            ) from None
-        for key in ("state_dict", "model"):
-            if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-                obj = obj[key]
-        if not isinstance(obj, dict):
-            raise CheckpointError(f"{path}: not a state dict")
-        state = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
-        _check_keys_and_layouts(state, path)
-    else:
+    if path.suffix not in (".pt", ".pth", ".bin"):
         raise CheckpointError(f"{path}: expected a directory, .safetensors, .pt, .pth or .bin")
-    if not state:
-        raise CheckpointError(f"{path}: holds no tensors")
-    check_pack_limits(state, path)
-    _check_dtypes(state, path)
-    return state, config
+    try:
+        with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's concern
+            warnings.simplefilter("ignore")
+            with open_input(path, "checkpoint") as f:
+                obj = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if type(exc).__name__ != "UnpicklingError":  # torch's weights_only refusal
+            raise CheckpointError(f"{path}: cannot load as a weights-only state dict: {first}") from None
+        # torch's own text runs to several lines and suggests weights_only=False: never.
+        raise CheckpointError(
+            f"{path}: holds Python objects besides tensors; recurnorm never unpickles them "
+            "(unpickling runs the file's code): save a plain state dict or .safetensors"
+        ) from None
+    for key in ("state_dict", "model"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: not a state dict")
+    state = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    _check_keys_and_layouts(state, path)
+    return state
 
 
 # A safetensors header's JSON is parsed whole by the library (Rust) before any tensor is

@@ -1,4 +1,4 @@
-"""Pack a .safetensors checkpoint tensor by tensor, in memory bounded by its largest tensors.
+"""Pack a .safetensors checkpoint (or the shards of one) tensor by tensor, in memory bounded by its largest tensors.
 
 Each tensor is read from the file when its turn comes, quantized and coded, and its streams
 are written to the output, in order, before the next is read (with --jobs N, N tensors at a
@@ -33,43 +33,54 @@ from .policy import ExportPolicy
 DTYPES = {v: k for k, v in _DTYPES.items()}  # safetensors' names -> torch dtypes
 
 
-class SafetensorsFile:
-    """A .safetensors file's tensors, read one at a time (the library checks the header first)."""
+class SafetensorsFiles:
+    """A checkpoint's .safetensors files (one, or the shards of a folder's index): every tensor's
+    dtype, shape and place (the library checks each file's header first), and each tensor read
+    when asked for."""
 
-    def __init__(self, path: Path, header: dict, start: int) -> None:
-        self.path, self.header, self.start = path, header, start
+    def __init__(self) -> None:
+        self.header: dict[str, dict] = {}  # name -> its file's header entry
+        self.at: dict[str, tuple[Path, int]] = {}  # name -> (file, where its data starts)
 
     @classmethod
-    def open(cls, path: Path) -> SafetensorsFile | None:
-        """The file, or None when a dtype is one only the library's reader names (its error then)."""
+    def open(cls, files: dict[Path, set[str] | None]) -> SafetensorsFiles | None:
+        """The files (load.checkpoint_files), or None when a dtype is one only the library's
+        reader names (its error then)."""
         from safetensors import safe_open
 
         from ..errors import CheckpointError
+        from .load import _check_safetensors_header, check_shard
 
-        try:
-            with safe_open(str(path), "pt"):  # offsets, sizes and the header's JSON: checked here
-                pass
-            with open(path, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(n))
-        except Exception as exc:
-            raise CheckpointError(f"{path}: cannot read safetensors: {exc}") from None
-        header.pop("__metadata__", None)
-        if any(h["dtype"] not in DTYPES for h in header.values()):
-            return None
-        return cls(path, header, 8 + n)
+        self = cls()
+        for path, names in files.items():
+            _check_safetensors_header(path)
+            try:
+                with safe_open(str(path), "pt"):  # offsets, sizes and the header's JSON: checked here
+                    pass
+                with open(path, "rb") as f:
+                    (n,) = struct.unpack("<Q", f.read(8))
+                    header = json.loads(f.read(n))
+            except Exception as exc:
+                raise CheckpointError(f"{path}: cannot read safetensors: {exc}") from None
+            header.pop("__metadata__", None)
+            if any(h["dtype"] not in DTYPES for h in header.values()):
+                return None
+            check_shard(path, header, names, self.header)
+            self.header.update(header)
+            self.at.update(dict.fromkeys(header, (path, 8 + n)))
+        return self
 
     def meta(self) -> dict[str, torch.Tensor]:
         """Every tensor's name, dtype and shape, without data (what the export policy plans from)."""
         return {n: torch.empty(h["shape"], dtype=DTYPES[h["dtype"]], device="meta") for n, h in self.header.items()}
 
     def tensor(self, name: str) -> torch.Tensor:
-        """One tensor, read from the file into memory of its own (no mapping: it goes when dropped)."""
-        h = self.header[name]
+        """One tensor, read from its file into memory of its own (no mapping: it goes when dropped)."""
+        h, (path, start) = self.header[name], self.at[name]
         t = torch.empty(h["shape"], dtype=DTYPES[h["dtype"]])
         if t.numel():
-            with open(self.path, "rb") as f:
-                f.seek(self.start + h["data_offsets"][0])
+            with open(path, "rb") as f:
+                f.seek(start + h["data_offsets"][0])
                 f.readinto(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
         return t
 
@@ -77,7 +88,7 @@ class SafetensorsFile:
 class Quantized(Mapping):
     """The QTensors of a streamed checkpoint: each read and quantized when asked for."""
 
-    def __init__(self, src: SafetensorsFile, names: dict[str, str], plan: dict) -> None:
+    def __init__(self, src: SafetensorsFiles, names: dict[str, str], plan: dict) -> None:
         self.src, self.names, self.plan = src, names, plan
 
     def __getitem__(self, name: str):
@@ -96,27 +107,22 @@ class Quantized(Mapping):
 
 
 def open_streamed(ckpt: str | Path):
-    """(file, {plain name: name in the file}, meta state, config, notes) of a checkpoint that
-    can be streamed (a .safetensors file, or a folder's model.safetensors), else None."""
-    from .load import _check_dtypes, _check_safetensors_header, _read_config, check_pack_limits
+    """(files, {plain name: name in the files}, meta state, config, notes) of a checkpoint that
+    can be streamed (a .safetensors file, or a folder's model.safetensors or shards of it), else None."""
+    from .load import check_checkpoint, checkpoint_files
     from .pack import strip_wrapper_note
     from .policy import strip_wrapper_prefixes
 
-    path = Path(ckpt)
-    path = path / "model.safetensors" if path.is_dir() else path
-    if path.suffix != ".safetensors" or not path.is_file():
-        return None
-    _check_safetensors_header(path)
-    src = SafetensorsFile.open(path)
+    files = checkpoint_files(ckpt)
+    if any(f.suffix != ".safetensors" or not f.is_file() for f in files):
+        return None  # (the whole-state path reads it, or says why not)
+    src = SafetensorsFiles.open(files)
     if src is None:
         return None
     meta = src.meta()
     original = {id(t): n for n, t in meta.items()}
     state, stripped = strip_wrapper_prefixes(meta)
-    check_pack_limits(state, path)
-    _check_dtypes(state, path)
-    cfg = path.parent / "config.json"
-    config = _read_config(cfg) if cfg.exists() else None
+    config = check_checkpoint(ckpt, files, state)
     return src, {n: original[id(t)] for n, t in state.items()}, state, config, strip_wrapper_note(stripped)
 
 
