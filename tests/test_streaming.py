@@ -124,6 +124,32 @@ def test_a_move_that_fails_is_what_pack_reports(ckpt, tmp_path, monkeypatch, job
     assert not list(tmp_path.iterdir())
 
 
+def test_inspect_packs_a_checkpoint_as_pack_does_tensor_by_tensor(ckpt, tmp_path, monkeypatch):
+    import tempfile
+
+    import recurnorm.export.load as load
+
+    d, _ = ckpt
+
+    def whole_state(*a, **k):
+        raise AssertionError("inspect read the whole state dict")
+
+    monkeypatch.setattr(load, "load_checkpoint_state", whole_state)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "t"))  # (where its temporary artifact goes)
+    (tmp_path / "t").mkdir()
+    reports = []
+    for jobs in (1, 2):
+        r = _run("inspect", d, "-q", "int8", "--jobs", jobs, "--json")
+        assert r.exit_code == 0, r.output
+        reports.append(json.loads(r.output))
+    assert reports[0] == reports[1]
+    assert not list((tmp_path / "t").iterdir())  # (the temporary artifact is gone)
+    art = tmp_path / "a.rnpk"
+    assert _run("pack", d, "-q", "int8", "-o", art).exit_code == 0
+    of_artifact = json.loads(_run("inspect", art, "--jobs", 2, "--json").output)
+    assert of_artifact["tensors"] == reports[0]["tensors"] and of_artifact["cap"] == reports[0]["cap"]
+
+
 def test_the_decoded_limit_is_checked_before_packing(ckpt, tmp_path):
     d, _ = ckpt
     r = CliRunner().invoke(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import click
@@ -654,6 +655,7 @@ def _print_outcome(out) -> None:
 @budget_options
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @DECODED_OPTION
+@jobs_option("tensors coded or decoded")
 def inspect(
     target,
     quant,
@@ -666,14 +668,17 @@ def inspect(
     loader,
     as_json,
     max_decoded_bytes,
+    jobs,
 ):
     """Per-tensor bytes, bits/weight, order-0 bound and the rule that chose each format.
 
-    TARGET is an artifact, or a checkpoint packed in memory under the policy options. The
-    budget line counts --code and --loader as pack and verify do (the same numbers).
+    TARGET is an artifact, or a checkpoint packed under the policy options as pack packs it
+    (a .safetensors one tensor by tensor, into a temporary file that goes after). The budget
+    line counts --code and --loader as pack and verify do (the same numbers).
     """
     from ..budget import Budget, api
-    from ..export.pack import pack_checkpoint, rows_with_rules, rules_table
+    from ..export import ship
+    from ..export.pack import rows_with_rules, rules_table
     from . import tables
 
     budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
@@ -681,14 +686,21 @@ def inspect(
     notes = []
     if _is_artifact(target):
         data = api.read_artifact_file(target, max_decoded_bytes)
-        rows, metadata = rows_with_rules(data, max_decoded_bytes)
+        rows, metadata = rows_with_rules(data, max_decoded_bytes, default_jobs(jobs))
+        size = len(data)
     elif target.suffix == ".rnpk":
         raise ArtifactError(f"{target}: not a recurnorm artifact (bad magic)")
     else:
         policy = policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
-        packed = pack_checkpoint(target, policy, max_decoded_bytes=max_decoded_bytes)
-        data, rows, metadata, notes = packed.data, packed.rows, packed.metadata, packed.notes
-    cap = budget.report(len(data), rows)
+        with tempfile.TemporaryDirectory(prefix="recurnorm-inspect-") as tmp:  # (where a streamed pack writes)
+            out = Path(tmp) / "inspect.rnpk"
+            packed = ship.ship(target, policy, out=out, jobs=default_jobs(jobs), max_decoded_bytes=max_decoded_bytes)
+            size, rows, metadata, notes = len(packed.data), packed.rows, packed.metadata, packed.notes
+            with contextlib.suppress(
+                AttributeError, BufferError
+            ):  # (a map of the temp file: Windows removes none open)
+                packed.data.close()
+    cap = budget.report(size, rows)
     if not as_json:
         say_notes(notes, budget)
     if as_json:
