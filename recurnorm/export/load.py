@@ -181,16 +181,16 @@ def _shards(index: Path) -> dict[Path, set[str] | None]:
     weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f'{index}: expected a "weight_map" of tensor names to shard files')
-    files: dict[Path, set[str] | None] = {}
+    files: dict[Path, set[str]] = {}
     for name, file in weight_map.items():
         # a plain name in the folder: never a path elsewhere (the index is the checkpoint's, not ours)
         if not isinstance(file, str) or file in ("", ".", "..") or Path(file).name != file or "\\" in file:
             raise CheckpointError(f"{index}: tensor {name!r}: {file!r} is not a file name in {index.parent}")
-        files.setdefault(index.parent / file, set()).add(name)  # type: ignore[union-attr]
+        files.setdefault(index.parent / file, set()).add(name)
     for file in files:
         if not file.is_file():
             raise CheckpointError(f"{index}: its shard {file.name} is missing from {index.parent}")
-    return files
+    return dict(files)
 
 
 def check_shard(file: Path, held, names: set[str] | None, earlier) -> None:
