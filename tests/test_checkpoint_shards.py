@@ -158,3 +158,15 @@ def test_pack_never_writes_over_a_shard_or_the_index(one_and_shards):
         r = _run("pack", shards, "-q", "int8", "-o", shards / target, "--force")
         assert r.exit_code == 2 and "is an input of this command" in r.output, r.output
         assert (shards / target).read_bytes() == before
+
+
+def test_an_index_of_more_tensors_than_an_artifact_holds_is_refused_before_any_shard_is_read(tmp_path, monkeypatch):
+    import recurnorm.export.load as load
+
+    folder = tmp_path / "m"
+    _split(folder, _tensors())
+    for shard in folder.glob("*.safetensors"):
+        shard.unlink()  # (never opened: the index alone is refused)
+    monkeypatch.setattr(load, "MAX_PACK_TENSORS", 3)
+    r = _run("pack", folder, "-q", "int8", "-o", tmp_path / "x.rnpk")
+    assert r.exit_code == 1 and "model.safetensors.index.json: 6 tensors" in r.output, r.output

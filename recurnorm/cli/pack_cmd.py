@@ -696,9 +696,8 @@ def inspect(
             out = Path(tmp) / "inspect.rnpk"
             packed = ship.ship(target, policy, out=out, jobs=default_jobs(jobs), max_decoded_bytes=max_decoded_bytes)
             size, rows, metadata, notes = len(packed.data), packed.rows, packed.metadata, packed.notes
-            with contextlib.suppress(
-                AttributeError, BufferError
-            ):  # (a map of the temp file: Windows removes none open)
+            # (data maps the temp file, which Windows removes only once closed; in-memory: bytes)
+            with contextlib.suppress(AttributeError, BufferError):
                 packed.data.close()
     cap = budget.report(size, rows)
     if not as_json:

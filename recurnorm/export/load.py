@@ -181,6 +181,8 @@ def _shards(index: Path) -> dict[Path, set[str] | None]:
     weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f'{index}: expected a "weight_map" of tensor names to shard files')
+    # (its names alone, before any shard is opened: each shard then holds exactly its names)
+    check_pack_limits(weight_map, index)
     files: dict[Path, set[str]] = {}
     for name, file in weight_map.items():
         # a plain name in the folder: never a path elsewhere (the index is the checkpoint's, not ours)

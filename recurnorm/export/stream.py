@@ -51,7 +51,7 @@ class SafetensorsFiles:
         from ..errors import CheckpointError
         from .load import _check_safetensors_header, check_shard
 
-        self = cls()
+        src = cls()
         for path, names in files.items():
             _check_safetensors_header(path)
             try:
@@ -65,10 +65,10 @@ class SafetensorsFiles:
             header.pop("__metadata__", None)
             if any(h["dtype"] not in DTYPES for h in header.values()):
                 return None
-            check_shard(path, header, names, self.header)
-            self.header.update(header)
-            self.at.update(dict.fromkeys(header, (path, 8 + n)))
-        return self
+            check_shard(path, header, names, src.header)
+            src.header.update(header)
+            src.at.update(dict.fromkeys(header, (path, 8 + n)))
+        return src
 
     def meta(self) -> dict[str, torch.Tensor]:
         """Every tensor's name, dtype and shape, without data (what the export policy plans from)."""
