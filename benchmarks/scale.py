@@ -234,18 +234,17 @@ def float_layout(path: Path) -> tuple[str, list[int]]:
 
 def split_into_shards(ckpt: Path, folder: Path, n: int) -> Path:
     """ckpt as Hugging Face saves a large model: n files of about equal bytes, in name order,
-    and model.safetensors.index.json naming each tensor's file (tensor by tensor, streamed; synced)."""
-    import torch
+    and model.safetensors.index.json naming each tensor's file (tensor by tensor, streamed; synced),
+    with the config.json beside ckpt, if any."""
     from safetensors import safe_open
 
     from recurnorm.budget import safetensors_out
+    from recurnorm.export.stream import DTYPES  # (safetensors' dtype names -> torch's)
 
     folder.mkdir(exist_ok=True)
     with safe_open(str(ckpt), "pt") as f:
         names = sorted(f.keys())
-        specs = {k: (f.get_slice(k).get_dtype(), f.get_slice(k).get_shape()) for k in names}
-        dtypes = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I64": torch.int64}
-        specs = {k: (dtypes[d], s) for k, (d, s) in specs.items()}
+        specs = {k: (DTYPES[f.get_slice(k).get_dtype()], f.get_slice(k).get_shape()) for k in names}
         nbytes = {k: d.itemsize * math.prod(s) for k, (d, s) in specs.items()}
         total, parts, acc = sum(nbytes.values()), [[] for _ in range(n)], 0
         for k in names:  # (the i-th file takes what starts in the i-th n-th of the bytes)
@@ -260,6 +259,8 @@ def split_into_shards(ckpt: Path, folder: Path, n: int) -> Path:
             weight_map |= dict.fromkeys(part, file)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    if (ckpt.parent / "config.json").is_file():  # (a real checkpoint's: it rides in the artifact)
+        (folder / "config.json").write_bytes((ckpt.parent / "config.json").read_bytes())
     return folder
 
 
