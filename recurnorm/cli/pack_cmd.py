@@ -312,7 +312,8 @@ def pack(
     gates, scales; LayerNorm, layer_norm, ln_f) fp32, small vectors fp16 (a float -q
     format keeps them in it); `inspect` shows the rule that chose each tensor's format.
     A wrapper prefix on every name (`_orig_mod.`, `module.`) is stripped, and said.
-    A .safetensors checkpoint is read, coded and written tensor by tensor (--jobs at once).
+    A .safetensors checkpoint, or a folder of one or of its shards (a Hugging Face
+    model.safetensors.index.json), is read, coded and written tensor by tensor (--jobs at once).
     """
     from ..budget import Budget
     from ..export import ship
