@@ -90,6 +90,16 @@ def test_pytorch_bin_shards_load_as_their_safetensors(tmp_path):
     assert _run("pack", tmp_path / "bin", "-q", "int8", "-o", out).exit_code == 0
 
 
+def test_a_folder_of_pytorch_model_bin_packs_with_its_config(tmp_path):
+    sd = _tensors()
+    folder = tmp_path / "gpt"
+    folder.mkdir()
+    torch.save(sd, folder / "pytorch_model.bin")  # (older Hugging Face models: no safetensors)
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 32}))
+    packed = pack_checkpoint(folder, build_policy("int8"))
+    assert packed.metadata["config"] == {"hidden_size": 32} and {r["name"] for r in packed.rows} == set(sd)
+
+
 def _broken(tmp_path, edit):
     folder = tmp_path / "m"
     index = _split(folder, _tensors())
