@@ -266,13 +266,10 @@ def split_into_shards(ckpt: Path, folder: Path, n: int) -> Path:
 
 def without_source(art: Path) -> dict:
     """An artifact's manifest (which holds its payload's hash) but for the checkpoint's name."""
+    from recurnorm.budget import api
     from recurnorm.budget import format as fmt
-    from recurnorm.budget import spec
 
-    with open(art, "rb") as f:
-        head = f.read(spec.HEADER_SIZE)
-        flags, mlen = spec.HEADER.unpack(head)[2:4]
-        manifest = json.loads(fmt._manifest_json(f.read(mlen), flags))
+    manifest = fmt.read_container(api.read_artifact_file(art), hashed=True)[0]  # (header and manifest checked)
     manifest["metadata"].pop("source")
     return manifest
 

@@ -169,7 +169,7 @@ def checkpoint_files(path: str | Path) -> dict[Path, set[str] | None]:
     raise CheckpointError(f"{path} has no {', '.join(FOLDER_FILES)} or index of shards ({', '.join(SHARD_INDEXES)})")
 
 
-def _shards(index: Path) -> dict[Path, set[str] | None]:
+def _shards(index: Path) -> dict[Path, set[str]]:
     from ..io import read_input
 
     # (the names must fit an artifact's manifest: an index that cannot is refused unread)
@@ -192,21 +192,22 @@ def _shards(index: Path) -> dict[Path, set[str] | None]:
     for file in files:
         if not file.is_file():
             raise CheckpointError(f"{index}: its shard {file.name} is missing from {index.parent}")
-    return dict(files)
+    return files
 
 
 def check_shard(file: Path, held, names: set[str] | None, earlier) -> None:
     """CheckpointError unless a file holds the tensors its index says (names; None: any) and
     none that an earlier file held (held, earlier: collections of names)."""
+    held = set(held)
     again = next((n for n in held if n in earlier), None)
     if again is not None:
         raise CheckpointError(f"{file}: tensor {again!r} is in an earlier shard too")
-    if names is not None and set(held) != names:
-        extra = sorted(set(held) - names)
+    if names is not None and held != names:
+        extra = sorted(held - names)
         why = (
             f"holds tensor {extra[0]!r}, which the index does not put in it"
             if extra
-            else f"lacks tensor {min(names - set(held))!r}, which the index puts in it"
+            else f"lacks tensor {min(names - held)!r}, which the index puts in it"
         )
         raise CheckpointError(f"{file}: {why}")
 
