@@ -377,9 +377,8 @@ def test_range_bound_agrees_with_the_exact_peak(codes, scales, dtype, peak):
 def test_float_bits_peak_is_the_largest_magnitude_of_either_sign(fmt, values, problem):
     """A float format's stored words are checked for NaN/Inf and for the output dtype's range
     (float16 here) from their largest magnitude, read without the sign from either sign's side."""
-    import recurnorm.quant.passthrough as pt
 
-    store, _ = pt.FLOAT_FORMATS[fmt]
+    store = q.get(fmt).store
     signed = {2: torch.int16, 4: torch.int32}[store.itemsize]
     bits = torch.tensor(values).to(store).view(signed).numpy().view(f"u{store.itemsize}").reshape(1, -1)
     why = q.get(fmt).check_values(q.QTensor(fmt, (2,), "float16", bits.copy(), params={}))

@@ -329,7 +329,7 @@ class Rans(Codec, name="rans"):
 # ----------------------------------------------------------------- fields
 
 # mantissa bits of each float format's words, and of a float stream's dtype (a quantizer's scales)
-MANT = {k: m for name, (dtype, m) in FLOAT_FORMATS.items() for k in (name, str(dtype).removeprefix("torch."))}
+MANT = {k: m for name, (dtype, m) in FLOAT_FORMATS.items() for k in (name, dtype)}
 HI_MAX = 4  # top mantissa bits a head symbol may carry (exponent 8 + 4 bits: 4096 symbols)
 
 

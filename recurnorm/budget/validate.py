@@ -188,10 +188,9 @@ def _check_tensor(t: dict, name: str, plen: int) -> int:
     _str(t.get("format"), f"{where} format")
     if not isinstance(t.get("params"), dict):
         raise ArtifactError(f"{where}: params is not an object")
-    try:  # (out_size: bytes per element of the tensor dequantize returns, in its original dtype)
-        out_size = quant_registry.torch_dtype(t["dtype"]).itemsize
-    except QuantError:
-        raise ArtifactError(f"{where}: unsupported tensor dtype {_short(t['dtype'])}") from None
+    out_size = quant_registry.ITEMSIZE.get(t["dtype"])  # (bytes per element dequantize returns: the original dtype's)
+    if out_size is None:
+        raise ArtifactError(f"{where}: unsupported tensor dtype {_short(t['dtype'])}")
     try:
         quantizer = quant_registry.get(t["format"], **t["params"])
     except QuantError as exc:

@@ -56,13 +56,13 @@ def default_jobs(jobs: int | None) -> int:
 
 def _inputs(*paths) -> list[Path]:
     """Files a command reads, which its outputs must never replace."""
-    from ..export.load import SHARD_INDEXES, checkpoint_files
-
     out: list[Path] = []
     for p in paths:
         p = Path(p)
         out.append(p)
-        if p.is_dir():
+        if p.is_dir():  # (imported here: verify of artifacts needs no torch, which export/ imports)
+            from ..export.load import SHARD_INDEXES, checkpoint_files
+
             with contextlib.suppress(CheckpointError):  # (a folder without one: the command says so)
                 out += checkpoint_files(p)
             out += [p / name for name in ("config.json", *SHARD_INDEXES)]

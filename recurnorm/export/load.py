@@ -349,13 +349,13 @@ def _check_keys_and_layouts(state: dict, path: Path) -> None:
 
 def _check_dtypes(state: dict, path: Path) -> None:
     """CheckpointError naming the first tensor of a dtype no format stores (float8, complex)."""
-    from ..quant.registry import TORCH_DTYPES
+    from ..quant.registry import ITEMSIZE, torch_dtypes
 
-    known = set(TORCH_DTYPES.values())
+    known = set(torch_dtypes().values())
     for name in sorted(state):
         if state[name].dtype not in known:
             dt = str(state[name].dtype).removeprefix("torch.")
             raise CheckpointError(
                 f"{path}: tensor {name!r} has dtype {dt}, which recurnorm cannot "
-                f"store (supported: {', '.join(sorted(TORCH_DTYPES))})"
+                f"store (supported: {', '.join(sorted(ITEMSIZE))})"
             )

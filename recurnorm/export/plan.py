@@ -26,6 +26,7 @@ from typing import Any
 from ..budget.cap import DEFAULT_MAX_BYTES, Budget
 from ..errors import ConfigError
 from ..quant.passthrough import FLOAT_FORMATS
+from ..quant.registry import ITEMSIZE
 from .policy import ExportPolicy
 
 # Code bytes of trained weights / code bytes of the same config's fresh init, per format:
@@ -41,7 +42,7 @@ EMBED = "embed.weight"
 # Trained float controls (gains start at exactly 1.0 and compress to nothing) store at about
 # this fraction of their raw bytes; measured by the same script (fp32 rows; fp16/bf16 assumed alike).
 PASSTHROUGH_FILL = dict.fromkeys(FLOAT_FORMATS, 0.69)
-PASSTHROUGH_ITEMSIZE = {name: dtype.itemsize for name, (dtype, _) in FLOAT_FORMATS.items()}
+PASSTHROUGH_ITEMSIZE = {name: ITEMSIZE[dtype] for name, (dtype, _) in FLOAT_FORMATS.items()}
 MAX_D_MODEL = 8192
 MAX_DEPTH = 256
 

@@ -9,15 +9,17 @@ and `decode_grid` so that its codes lie on the very grid `dequantize` expands.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from ..errors import QuantError
+from ..lazy import torch
 from .qtensor import QTensor, rows_layout
 from .registry import Quantizer, dtype_name, range_problem
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 FP16_MAX = 65504.0
 

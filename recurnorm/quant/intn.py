@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from ..errors import QuantError
+from ..lazy import torch
 from .grid import GridQuantizer, check_group, to_fp16_grid
 from .qtensor import QTensor
 from .registry import dtype_name
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # Parameter Golf's baseline constant (INT8_CLIP_PERCENTILE in its train_gpt.py,
 # https://github.com/openai/parameter-golf): clip each row at this percentile of |w|.

@@ -5,11 +5,13 @@ the writer's half (lqer.py) can use ``dequantize`` without a circle."""
 from __future__ import annotations
 
 import math
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from ..errors import QuantError
 from .qtensor import QTensor, rows_layout
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def apply(W: Tensor, L: Tensor, R: Tensor) -> Tensor:

@@ -16,18 +16,20 @@ length equals the blocksize and that case never arises.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from ..errors import QuantError
+from ..lazy import torch
 from .qtensor import QTensor
 from .registry import Quantizer, dtype_name, range_problem
 
+if TYPE_CHECKING:
+    from torch import Tensor
+
 # bitsandbytes.functional.get_4bit_type("nf4"), copied so that decoding needs no bnb.
-NF4_TABLE = torch.tensor(
+NF4_TABLE = np.array(
     [
         -1.0,
         -0.6961928009986877,
@@ -46,7 +48,7 @@ NF4_TABLE = torch.tensor(
         0.7229568362236023,
         1.0,
     ],
-    dtype=torch.float32,
+    dtype=np.float32,
 )
 BNB_BLOCKSIZES = tuple(2**k for k in range(5, 13))  # 32 … 4096, what bnb's 4-bit accepts
 
@@ -117,9 +119,9 @@ class NF4(Quantizer, name="nf4"):
 
     def _dequantize(self, qt: QTensor) -> Tensor:
         absmax = torch.from_numpy(qt.scales.astype(np.float32))[:, None]
-        out = torch.empty(qt.codes.shape, dtype=torch.float32)
+        out, table = torch.empty(qt.codes.shape, dtype=torch.float32), torch.from_numpy(NF4_TABLE)
         for r, c in qt.blocks():  # int64 indices of a piece, not of the whole tensor
-            out[r, c] = NF4_TABLE[torch.from_numpy(qt.codes[r, c].astype(np.int64))] * absmax[r]
+            out[r, c] = table[torch.from_numpy(qt.codes[r, c].astype(np.int64))] * absmax[r]
         return out.reshape(-1)[: qt.numel].reshape(qt.shape)
 
 

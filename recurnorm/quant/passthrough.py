@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from ..errors import QuantError
+from ..lazy import torch
 from .qtensor import QTensor
-from .registry import Quantizer, dtype_name, range_problem, torch_dtype
+from .registry import Quantizer, dtype_name, known_dtype, range_problem, torch_dtype
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # The float passthrough formats, defined once (export, evaluate and the packer read them here):
-# name -> (the torch dtype its words hold, mantissa bits).
-FLOAT_FORMATS = {"fp32": (torch.float32, 23), "fp16": (torch.float16, 10), "bf16": (torch.bfloat16, 7)}
+# name -> (the dtype its words hold, by name; mantissa bits).
+FLOAT_FORMATS = {"fp32": ("float32", 23), "fp16": ("float16", 10), "bf16": ("bfloat16", 7)}
 
 
 class _FloatBits(Quantizer):
@@ -25,13 +27,15 @@ class _FloatBits(Quantizer):
 
     defaults: ClassVar[dict[str, Any]] = {}
     option_help: ClassVar[dict[str, str]] = {}
-    store: ClassVar[torch.dtype] = torch.float32
-    # numpy has no bfloat16: go through the same-width signed int view, then unsigned
-    view_int: ClassVar[torch.dtype] = torch.int32
-    view_uint: ClassVar[type] = np.uint32
+    view_uint: ClassVar[type] = np.uint32  # (numpy has no bfloat16: its words as unsigned ints)
+
+    @property
+    def store(self) -> torch.dtype:
+        """The torch dtype its words hold."""
+        return torch_dtype(FLOAT_FORMATS[self.name][0])
 
     def code_bits(self) -> float:
-        return float(torch.finfo(self.store).bits)
+        return 8.0 * np.dtype(self.view_uint).itemsize
 
     def check_streams(self, dtypes: dict[str, str]) -> str | None:
         dt = np.dtype(dtypes["codes"])
@@ -53,14 +57,15 @@ class _FloatBits(Quantizer):
         top = max(int(bits.view(f"i{bits.itemsize}").max()), int(bits.max()) - sign, 0)
         if top >> mant >= (1 << (8 * bits.itemsize - 1 - mant)) - 1:
             return f"{self.name} values hold NaN or Inf"
-        if self.store == torch.bfloat16:
+        if self.name == "bf16":
             peak = np.array([top << 16], np.uint32).view(np.float32)
         else:
-            peak = np.array([top], self.view_uint).view(np.float16 if self.store == torch.float16 else np.float32)
+            peak = np.array([top], self.view_uint).view(np.float16 if self.name == "fp16" else np.float32)
         return range_problem(peak.astype(np.float64), qt.dtype)
 
     def _quantize(self, t: Tensor, name: str) -> QTensor:
-        bits = t.to(self.store).reshape(1, -1).view(self.view_int).numpy().view(self.view_uint)
+        signed = torch_dtype(f"int{8 * np.dtype(self.view_uint).itemsize}")  # (a view numpy can take)
+        bits = t.to(self.store).reshape(1, -1).view(signed).numpy().view(self.view_uint)
         return QTensor(self.name, tuple(t.shape), dtype_name(t.dtype), bits.copy(), params={})
 
     def _dequantize(self, qt: QTensor) -> Tensor:
@@ -77,16 +82,16 @@ class _FloatBits(Quantizer):
         return values.reshape(-1)[: qt.numel].reshape(qt.shape)
 
 
-class FP32(_FloatBits, name="fp32"):  # (store: FLOAT_FORMATS["fp32"][0])
+class FP32(_FloatBits, name="fp32"):
     """Lossless float32."""
 
 
 class FP16(_FloatBits, name="fp16"):
-    store, view_int, view_uint = FLOAT_FORMATS["fp16"][0], torch.int16, np.uint16
+    view_uint = np.uint16
 
 
 class BF16(_FloatBits, name="bf16"):
-    store, view_int, view_uint = FLOAT_FORMATS["bf16"][0], torch.int16, np.uint16
+    view_uint = np.uint16
 
 
 class Raw(Quantizer, name="raw"):
@@ -109,10 +114,9 @@ class Raw(Quantizer, name="raw"):
 
     def check_values(self, qt: QTensor) -> str | None:
         # Values must survive the cast to the original dtype unchanged.
-        dt = torch_dtype(qt.dtype)
-        if qt.codes.size == 0 or dt.is_floating_point:
+        if qt.codes.size == 0 or known_dtype(qt.dtype).startswith(("float", "bfloat")):
             return None
-        lo, hi = (0, 1) if dt == torch.bool else (torch.iinfo(dt).min, torch.iinfo(dt).max)
+        lo, hi = (0, 1) if qt.dtype == "bool" else (np.iinfo(qt.dtype).min, np.iinfo(qt.dtype).max)
         cmin, cmax = int(qt.codes.min()), int(qt.codes.max())
         if cmin < lo or cmax > hi:
             return f"raw codes span [{cmin}, {cmax}], outside {qt.dtype}"

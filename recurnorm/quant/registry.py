@@ -10,37 +10,37 @@ option (defaults included) is written to ``qt.params`` so that
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from ..errors import QuantError
+from ..lazy import torch
 from ..registry import Registry, resolve_options
 from . import lowrank
 from .qtensor import QTensor
 
+if TYPE_CHECKING:
+    from torch import Tensor
+
 _REGISTRY: Registry[Quantizer] = Registry("format", QuantError)
 
-# torch dtype <-> the name stored in QTensor.dtype ("float32", "bfloat16", "int64", ...)
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    str(d).removeprefix("torch."): d
-    for d in (
-        torch.float32,
-        torch.float16,
-        torch.bfloat16,
-        torch.float64,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.uint8,
-        torch.bool,
-        torch.uint16,
-        torch.uint32,
-        torch.uint64,  # raw buffers: artifact streams can hold them
-    )
+# The dtype names QTensor.dtype stores ("float32", "bfloat16", "int64", ...; torch's, which
+# numpy lacks for bfloat16) and each one's bytes: what a reader checks needs no torch.
+ITEMSIZE: dict[str, int] = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float64": 8,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "bool": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,  # raw buffers: artifact streams can hold them
 }
 
 
@@ -51,10 +51,19 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of a QTensor.dtype name; QuantError if unknown."""
-    try:
-        return TORCH_DTYPES[name]
-    except KeyError:
-        raise QuantError(f"unknown dtype {name!r}; known: {', '.join(sorted(TORCH_DTYPES))}") from None
+    return getattr(torch, known_dtype(name))
+
+
+def known_dtype(name: str) -> str:
+    """name, if an artifact can hold that dtype; QuantError if not."""
+    if name not in ITEMSIZE:
+        raise QuantError(f"unknown dtype {name!r}; known: {', '.join(sorted(ITEMSIZE))}")
+    return name
+
+
+def torch_dtypes() -> dict[str, torch.dtype]:
+    """Every dtype name an artifact can hold -> its torch dtype."""
+    return {name: torch_dtype(name) for name in ITEMSIZE}
 
 
 # The largest finite value of each float dtype a tensor is restored to. Quantized formats
@@ -64,7 +73,7 @@ OUTPUT_MAX = {
     "float32": _F32_MAX,
     "float64": _F32_MAX,
     "float16": float(np.finfo(np.float16).max),
-    "bfloat16": float(torch.finfo(torch.bfloat16).max),
+    "bfloat16": float(np.array([0x7F7F0000], np.uint32).view(np.float32)[0]),  # (float32's top 16 bits)
 }
 
 

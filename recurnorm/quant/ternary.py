@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import QuantError
+from ..lazy import torch
 from .grid import GridQuantizer, check_group, to_fp16_grid
 from .qtensor import QTensor
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 EPS = 1e-8  # the ε in W / (s + ε): only keeps all-zero groups finite
 
