@@ -335,6 +335,29 @@ def test_move_within_says_how_far_a_move_towards_the_start_has_got(tmp_path, mon
         assert seen == expect and (tmp_path / "f").read_bytes()[dst : dst + 10] == b"0123456789"
 
 
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="nothing is dropped without posix_fadvise")
+def test_a_move_with_a_reader_keeps_what_it_moved_cached_until_uncache(tmp_path, monkeypatch):
+    """Pack's self-check reads the payload as it moves: dropped, it was read back from disk
+    (9.2-9.7 s against 7.1-7.6 s on a 1.1B-weight bf16 model). Without a reader the move drops
+    what it moved; with one it only syncs, and uncache() drops the whole file afterwards."""
+    from recurnorm import io as rio
+
+    monkeypatch.setattr(rio, "_WRITE_CHUNK", 4)
+    monkeypatch.setattr(rio, "EVICT_BYTES", 4)
+    for moved, expect in ((None, [(2, 11), (6, 11), (10, 9)]), ([].append, [])):
+        dropped, synced = [], []
+        monkeypatch.setattr(rio.os, "posix_fadvise", lambda fd, pos, n, how, seen=dropped: seen.append((pos, n)))
+        monkeypatch.setattr(rio.os, "fdatasync", synced.append)
+        with open(tmp_path / "f", "w+b") as f:
+            f.write(b"." * 9 + b"0123456789")
+            f.flush()
+            rio.move_within(f, 9, 2, 10, moved)
+            assert sorted(dropped) == expect and synced  # (synced either way)
+            rio.uncache(f)
+        assert dropped[len(expect) :] == [(0, 0)]  # (the whole file)
+        assert (tmp_path / "f").read_bytes()[2:12] == b"0123456789"
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="forked jobs")
 def test_progress_is_seen_by_a_forked_job_and_a_failure_ends_its_wait():
     import time

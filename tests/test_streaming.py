@@ -77,12 +77,16 @@ def test_the_self_check_decodes_the_bytes_moved_into_place(ckpt, tmp_path, monke
     once its bytes are in place (in chunks of 512 bytes here, so that jobs wait on the move):
     a byte the move gets wrong is found, and nothing is written."""
     from recurnorm import io as rio
+    from recurnorm.export import stream
 
     d, _ = ckpt
     monkeypatch.setattr(rio, "_WRITE_CHUNK", 512)
     out = tmp_path / "a.rnpk"
+    uncached = []  # (the move leaves what it moved cached for the check, which reads it: then dropped)
+    monkeypatch.setattr(stream, "uncache", lambda f: (uncached.append(f.tell()), rio.uncache(f)))
     assert _run("pack", d, "-q", "bf16", "--jobs", jobs, "-o", out).exit_code == 0  # (waits, then passes)
     good = out.read_bytes()
+    assert len(uncached) == 1
     real, moves = rio.write_at, []
 
     def wrong_byte(f, pos, data):  # the move's 6th chunk lands with one byte changed

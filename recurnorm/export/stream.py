@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..budget.safetensors_out import _DTYPES
-from ..io import WriteBehind, move_within, write_at
+from ..io import WriteBehind, move_within, uncache, write_at
 from ..quant import extras
 from .policy import ExportPolicy
 
@@ -179,6 +179,7 @@ def pack_streamed(streamed, policy: ExportPolicy, metadata: dict, out, *, check,
         mover.join()
         if failed and not isinstance(failed[0], _Stopped):
             raise failed[0] from None  # (what stopped the move, not a job's wait for it)
+    uncache(out)  # (the move left the payload cached for the self-check, which has read it)
     with contextlib.suppress(BufferError):  # (a view of it still held: Linux shrinks a mapped file)
         data.close()  # (Windows does not)
     out.truncate(size)
