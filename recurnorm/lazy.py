@@ -13,15 +13,14 @@ from typing import Any
 
 
 class LazyModule:
-    """A module imported on its first attribute, which is then kept on this object."""
+    """A module, imported when one of its attributes is first asked for (each is the module's own
+    at the time: a dictionary lookup in sys.modules once imported)."""
 
     def __init__(self, name: str) -> None:
         self._name = name
 
-    def __getattr__(self, attr: str) -> Any:  # (only for what is not yet on the object)
-        value = getattr(importlib.import_module(self._name), attr)
-        setattr(self, attr, value)
-        return value
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
 
     def __repr__(self) -> str:
         return f"<{self._name}, imported when used>"

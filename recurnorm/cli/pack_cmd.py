@@ -678,8 +678,7 @@ def inspect(
     line counts --code and --loader as pack and verify do (the same numbers).
     """
     from ..budget import Budget, api
-    from ..export import ship
-    from ..export.pack import rows_with_rules, rules_table
+    from ..export.record import rows_with_rules, rules_table  # (no torch: an artifact is read as verify reads it)
     from . import tables
 
     budget = Budget(max_bytes=max_bytes, code_files=list(code_files), loader=loader)
@@ -692,6 +691,8 @@ def inspect(
     elif target.suffix == ".rnpk":
         raise ArtifactError(f"{target}: not a recurnorm artifact (bad magic)")
     else:
+        from ..export import ship
+
         policy = policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
         with tempfile.TemporaryDirectory(prefix="recurnorm-inspect-") as tmp:  # (where a streamed pack writes)
             out = Path(tmp) / "inspect.rnpk"

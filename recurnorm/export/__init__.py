@@ -6,35 +6,29 @@ export (`gptq`), the budget fitter (`fit`), the size planner (`plan`) and
 artifact -> model loading (`load`). The CLI, `recurnorm.pack()`, the roundtrip
 evaluator and the verify gate all go through it. It sits between quant/ and
 budget/: it quantizes with quant/ and measures bytes with budget/'s packer.
+
+Names load on first use (PEP 562 module __getattr__), like budget's: `inspect` of an
+artifact reads `record` alone, which needs no torch.
 """
 
 from __future__ import annotations
 
-from .fit import fit_budget
-from .gptq import gptq_export
-from .load import load_model, model_from_artifact, prepare_exported
-from .pack import export_qat, pack_checkpoint, pack_state, quantize
-from .policy import ExportPolicy, Rule
-from .qat import export_config, lossless_policy, projection_weight_names, qat_policy
-from .spec import build_policy, parse_format, parse_quant
+_LAZY = {
+    "fit_budget": "fit",
+    "gptq_export": "gptq",
+    **dict.fromkeys(("load_model", "model_from_artifact", "prepare_exported"), "load"),
+    **dict.fromkeys(("export_qat", "pack_checkpoint", "pack_state", "quantize"), "pack"),
+    **dict.fromkeys(("ExportPolicy", "Rule"), "policy"),
+    **dict.fromkeys(("export_config", "lossless_policy", "projection_weight_names", "qat_policy"), "qat"),
+    **dict.fromkeys(("build_policy", "parse_format", "parse_quant"), "spec"),
+}
 
-__all__ = [
-    "ExportPolicy",
-    "Rule",
-    "build_policy",
-    "export_config",
-    "export_qat",
-    "fit_budget",
-    "gptq_export",
-    "load_model",
-    "lossless_policy",
-    "model_from_artifact",
-    "pack_checkpoint",
-    "pack_state",
-    "parse_format",
-    "parse_quant",
-    "prepare_exported",
-    "projection_weight_names",
-    "qat_policy",
-    "quantize",
-]
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

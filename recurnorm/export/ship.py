@@ -13,8 +13,9 @@ from pathlib import Path
 from ..budget.cap import Budget
 from ..errors import ConfigError
 from .fit import fit_budget
-from .pack import Packed, check_decoded_limit, checkpoint_policy, load_state, pack_state, packed_rows
+from .pack import Packed, check_decoded_limit, checkpoint_policy, load_state, pack_state
 from .policy import ExportPolicy
+from .record import packed_rows
 
 # --fit's calibration windows. Direct sensitivities run (formats x candidate tensors) passes over
 # them: with 4,096 tokens their noise let --fit lose to uniform int6 on a tiny model, with 32,768
