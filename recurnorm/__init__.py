@@ -13,27 +13,23 @@ They are loaded lazily (torch imports slowly).
 
 from __future__ import annotations
 
+from .lazy import package_getattr
+
 __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _LAZY = {
-    "pack": "recurnorm.export.pack",
-    "load": "recurnorm.export.load",
-    "ExportOptions": "recurnorm.export.options",
-    "Format": "recurnorm.export.options",
-    "TrainConfig": "recurnorm.train.config",
-    "ModelConfig": "recurnorm.model",
-    "RecurrentLM": "recurnorm.model",
+    "pack": "export.pack",
+    "load": "export.load",
+    "ExportOptions": "export.options",
+    "Format": "export.options",
+    "TrainConfig": "train.config",
+    "ModelConfig": "model",
+    "RecurrentLM": "model",
 }
 
 __all__ = ["__version__", *_LAZY]
 
-
-# Lazy (PEP 562), not a compatibility alias: every submodule import (recurnorm.errors,
-# the CLI's --help) runs this file first, and importing torch here would cost them seconds.
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'recurnorm' has no attribute {name!r}")
+# Lazy, not a compatibility alias: every submodule import (recurnorm.errors, the CLI's --help)
+# runs this file first, and importing torch here would cost them seconds.
+__getattr__ = package_getattr(__name__, _LAZY)

@@ -1,4 +1,4 @@
-"""torch, imported where it is first used, not where it is named.
+"""torch, and a package's names, imported where first used, not where they are named.
 
 Reading and checking an artifact needs only numpy: `verify` (the CI size gate) of a 1.7 MB
 artifact took 1.6 s, 1.2 s of it importing torch. The quantizers name torch at module level
@@ -27,3 +27,17 @@ class LazyModule:
 
 
 torch: Any = LazyModule("torch")
+
+
+def package_getattr(package: str, table: dict[str, str]):
+    """A package's module __getattr__ (PEP 562): each name of table from its module (named
+    within the package), imported when the name is first asked for. recurnorm, budget/ and
+    export/ use it: every import of one of their modules runs the package's __init__ first, and
+    the CLI's --help or a verify must not import torch through it."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in table:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{package}.{table[name]}"), name)
+
+    return __getattr__

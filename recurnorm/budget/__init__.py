@@ -7,6 +7,8 @@ importing those must not pull numpy and torch through budget.api.
 
 from __future__ import annotations
 
+from ..lazy import package_getattr
+
 _LAZY = {
     **dict.fromkeys(
         (
@@ -27,10 +29,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = package_getattr(__name__, _LAZY)

@@ -13,6 +13,8 @@ artifact reads `record` alone, which needs no torch.
 
 from __future__ import annotations
 
+from ..lazy import package_getattr
+
 _LAZY = {
     "fit_budget": "fit",
     "gptq_export": "gptq",
@@ -25,10 +27,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = package_getattr(__name__, _LAZY)
