@@ -349,12 +349,11 @@ def _check_keys_and_layouts(state: dict, path: Path) -> None:
 
 def _check_dtypes(state: dict, path: Path) -> None:
     """CheckpointError naming the first tensor of a dtype no format stores (float8, complex)."""
-    from ..quant.registry import ITEMSIZE, torch_dtypes
+    from ..quant.registry import ITEMSIZE, dtype_name
 
-    known = set(torch_dtypes().values())
     for name in sorted(state):
-        if state[name].dtype not in known:
-            dt = str(state[name].dtype).removeprefix("torch.")
+        dt = dtype_name(state[name].dtype)
+        if dt not in ITEMSIZE:
             raise CheckpointError(
                 f"{path}: tensor {name!r} has dtype {dt}, which recurnorm cannot "
                 f"store (supported: {', '.join(sorted(ITEMSIZE))})"

@@ -61,11 +61,6 @@ def known_dtype(name: str) -> str:
     return name
 
 
-def torch_dtypes() -> dict[str, torch.dtype]:
-    """Every dtype name an artifact can hold -> its torch dtype."""
-    return {name: torch_dtype(name) for name in ITEMSIZE}
-
-
 # The largest finite value of each float dtype a tensor is restored to. Quantized formats
 # compute in float32 first, so a float64 output holds no more than float32's range.
 _F32_MAX = float(np.finfo(np.float32).max)
