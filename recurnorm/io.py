@@ -378,11 +378,10 @@ class WriteBehind:
     posix_fadvise (Windows, macOS), nothing is dropped. Forked jobs each keep their own ranges.
     The sync runs in a thread of its own, one at a time, while the writer goes on (pack's parent
     waited 1.45 s in fdatasync with two jobs); so do write()'s writes, at most QUEUE_BYTES ahead
-    (pack's parent takes the next job's result meanwhile). flush() before the file is closed.
-    keep: synced, but left in the cache for a reader that takes them next (see move_within)."""
+    (pack's parent takes the next job's result meanwhile). flush() before the file is closed."""
 
-    def __init__(self, f: BinaryIO, keep: bool = False) -> None:
-        self.f, self.ranges, self.pending, self.syncing, self.keep = f, [], 0, None, keep
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.ranges, self.pending, self.syncing = f, [], 0, None
         self.queue: collections.deque = collections.deque()  # what write() was given, not yet written
         self.queued, self.writer, self.error = 0, None, None
         self.changed = threading.Condition()
@@ -454,15 +453,8 @@ class WriteBehind:
         if not ranges or not hasattr(os, "posix_fadvise"):
             return
         self.f.flush()
-        self.syncing = threading.Thread(target=_drop, args=(self.f.fileno(), [] if self.keep else ranges), daemon=True)
+        self.syncing = threading.Thread(target=_drop, args=(self.f.fileno(), ranges), daemon=True)
         self.syncing.start()
-
-
-def uncache(f: BinaryIO) -> None:
-    """f's pages sent to disk and dropped from the page cache (where posix_fadvise exists)."""
-    f.flush()
-    if hasattr(os, "posix_fadvise"):
-        _drop(f.fileno(), [(0, 0)])  # (length 0: to the end)
 
 
 def _drop(fd: int, ranges: list[tuple[int, int]]) -> None:
@@ -476,43 +468,6 @@ def _drop(fd: int, ranges: list[tuple[int, int]]) -> None:
 
 EVICT_BYTES = 64 << 20
 QUEUE_BYTES = 64 << 20
-
-
-def move_within(f: BinaryIO, src: int, dst: int, n: int, moved: Callable[[int], object] | None = None) -> None:
-    """Move n bytes of f (opened for reading and writing, its buffer flushed) from src to dst,
-    overlapping or not: a chunk at a time through one buffer, each read before it is written,
-    from the end whose chunks are read before they could be overwritten; written behind
-    (WriteBehind). moved(k): after each chunk of a move towards the file's start (dst < src),
-    the first k bytes are in place (readable by others); in any move, k = n at the end. Pack
-    moves its payload to just past the header once the header is known, and its self-check
-    reads it as it moves: with moved, the bytes moved stay cached (synced), for the caller to
-    drop (uncache) once read. Dropped, the self-check read the 1.44 GB payload of a 1.1B-weight
-    bf16 model back from disk: 9.2-9.7 s with one job, 7.1-7.6 s cached."""
-    if n <= 0 or src == dst:
-        if moved is not None:
-            moved(n)
-        return
-    behind = WriteBehind(f, keep=moved is not None)
-    # (reads past f's buffer where write_at writes past it: pwrite)
-    step, raw = min(n, _WRITE_CHUNK), getattr(f, "raw", f) if hasattr(os, "pwrite") else f
-    buf = memoryview(bytearray(step))
-    try:
-        for at in range(0, n, step) if dst < src else reversed(range(0, n, step)):
-            k, got = min(step, n - at), 0
-            raw.seek(src + at)
-            while got < k:
-                m = raw.readinto(buf[got:k])
-                if not m:
-                    raise EOFError(f"{getattr(f, 'name', 'file')}: ends before {src + at + k:,} bytes")
-                got += m
-            write_at(f, dst + at, buf[:k])
-            behind.done(min(src, dst) + at, k + abs(src - dst))
-            if moved is not None and dst < src:
-                moved(at + k)
-    finally:
-        behind.flush()
-    if moved is not None:
-        moved(n)
 
 
 def write_at(f: BinaryIO, pos: int, data) -> None:

@@ -18,18 +18,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import mmap
 import os
 import select
 import signal
 import struct
 import sys
 import threading
-import time
 import warnings
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-
-import numpy as np
 
 from . import heap
 
@@ -67,28 +63,6 @@ def ordered(fn, items: list, jobs: int, sizes: list[int], limit: int):
             yield from map(fn, items) if pool.alive() < 2 else _schedule(pool, fn, items, sizes, limit)
         finally:
             pool.stop()
-
-
-class Progress:
-    """How far this process has got with a task (a count that only grows), for its jobs to wait
-    on: one int64 in shared memory, which jobs forked from it see change (threads too). Pack
-    moves its payload into place while its jobs decode it (export/stream.py)."""
-
-    FAILED = -1  # the task stopped: it will get no further
-
-    def __init__(self) -> None:
-        self._cell = mmap.mmap(-1, 8)  # (anonymous, shared with forked children)
-        self._value = np.frombuffer(self._cell, np.int64)  # (one aligned 8-byte store or load)
-
-    def set(self, value: int) -> None:
-        self._value[0] = value
-
-    def wait(self, need: int) -> None:
-        """Return once the count reaches need; RuntimeError if the task failed first."""
-        while (got := int(self._value[0])) < need:
-            if got == self.FAILED:
-                raise RuntimeError("the task this job waited on failed")
-            time.sleep(0.002)
 
 
 @contextlib.contextmanager

@@ -146,12 +146,11 @@ def _bomb(shape: list[int], dtype: str, lanes: int = 4096, fmt_name: str = "int8
 def _sign_fast(text: bytes, payload: bytes = b"") -> bytes:
     """Manifest JSON bytes and payload signed, the manifest at a quick deflate level (big
     manifests at the writer's level take seconds; readers take any)."""
-    import hashlib
 
     from recurnorm.budget import compress
 
     z = compress.deflate(text, 1)
-    return spec.HEADER.pack(spec.MAGIC, spec.VERSION, spec.DEFLATE, len(z), hashlib.sha256(z).digest()) + z + payload
+    return fmt.container(z, payload, spec.DEFLATE)
 
 
 def _manifest_bomb(count: int) -> bytes:
@@ -401,12 +400,11 @@ def _lqer(fn: Callable[[dict], object]) -> Callable[[], bytes]:
 
 def _lqer_unflagged() -> bytes:
     """The LQER base with its header flag cleared: a reader that would ignore the correction."""
-    import hashlib
 
     data = _lqer_base()
     m, payload = fmt.split_container(data)
     raw = fmt.dumps(m)
-    return spec.HEADER.pack(spec.MAGIC, spec.VERSION, 0, len(raw), hashlib.sha256(raw).digest()) + raw + payload
+    return fmt.container(raw, payload)
 
 
 def _swap_factors(m: dict) -> None:
@@ -501,7 +499,7 @@ def _json_signed(m: dict, payload: bytes, version: int = spec.VERSION) -> bytes:
 
     m = {**m, "payload_length": len(payload), "payload_sha256": hashlib.sha256(payload).hexdigest()}
     text = json.dumps(m, sort_keys=True, separators=(",", ":")).encode()
-    return spec.HEADER.pack(spec.MAGIC, version, 0, len(text), hashlib.sha256(text).digest()) + text + payload
+    return fmt.container(text, payload, 0, version)
 
 
 def _renamed(name: str) -> Callable[[], bytes]:

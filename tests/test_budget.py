@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import subprocess
 import sys
@@ -66,7 +65,7 @@ def _resign(data: bytes, edit) -> bytes:
     manifest, payload = fmt.split_container(data)
     edit(manifest)
     m = fmt.dumps(manifest)  # stored plain (flags 0): the reader takes both forms
-    return spec.HEADER.pack(spec.MAGIC, spec.VERSION, 0, len(m), hashlib.sha256(m).digest()) + m + payload
+    return fmt.container(m, payload)
 
 
 def _codes(m):
@@ -151,7 +150,7 @@ def test_manifest_is_stored_compressed_and_every_form_reads():
     a = read_artifact(data)
     for kind in (spec.RAW, spec.ZSTD, spec.DEFLATE, spec.LZMA):
         m = compress.compress(kind, plain)
-        other = spec.HEADER.pack(spec.MAGIC, spec.VERSION, kind, len(m), hashlib.sha256(m).digest()) + m + payload
+        other = fmt.container(m, payload, kind)
         b = read_artifact(other)
         assert a.manifest == b.manifest
         assert all(np.array_equal(a.qtensors[k].codes, b.qtensors[k].codes) for k in a.qtensors)
@@ -163,11 +162,7 @@ def test_manifest_is_stored_compressed_and_every_form_reads():
         (spec.DEFLATE, bytes(20), "manifest: deflate"),
         (spec.LZMA, compress.compress(spec.LZMA, plain)[:-5], "manifest: lzma"),
     ):
-        forged = (
-            spec.HEADER.pack(spec.MAGIC, spec.VERSION, bad_flags, len(body), hashlib.sha256(body).digest())
-            + body
-            + payload
-        )
+        forged = fmt.container(body, payload, bad_flags)
         with pytest.raises(ArtifactError, match=why):
             read_artifact(forged)
 

@@ -67,7 +67,7 @@ for t in m['tensors']:
     if t['name'] == 't':
         t['shape'] = [1 << 15, 1 << 14]; t['streams']['codes']['shape'] = [1, 1 << 29]
 mb = fmt.dumps(m)
-bad = spec.HEADER.pack(spec.MAGIC, 1, 0, len(mb), hashlib.sha256(mb).digest()) + mb + payload
+bad = fmt.container(mb, payload, 0, 1)
 soft, hard = resource.getrlimit(resource.RLIMIT_AS)
 used = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()
 resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 31), hard))

@@ -24,7 +24,7 @@ from recurnorm.quant.qtensor import QTensor
 
 
 def _state() -> dict:
-    """Float tensors of every original dtype, tied weights, integer and bool tensors."""
+    """Float tensors of every original dtype and a 0-d one, tied weights, integer and bool tensors."""
     g = torch.Generator().manual_seed(0)
     emb = torch.randn(96, 40, generator=g)
     state = {
@@ -35,6 +35,7 @@ def _state() -> dict:
         "wbf": torch.randn(40, 30, generator=g).bfloat16(),
         "w64": torch.randn(16, 8, generator=g).double(),
         "vec": torch.randn(50, generator=g),
+        "gate": torch.tensor(0.25),  # 0-d, as a scalar gate: it comes back 0-d
         "ids": torch.arange(300).reshape(3, 100) - 7,
         "mask": torch.rand(37, generator=g) > 0.5,
         "small": (torch.arange(400) * 7 % 200).to(torch.int16),  # 200 values in int16
@@ -144,7 +145,7 @@ def test_the_matrix_covers_every_portable_codec_layout_and_context(artifacts):
                     seen.add(("rans", "tuple"))
                 if p.get("k", 1) > 64:
                     seen.add(("rans", "wide"))
-        assert manifest["version"] == spec.VERSION == 2
+        assert manifest["version"] == spec.VERSION == 3
     want = {("rans", c) for c in ("none", "scale", "row", "col", "grid", "tuple", "wide")}
     want |= {(c, lay) for c in ("deflate", "lzma") for lay in ("plain", "shuffle")}
     want |= {("parents", c) for c in ("rans", "deflate", "lzma")} | {("scales", "fields")}
@@ -211,15 +212,16 @@ def test_damaged_artifacts_raise_and_never_return_weights(artifacts):
     data = artifacts["bytes"]["contexts"]
     mlen = spec.HEADER.unpack_from(data, 0)[3]
     for at, why in (
-        (len(data) - 10, "payload hash mismatch"),
-        (spec.HEADER_SIZE + 3, "manifest hash mismatch"),
-        (0, "not a format-2"),
+        (spec.HEADER_SIZE + 3, "payload hash mismatch"),
+        (len(data) - 10, "manifest hash mismatch"),
+        (0, "not a format-3"),
         (20, "manifest hash mismatch"),
     ):
         with pytest.raises(ValueError, match=why):
             rnpk_load.load(_damage(data, at))
-    with pytest.raises(ValueError):
-        rnpk_load.load(data[: spec.HEADER_SIZE + mlen + 5])
+    for cut in (data[:-5], data[: spec.HEADER_SIZE + mlen - 1]):  # truncated: the manifest is not where it says
+        with pytest.raises(ValueError, match="manifest hash mismatch|not a format-3"):
+            rnpk_load.load(cut)
     # Re-signed damage inside a stream: the stream's own hash (or the coder's end state) catches it.
     manifest, payload = fmt.split_container(data)
     s = manifest["tensors"][0]["streams"]["codes"]
@@ -338,7 +340,8 @@ def test_the_standalone_loaders_literal_limits_are_the_specs():
 
     compared, values, src = _loader_literals()
     assert spec.MAGIC in compared["magic"] and spec.VERSION in compared["ver"]
-    assert spec.HEADER.format in values and f"data[{spec.HEADER_SIZE}:{spec.HEADER_SIZE} + mlen]" in src
+    assert spec.HEADER.format in values and f"data[{spec.HEADER_SIZE}:e]" in src  # (format 3: the manifest last)
+    assert compared["e"] == {spec.HEADER_SIZE}
     assert f"MANIFEST = {spec.MAX_MANIFEST_BYTES >> 20} << 20" in src
     assert compared["flags"] == {(spec.MANIFEST_COMPRESSOR_MASK | sum(spec.FIELD_FLAGS.values())) + 1}
     assert spec.MAX_TUPLE + 1 in compared["t"] and spec.MAX_CONTEXTS + 1 in compared["k"]

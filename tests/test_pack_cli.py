@@ -10,6 +10,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
+from recurnorm.budget import spec
 from recurnorm.cli.main import main
 
 
@@ -89,7 +90,7 @@ def test_verify_exit_codes(ckpts, tmp_path):
     assert json.loads(r.output)["ok"] is True
     cases = {
         "magic": b"NOPE" + data[4:],
-        "version": data[:4] + struct.pack("<H", 3) + data[6:],
+        "version": data[:4] + struct.pack("<H", spec.VERSION + 1) + data[6:],
         "checksum": data[:-10] + bytes([data[-10] ^ 0x40]) + data[-9:],
         "truncated": data[: len(data) // 2],
     }

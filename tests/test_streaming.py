@@ -4,7 +4,6 @@ alone (no element wall), and older format versions still read."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
@@ -72,60 +71,63 @@ def test_unpack_writes_each_tensor_as_unpacking_all_at_once(ckpt, tmp_path):
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_the_self_check_decodes_the_bytes_moved_into_place(ckpt, tmp_path, monkeypatch, jobs):
-    """The payload moves to just past the header while the self-check decodes it, each tensor
-    once its bytes are in place (in chunks of 512 bytes here, so that jobs wait on the move):
-    a byte the move gets wrong is found, and nothing is written."""
+def test_the_self_check_decodes_the_bytes_written_each_once(ckpt, tmp_path, monkeypatch, jobs):
+    """The payload is written once, in place, past the header's 48 bytes; the manifest follows
+    it and the header goes last into its room. The self-check decodes the file's bytes: one that
+    the disk gets wrong is found, and nothing is written."""
     from recurnorm import io as rio
     from recurnorm.export import stream
 
     d, _ = ckpt
-    monkeypatch.setattr(rio, "_WRITE_CHUNK", 512)
+    writes, headers, flip = [], [], []
+
+    class Recorded(rio.WriteBehind):
+        def write(self, data):
+            data = bytearray(data)
+            writes.append(len(data))
+            data[len(data) // 2] ^= 1 if len(writes) in flip else 0
+            super().write(data)
+
+    real = stream.write_at
+    monkeypatch.setattr(stream, "WriteBehind", Recorded)
+    monkeypatch.setattr(stream, "write_at", lambda f, pos, data: (headers.append((pos, len(data))), real(f, pos, data)))
     out = tmp_path / "a.rnpk"
-    uncached = []  # (the move leaves what it moved cached for the check, which reads it: then dropped)
-    monkeypatch.setattr(stream, "uncache", lambda f: (uncached.append(f.tell()), rio.uncache(f)))
-    assert _run("pack", d, "-q", "bf16", "--jobs", jobs, "-o", out).exit_code == 0  # (waits, then passes)
+    assert _run("pack", d, "-q", "bf16", "--jobs", jobs, "-o", out).exit_code == 0
     good = out.read_bytes()
-    assert len(uncached) == 1
-    real, moves = rio.write_at, []
-
-    def wrong_byte(f, pos, data):  # the move's 6th chunk lands with one byte changed
-        moves.append(pos)
-        data = bytearray(data)
-        data[7] ^= 1 if len(moves) == 6 else 0
-        real(f, pos, data)
-
-    monkeypatch.setattr(rio, "write_at", wrong_byte)
+    manifest, _ = fmt.read_container(good)
+    assert headers == [(0, spec.HEADER_SIZE)] and sum(writes) == manifest["payload_length"]
+    assert len(good) == spec.HEADER_SIZE + sum(writes) + spec.HEADER.unpack_from(good)[3]  # the manifest last
+    writes.clear()
+    flip.append(3)  # the payload's 3rd stream lands with one bit changed
     bad = tmp_path / "b.rnpk"
     r = _run("pack", d, "-q", "bf16", "--jobs", jobs, "-o", bad)
     assert r.exit_code != 0 and "would not pass verify" in r.output and "checksum mismatch" in r.output
-    assert len(moves) > 6 and not bad.exists() and not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
-    monkeypatch.setattr(rio, "write_at", real)
+    assert not bad.exists() and not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
+    flip.clear()
     assert _run("pack", d, "-q", "bf16", "--jobs", jobs, "-o", bad).exit_code == 0 and bad.read_bytes() == good
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_a_move_that_fails_is_what_pack_reports(ckpt, tmp_path, monkeypatch, jobs):
-    """The disk fills while the payload moves: that error reaches the user (not a job's wait for
-    a move that stopped), and the temp file goes."""
+def test_a_write_that_fails_is_what_pack_reports(ckpt, tmp_path, monkeypatch, jobs):
+    """The disk fills while the payload is written: that error reaches the user, and the temp
+    file goes."""
     import errno
 
     from recurnorm import io as rio
 
     d, _ = ckpt
-    monkeypatch.setattr(rio, "_WRITE_CHUNK", 512)
-    real, calls = rio.write_at, []
+    real, calls = rio.WriteBehind.done, []
 
-    def full(f, pos, data):
+    def full(self, pos, n):  # (called by the writer thread once each write is in the file)
         calls.append(pos)
         if len(calls) == 3:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(f, pos, data)
+        real(self, pos, n)
 
-    monkeypatch.setattr(rio, "write_at", full)
+    monkeypatch.setattr(rio.WriteBehind, "done", full)
     with pytest.raises(OSError, match="No space left"):
         _run("pack", d, "-q", "bf16", "--jobs", jobs, "-o", tmp_path / "a.rnpk")
-    assert not list(tmp_path.iterdir())
+    assert calls and not list(tmp_path.iterdir())
 
 
 def test_inspect_packs_a_checkpoint_as_pack_does_tensor_by_tensor(ckpt, tmp_path, monkeypatch):
@@ -169,19 +171,19 @@ def test_the_default_limit_grows_with_the_artifact():
     assert validate.default_max_decoded_bytes(1 << 50) < 1 << 50  # no more than the machine has
 
 
-def _artifact_of_version_1(data: bytes) -> bytes:
-    """A format-1 artifact of the same tensors (raw manifest, flags 0): what earlier packers wrote."""
+def _as_version(data: bytes, version: int) -> bytes:
+    """The same artifact as an earlier format laid it out (raw manifest, flags 0): what earlier
+    packers wrote (version 1's rans streams differ too: give it none)."""
     manifest, payload = fmt.split_container(data)
-    manifest["version"] = 1
-    raw = fmt.dumps(manifest)
-    return spec.HEADER.pack(spec.MAGIC, 1, 0, len(raw), hashlib.sha256(raw).digest()) + raw + payload
+    manifest["version"] = version
+    return fmt.container(fmt.dumps(manifest), payload, 0, version)
 
 
-def test_versions_1_and_2_still_read(ckpt):
+def test_versions_1_2_and_3_read(ckpt):
     d, sd = ckpt
-    v2 = pack_checkpoint(d, build_policy("bf16")).data
-    v1 = _artifact_of_version_1(api.pack_qtensors(api.read_artifact(v2).qtensors, codecs=("deflate", "raw")))
-    for data, version in ((v2, 2), (v1, 1)):
+    v3 = pack_checkpoint(d, build_policy("bf16")).data
+    v1 = _as_version(api.pack_qtensors(api.read_artifact(v3).qtensors, codecs=("deflate", "raw")), 1)
+    for data, version in ((v3, 3), (_as_version(v3, 2), 2), (v1, 1)):
         assert spec.HEADER.unpack_from(data)[1] == version
         assert api.verify_bytes(data).ok
         back = api.unpack(data)

@@ -278,17 +278,13 @@ def read_artifact(data: bytes, max_decoded_bytes: int | None = None) -> Artifact
     return Artifact(manifest, manifest.get("metadata", {}), qtensors, aliases)
 
 
-def iter_artifact(
-    data: bytes, max_decoded_bytes: int | None = None, fn=None, jobs: int = 1, *, hashed: bool = False, ready=None
-):
+def iter_artifact(data: bytes, max_decoded_bytes: int | None = None, fn=None, jobs: int = 1, *, hashed: bool = False):
     """(manifest, its tensors decoded one at a time, after read_artifact's checks): ([entries],
     QTensor) per stored tensor (an LQER tensor's factor entries first, the factors on its
     QTensor), ([alias entry], None) per alias. A mapped file's pages are let go as read.
     fn: fn(entries, QTensor) of each instead, decoded and run jobs at once (parallel.ordered: fn
     returns (JSON-able, [bytes-like]); close the results with contextlib.closing). hashed: as format's;
-    with jobs, the payload's checksum is one more job, beside the decoding (its mismatch raised first).
-    ready(end): returns once the payload's first `end` bytes hold what they will (pack's self-check
-    as its payload moves into place); called, in the job, before a tensor's streams are read."""
+    with jobs, the payload's checksum is one more job, beside the decoding (its mismatch raised first)."""
     heap.settle()
     beside = jobs > 1 and not hashed
     manifest, payload = validate.read_container(data, max_decoded_bytes, hashed=hashed or beside)
@@ -299,7 +295,7 @@ def iter_artifact(
         if t["name"] not in factors:
             units.append([])
     sizes = [sum(math.prod(t.get("shape", ())) for t in u) for u in units[:-1]]
-    work = partial(_unit, manifest, payload, fn or (lambda *item: item), ready)
+    work = partial(_unit, manifest, payload, fn or (lambda *item: item))
     results = parallel.ordered(work, units[:-1], jobs, sizes, _limit(sizes))
     return manifest, _checked_beside(results, manifest, payload) if beside else results
 
@@ -315,9 +311,7 @@ def _checked_beside(results, manifest: dict, payload: memoryview):
         check.result()
 
 
-def _unit(manifest: dict, payload: memoryview, fn, ready, unit: list[dict]):
-    if ready is not None:
-        ready(max((s["offset"] + s["length"] for t in unit for s in t.get("streams", {}).values()), default=0))
+def _unit(manifest: dict, payload: memoryview, fn, unit: list[dict]):
     return fn(*next(_decoded({**manifest, "tensors": unit}, payload)))  # (one item a unit)
 
 
@@ -393,12 +387,10 @@ def tensor_stats(manifest: dict, qtensors: dict[str, QTensor] | None = None) -> 
     return rows
 
 
-def decoded_stats(
-    data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed: bool = False, ready=None
-):
+def decoded_stats(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed: bool = False):
     """(manifest, tensor_stats rows) of artifact bytes, decoded one tensor at a time, jobs at once
-    (hashed, ready: as iter_artifact's)."""
-    manifest, results = iter_artifact(data, max_decoded_bytes, _stats, jobs, hashed=hashed, ready=ready)
+    (hashed: as iter_artifact's)."""
+    manifest, results = iter_artifact(data, max_decoded_bytes, _stats, jobs, hashed=hashed)
     with closing(results):
         return manifest, [row for rows, _ in results for row in rows]
 

@@ -1,7 +1,8 @@
 """The .rnpk container: a 48-byte header (magic, version, flags, the stored manifest's length
-and SHA-256), the manifest (canonical JSON, stored compressed as the flags say, holding the
-payload's length and SHA-256), then the streams. docs/FORMAT.md is the normative description.
-Reading parses JSON and numbers only.
+and SHA-256), the streams (the payload), then the manifest (canonical JSON, stored compressed
+as the flags say, holding the payload's length and SHA-256); versions 1 and 2 put the manifest
+before the payload. docs/FORMAT.md is the normative description. Reading parses JSON and
+numbers only.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ def dumps(obj: Any) -> bytes:
 
 
 def write_container(manifest: dict, payload: bytes | list[bytes], length_sha: tuple[int, str] | None = None) -> bytes:
-    """Header + manifest (with payload length and hash filled in, in its shortest portable
-    form: raw, deflate or lzma) + payload (or its parts: joined once, with the header).
-    length_sha: the payload's, when given (its parts may be written elsewhere already)."""
+    """Header + payload (or its parts: joined once) + manifest (with payload length and hash
+    filled in, in its shortest portable form: raw, deflate or lzma). length_sha: the payload's,
+    when given: its parts are then written elsewhere already, and header + manifest come back
+    (the header's HEADER_SIZE bytes go before the payload, the manifest after it)."""
     parts = payload if isinstance(payload, list) else [payload]
     if length_sha is None:
         length_sha = (sum(map(len, parts)), hashlib.sha256(b"".join(parts)).hexdigest())
@@ -32,8 +34,26 @@ def write_container(manifest: dict, payload: bytes | list[bytes], length_sha: tu
     _check_writable(manifest, raw)
     m, flags = compress.smallest(raw)
     flags |= sum(bit for field, bit in spec.FIELD_FLAGS.items() if has_field(manifest, field))
-    header = spec.HEADER.pack(spec.MAGIC, spec.VERSION, flags, len(m), hashlib.sha256(m).digest())
-    return b"".join([header, m, *parts])
+    return container(m, parts, flags)
+
+
+def container(stored: bytes, payload: bytes | list[bytes], flags: int = 0, version: int = spec.VERSION) -> bytes:
+    """An artifact's bytes from its stored manifest and payload, laid out as the version lays
+    them out (tests forge artifacts of every version with it)."""
+    header = spec.HEADER.pack(spec.MAGIC, version, flags, len(stored), hashlib.sha256(stored).digest())
+    parts = payload if isinstance(payload, list) else [payload]
+    return b"".join([header, *parts, stored] if version >= 3 else [header, stored, *parts])
+
+
+def spans(data, version: int, mlen: int) -> tuple[memoryview, memoryview]:
+    """(the stored manifest, the payload) of an artifact whose header says version and mlen (at
+    most the bytes past the header): the manifest is its last mlen bytes (version 3), or the
+    first past the header; the payload is the rest past the header."""
+    data = memoryview(data)
+    if version >= 3:
+        at = len(data) - mlen
+        return data[at:], data[spec.HEADER_SIZE : at]
+    return data[spec.HEADER_SIZE : spec.HEADER_SIZE + mlen], data[spec.HEADER_SIZE + mlen :]
 
 
 def _check_writable(manifest: dict, raw: bytes) -> None:
@@ -61,9 +81,9 @@ def _manifest_json(stored: bytes, flags: int) -> bytes:
 
 def split_container(data: bytes) -> tuple[dict, bytes]:
     """(manifest, payload) of a well-formed artifact, unvalidated: for tools that re-sign."""
-    _, _, flags, mlen, _ = spec.HEADER.unpack_from(data, 0)
-    m = _manifest_json(bytes(data[spec.HEADER_SIZE : spec.HEADER_SIZE + mlen]), flags)
-    return json.loads(m, parse_constant=no_constant), bytes(data[spec.HEADER_SIZE + mlen :])
+    _, version, flags, mlen, _ = spec.HEADER.unpack_from(data, 0)
+    stored, payload = spans(data, version, mlen)
+    return json.loads(_manifest_json(bytes(stored), flags), parse_constant=no_constant), bytes(payload)
 
 
 def json_depth(obj: Any, limit: int) -> int:
@@ -103,9 +123,10 @@ def read_container(data: bytes, *, hashed: bool = False) -> tuple[dict, memoryvi
         raise ArtifactError(f"unsupported artifact flags {flags:#x}")
     if mlen > spec.MAX_MANIFEST_BYTES or spec.HEADER_SIZE + mlen > len(data):
         raise ArtifactError(f"truncated artifact: manifest of {mlen} bytes does not fit")
-    mbytes = bytes(data[spec.HEADER_SIZE : spec.HEADER_SIZE + mlen])
+    stored, payload = spans(data, version, mlen)
+    mbytes = bytes(stored)
     if hashlib.sha256(mbytes).digest() != msha:
-        raise ArtifactError("manifest checksum mismatch (corrupt artifact)")
+        raise ArtifactError("manifest checksum mismatch (corrupt or truncated artifact)")
     mbytes = _manifest_json(mbytes, flags)
     try:
         manifest = json.loads(mbytes.decode("utf-8"), parse_constant=no_constant)
@@ -117,7 +138,6 @@ def read_container(data: bytes, *, hashed: bool = False) -> tuple[dict, memoryvi
         raise ArtifactError("manifest is not a JSON object")
     if not is_int(manifest.get("version")) or manifest.get("version") != version:
         raise ArtifactError(f"manifest version {manifest.get('version')!r} differs from the header's {version}")
-    payload = data[spec.HEADER_SIZE + mlen :]
     plen = manifest.get("payload_length")
     if not is_int(plen) or plen != len(payload):
         raise ArtifactError(f"truncated or padded artifact: payload is {len(payload)} bytes, manifest says {plen}")

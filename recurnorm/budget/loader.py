@@ -16,6 +16,7 @@ import numpy as np
 from ..codewrap import Payload, minify_renamed
 from ..codewrap.api import program_name
 from ..codewrap.selfextract import make
+from . import format as fmt
 from . import spec
 
 SOURCE = Path(__file__).with_name("rnpk_load.py")
@@ -42,15 +43,15 @@ def compact_loader() -> bytes:
 
 def loader_problem(data: bytes, manifest: dict) -> str | None:
     """Why the standalone loader cannot read a (valid) artifact, or None when it can: it reads
-    format 2 with portable compressors everywhere (header, streams, rans side data)."""
+    format 3 with portable compressors everywhere (header, streams, rans side data)."""
     from . import rans
 
     _, version, flags, mlen, _ = spec.HEADER.unpack_from(data, 0)
     if version != spec.VERSION:
-        return f"format version {version} (the loader reads {spec.VERSION}: repack it)"
+        return f"format version {version} (the loader reads {spec.VERSION}: pack it again)"
     if flags & spec.MANIFEST_COMPRESSOR_MASK not in spec.PORTABLE:
         return "the manifest is zstd-compressed"
-    payload = memoryview(data)[spec.HEADER_SIZE + mlen :]
+    payload = fmt.spans(data, version, mlen)[1]
     for t in manifest["tensors"]:
         for kind, s in t.get("streams", {}).items():
             where = f"tensor {t['name']!r} {kind}"

@@ -1,4 +1,4 @@
-"""Load a recurnorm artifact (.rnpk, format 2) with the standard library and numpy alone.
+"""Load a recurnorm artifact (.rnpk, format 3) with the standard library and numpy alone.
 
     from rnpk_load import load
     state_dict = load("model.rnpk")  # or the artifact's bytes; {name: torch.Tensor}
@@ -287,11 +287,12 @@ def decode(src, max_bytes=1 << 30):
         need(len(data) <= limit, "larger than max_bytes allows")
         magic, ver, flags, mlen, sha = struct.unpack_from("<4sHHQ32s", data)
         # flags: the manifest's compressor (bits 0-1), some tensor has lowrank (4) or view (8)
-        need(magic == b"RNPK" and ver == 2 and flags < 16 and mlen <= MANIFEST, "not a format-2 .rnpk")
-        m = bytes(data[48 : 48 + mlen])
+        e = len(data) - mlen  # the manifest: the last mlen bytes; the payload: from 48 to there
+        need(magic == b"RNPK" and ver == 3 and flags < 16 and mlen <= MANIFEST and e >= 48, "not a format-3 .rnpk")
+        m = bytes(data[e:])
         need(hashlib.sha256(m).digest() == sha, "manifest hash mismatch")
         man = json.loads(inflate(flags & 3, m, MANIFEST), parse_constant=int)  # (no NaN/Infinity)
-        pay = data[48 + mlen :]
+        pay = data[48:e]
         need(hashlib.sha256(pay).hexdigest() == man["payload_sha256"], "payload hash mismatch")
         todo = [t for t in man["tensors"] if "alias_of" not in t]
         need(sum(map(needs, todo)) <= max_bytes, "larger than max_bytes allows")
@@ -392,6 +393,6 @@ def load(src, max_bytes=1 << 30):
             seen[id(v)] = (
                 torch.from_numpy(v.view(np.int16)).view(torch.bfloat16)
                 if v.dtype.metadata
-                else torch.from_numpy(np.ascontiguousarray(v))
+                else torch.from_numpy(v)  # (not ascontiguousarray: it made a 0-d tensor 1-d)
             )
     return {k: seen[id(v)] for k, v in arrays.items()}

@@ -36,7 +36,8 @@ def loader(out, compact, force, as_json):
       from rnpk_load import load
       state_dict = load("model.rnpk")   # {name: torch.Tensor}, hashes checked
     and count it against the cap: recurnorm pack/verify ... --loader rnpk_load.py.
-    It reads what `recurnorm pack` writes by default (format 2, portable codecs).
+    It reads what `recurnorm pack` writes by default (format 3, portable codecs); an
+    artifact of an earlier format: pack it again, or ship the loader that came with it.
     """
     from ..budget.loader import compact_loader, loader_source
     from ..io import atomic_write_bytes, check_writable

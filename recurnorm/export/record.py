@@ -8,15 +8,13 @@ from __future__ import annotations
 from collections import Counter
 
 
-def rows_with_rules(
-    data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed: bool = False, ready=None
-):
+def rows_with_rules(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed: bool = False):
     """(tensor_stats rows with each tensor's ``rule``, metadata) of artifact bytes (decoded in jobs;
-    hashed, ready: of an artifact as pack writes it, see api.iter_artifact)."""
+    hashed: of an artifact as pack writes it, see api.iter_artifact)."""
     from ..budget.api import decoded_stats
 
     # Decode once: proves the round trip, gives bounds.
-    manifest, rows = decoded_stats(data, max_decoded_bytes, jobs, hashed=hashed, ready=ready)
+    manifest, rows = decoded_stats(data, max_decoded_bytes, jobs, hashed=hashed)
     metadata = manifest.get("metadata", {})
     export = metadata.get("export") or {}
     rules = dict(export.get("rules") or {})
@@ -31,14 +29,14 @@ def rows_with_rules(
     return rows, metadata
 
 
-def packed_rows(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed: bool = False, ready=None):
+def packed_rows(data: bytes, max_decoded_bytes: int | None = None, jobs: int = 1, *, hashed: bool = False):
     """rows_with_rules of an artifact just packed here, under verify's decoded-bytes rule. Its
     readers' refusal is then this input's limit, not a corrupt file: QuantError (exit 1), never
     ArtifactError (exit 4)."""
     from ..errors import ArtifactError, QuantError
 
     try:
-        return rows_with_rules(data, max_decoded_bytes, jobs, hashed=hashed, ready=ready)
+        return rows_with_rules(data, max_decoded_bytes, jobs, hashed=hashed)
     except ArtifactError as exc:
         raise QuantError(f"the packed artifact would not pass verify: {exc}") from None
 

@@ -192,9 +192,9 @@ def _ship_streamed(ckpt, policy: ExportPolicy, out: Path, jobs: int, max_decoded
 
     # The self-check: a full decode, in jobs, of the file's bytes (each stream's codes against their
     # checksum; the payload's was taken of the bytes as they were written: not again, 1.4-3 s of
-    # one core), each tensor's once they are in place.
-    def check(data, ready):
-        return packed_rows(data, max_decoded_bytes, jobs, hashed=True, ready=ready)
+    # one core).
+    def check(data):
+        return packed_rows(data, max_decoded_bytes, jobs, hashed=True)
 
     fd, tmp = temp_beside(out)
     try:

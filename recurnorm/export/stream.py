@@ -3,9 +3,8 @@
 Each tensor is read from the file when its turn comes, quantized and coded, and its streams
 are written to the output, in order, before the next is read (with --jobs N, N tensors at a
 time; one that is done before its turn waits in memory, parallel.HOLD_BYTES). The header and
-manifest, which hold the payload's length and hash, go first in the artifact: the payload is
-written past the room they could take, and moved back to just past them once they are known,
-while the self-check decodes it. The artifact
+manifest, which hold the payload's length and hash, are written last: the manifest after the
+payload, the header into the room left before it. The artifact
 is the one `pack_state` makes of the whole state dict, byte for byte: the same plan, tensor
 order and coding (a safetensors file holds no tied tensors).
 What needs every tensor at once (--fit, --gptq, a recipe's LQER on its worst tensors, effort
@@ -14,19 +13,17 @@ max's two passes, a PyTorch .pt) takes that path instead.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import mmap
 import struct
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from ..budget.safetensors_out import _DTYPES
-from ..io import WriteBehind, move_within, uncache, write_at
+from ..io import WriteBehind, write_at
 from ..quant import extras
 from .policy import ExportPolicy
 
@@ -128,67 +125,31 @@ def open_streamed(ckpt: str | Path):
 
 def pack_streamed(streamed, policy: ExportPolicy, metadata: dict, out, *, check, jobs: int = 1):
     """Write the artifact of a streamed checkpoint to out, a binary file opened for reading and
-    writing, from its position (see the module); (a read-only map of the artifact, check(map,
-    ready) of it). The payload is written past the largest header there can be; once the header
-    is known, it goes before it and the payload moves back to just past it, while check (pack's
-    self-check) decodes what has moved: ready(end) returns once the payload's first `end` bytes
-    are in place (in a forked job too). A 1.1B-weight bf16 model: the move took 2.1-2.4 s after
-    the coding, alone."""
+    writing, from its position (see the module); (a read-only map of the artifact, check(map) of
+    it: pack's self-check). Every byte is written once, in place: the payload past the header's
+    room, then the manifest after it, then the header (both known last: they hold the payload's
+    length and hash). (Format 2 put the manifest first: its payload, written past the room the
+    largest manifest could take, was then moved back, 2.1-4.2 s for a 1.1B-weight bf16 model.)"""
     from ..budget.api import pack_qtensors
-    from ..budget.spec import HEADER_SIZE, MAX_MANIFEST_BYTES
-    from ..parallel import Progress
+    from ..budget.spec import HEADER_SIZE
     from .pack import export_metadata
 
     src, names, state, _, _ = streamed
     plan = policy.plan(state)
     meta = {**metadata, "export": export_metadata(policy, plan)}
     start = out.tell()
-    payload_at = start + HEADER_SIZE + MAX_MANIFEST_BYTES  # (pack refuses a larger manifest)
-    out.seek(payload_at)
+    out.seek(start + HEADER_SIZE)
     behind = WriteBehind(out)
     try:
         head = pack_qtensors(Quantized(src, names, plan), meta, jobs=jobs, payload=behind)
     finally:  # (its writer thread done, an error or not, before the file closes)
         behind.flush()
-    n = out.tell() - payload_at
-    write_at(out, start, head)  # (into the room left before the payload)
-    size = start + len(head) + n
-    progress, failed = Progress(), []
-
-    def move() -> None:
-        try:
-            move_within(out, payload_at, start + len(head), n, moved)
-        except BaseException as exc:  # (raised by the caller's thread, below)
-            failed.append(exc)
-            progress.set(Progress.FAILED)
-
-    def moved(k: int) -> None:
-        progress.set(k)
-        if stopping.is_set():
-            raise _Stopped
-
-    stopping, mover = threading.Event(), threading.Thread(target=move, daemon=True)
+    out.write(head[HEADER_SIZE:])  # the manifest, after the payload
+    out.flush()
+    write_at(out, start, head[:HEADER_SIZE])
+    size = out.tell()
     data = mmap.mmap(out.fileno(), size, access=mmap.ACCESS_READ)
-    mover.start()
-    try:
-        result = check(data, progress.wait)
-    except BaseException:
-        stopping.set()
-        raise
-    finally:
-        mover.join()
-        if failed and not isinstance(failed[0], _Stopped):
-            raise failed[0] from None  # (what stopped the move, not a job's wait for it)
-    uncache(out)  # (the move left the payload cached for the self-check, which has read it)
-    with contextlib.suppress(BufferError):  # (a view of it still held: Linux shrinks a mapped file)
-        data.close()  # (Windows does not)
-    out.truncate(size)
-    out.seek(size)
-    return mmap.mmap(out.fileno(), size, access=mmap.ACCESS_READ) if data.closed else data, result
-
-
-class _Stopped(Exception):
-    """The move stopped early: the self-check failed."""
+    return data, check(data)
 
 
 def streams(policy: ExportPolicy) -> bool:

@@ -10,12 +10,14 @@ for a deliberate format change (and say so in the commit): a writer that now mak
 bytes from the same codes is what the test is there to catch.
 
 Each artifact is small (the folder stays under 200 KB) and built to make the writer take
-one path: each format-2 codec (rans, fields, deflate and lzma in both layouts, raw, zstd),
+one path: each codec (rans, fields, deflate and lzma in both layouts, raw, zstd),
 each rans context (none, scale, row, col, grid, block, map; tuples; more than 64 contexts),
 parents streams (each row from the one above, and rows from similar earlier rows at
---effort max) with each of their codecs, LQER factors, tied names, every quantizer, and a
-format-1 artifact (zstd manifest and side data) made from a format-2 one as the old writer
-laid it out (docs/FORMAT.md, "Version 1").
+--effort max) with each of their codecs, LQER factors, tied names, every quantizer. Most are
+format 2 (the manifest before the payload), made from what the writer makes now as the
+format-2 writer laid it out: format 3 differs only there (a format-3 golden of every quantizer
+and one of parents). Two are format 1 (zstd manifest and side data), made from a format-2
+one as the old writer laid it out (docs/FORMAT.md, "Version 1").
 """
 
 from __future__ import annotations
@@ -193,7 +195,19 @@ CASES = {
         {"codecs": list(PORTABLE_V1), "version": 1},
     ),
     "v1_int4": (lambda: _quantized("int4"), {"codecs": list(PORTABLE_V1), "version": 1}),
+    "v3_quantizers": (_every_quantizer, {"version": 3}),
+    "v3_parents_rans": (_walk, {"effort": "max", "codecs": ["rans", "raw"], "version": 3}),
 }
+
+
+def relayout(data: bytes, version: int) -> bytes:
+    """A format-2 or -3 artifact laid out as the other (the same stored manifest but for its
+    version field, the same payload): they differ only in where the manifest goes."""
+    _, _, flags, mlen, _ = spec.HEADER.unpack_from(data, 0)
+    manifest, payload = fmt.split_container(data)
+    manifest["version"] = version
+    stored = compress.compress(flags & spec.MANIFEST_COMPRESSOR_MASK, fmt.dumps(manifest))
+    return fmt.container(stored, payload, flags, version)
 
 
 # -- format 1 -----------------------------------------------------------------------------
@@ -228,9 +242,7 @@ def to_version1(data: bytes) -> bytes:
     new_payload = b"".join(parts)
     manifest.update(version=1, payload_length=len(new_payload), payload_sha256=hashlib.sha256(new_payload).hexdigest())
     stored = compress.compress(spec.ZSTD, fmt.dumps(manifest))  # flag bit 0: a zstd frame
-    return (
-        spec.HEADER.pack(spec.MAGIC, 1, spec.ZSTD, len(stored), hashlib.sha256(stored).digest()) + stored + new_payload
-    )
+    return fmt.container(stored, new_payload, spec.ZSTD, 1)
 
 
 # -- what is recorded ------------------------------------------------------------------------
@@ -288,6 +300,8 @@ def make() -> dict[str, tuple[bytes, dict]]:
         data = pack_qtensors(
             build(), {"golden": name}, codecs=options.get("codecs"), effort=options.get("effort", "normal")
         )
+        if version < 3:
+            data = relayout(data, 2)
         if version == 1:
             data = to_version1(data)
         out[name] = (data, {"version": version, **options})
@@ -315,8 +329,10 @@ def main() -> int:
     made = make()
     if args.check:
         index = json.loads(INDEX.read_text())
-        bad = [n for n, (d, _) in made.items() if hashlib.sha256(d).hexdigest() != index[n]["sha256"]]
-        print("\n".join(f"differs: {n}" for n in bad) or f"all {len(made)} goldens identical")
+        bad = [n for n, (d, _) in made.items() if hashlib.sha256(d).hexdigest() != index.get(n, {}).get("sha256")]
+        print(
+            "\n".join(f"{'differs' if n in index else 'new'}: {n}" for n in bad) or f"all {len(made)} goldens identical"
+        )
         return 1 if bad else 0
     if INDEX.exists() and not args.force:
         print(f"{INDEX} exists: --force to remake the goldens (a deliberate format change only)")
