@@ -119,19 +119,27 @@ def test_the_minilm_tokenizer_comes_from_the_cache_real_ckpt_fills(tmp_path, ben
 
 def test_scale_repeats_each_command_and_reports_the_median_run(tmp_path, bench_path, monkeypatch):
     """--repeat N: each run starts without the outputs it may not replace; the row is the run of
-    the median wall time, with the largest memory of any."""
+    the median wall time of N unsampled runs, with the largest RSS of any and the PSS of one
+    more run, the only one sampled (sampling slows what it samples)."""
     scale = _load(BENCH / "scale.py")
-    out, seen, walls = tmp_path / "out", [], iter([3.0, 1.0, 2.0])
+    out, seen, walls = tmp_path / "out", [], iter([3.0, 1.0, 2.0, 9.0])
 
-    def once(cmd, env=None):
-        seen.append(out.exists())
+    def once(cmd, env=None, sample=False):
+        seen.append((out.exists(), sample))
         out.write_text("x")
-        return {"wall": next(walls), "cpu": 1.0, "rss_mb": 10.0 * len(seen), "pss_mb": None, "load": 0.0}
+        return {
+            "wall": next(walls),
+            "cpu": 1.0,
+            "rss_mb": 10.0 * len(seen),
+            "pss_mb": 5.0 if sample else None,
+            "load": 0.0,
+        }
 
     monkeypatch.setattr(scale, "once", once)
     monkeypatch.setattr(scale, "REPEAT", 3)
     r = scale.timed(["true"], clear=(out,))
-    assert seen == [False] * 3 and r["wall"] == 2.0 and r["rss_mb"] == 30.0 and r["pss_mb"] is None
+    assert seen == [(False, False)] * 3 + [(False, True)]
+    assert r["wall"] == 2.0 and r["rss_mb"] == 40.0 and r["pss_mb"] == 5.0
 
 
 # What each script's smoke run must print: its ratio or table lines (regular expressions,

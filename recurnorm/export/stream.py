@@ -146,8 +146,8 @@ def pack_streamed(streamed, policy: ExportPolicy, metadata: dict, out, *, check,
         behind.flush()
     out.write(head[HEADER_SIZE:])  # the manifest, after the payload
     out.flush()
+    size = out.tell()  # (before write_at: without pwrite, it seeks)
     write_at(out, start, head[:HEADER_SIZE])
-    size = out.tell()
     data = mmap.mmap(out.fileno(), size, access=mmap.ACCESS_READ)
     return data, check(data)
 
