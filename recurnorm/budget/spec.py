@@ -14,7 +14,7 @@ MAGIC = b"RNPK"
 VERSION = 3
 # Version 1: zstd side data and manifest (see rans.split_body). Versions 1 and 2: the manifest
 # comes before the payload; version 3: after it, so that a writer streaming a payload too large
-# to hold writes each byte once, in place (format.layout).
+# to hold writes each byte once, in place (format.container).
 READ_VERSIONS = (1, 2, 3)
 HEADER = struct.Struct("<4sHHQ32s")  # magic, version, flags, the stored manifest's length and SHA-256
 HEADER_SIZE = HEADER.size  # 48
