@@ -126,7 +126,7 @@ def once(cmd: list[str], env: dict | None = None, sample: bool = False) -> dict:
 
         before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        pss = _peak_pss(p) if sample else p.wait() and None
+        pss = _peak_pss(p) if sample else _waited(p)
         err = p.stderr.read()
         wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
         if p.returncode != 0:
@@ -138,7 +138,7 @@ def once(cmd: list[str], env: dict | None = None, sample: bool = False) -> dict:
         p = subprocess.Popen(
             ["/usr/bin/time", "-o", t.name, "-f", "%U %S %M", *cmd], stdout=subprocess.DEVNULL, stderr=err, env=env
         )
-        pss = _peak_pss(p) if sample else p.wait() and None
+        pss = _peak_pss(p) if sample else _waited(p)
         wall = time.perf_counter() - start
         if p.returncode != 0:
             err.seek(0)
@@ -165,6 +165,11 @@ def side_by_side(cmds: list[list[str]], clear: tuple = ()) -> float:
         with ThreadPoolExecutor(len(cmds)) as pool:
             walls.append(max(r["wall"] for r in pool.map(once, cmds)))
     return sorted(walls)[len(walls) // 2]
+
+
+def _waited(p: subprocess.Popen) -> None:
+    """Wait for p, sampling nothing: no PSS (None)."""
+    p.wait()
 
 
 def _peak_pss(p: subprocess.Popen) -> float | None:

@@ -142,6 +142,12 @@ def test_scale_repeats_each_command_and_reports_the_median_run(tmp_path, bench_p
     assert r["wall"] == 2.0 and r["rss_mb"] == 40.0 and r["pss_mb"] == 5.0
 
 
+def test_scale_samples_memory_only_when_asked(bench_path):
+    scale = _load(BENCH / "scale.py")
+    assert scale.once(["true"])["pss_mb"] is None  # (not 0: an unsampled run has no PSS)
+    assert scale.once([sys.executable, "-c", "import time; time.sleep(0.2)"], sample=True)["pss_mb"] > 0
+
+
 # What each script's smoke run must print: its ratio or table lines (regular expressions,
 # searched in stdout + stderr). A new script with a main() needs its line here.
 SMOKE_PRINTS = {
