@@ -244,15 +244,16 @@ def split_into_shards(ckpt: Path, folder: Path, n: int) -> Path:
     """ckpt as Hugging Face saves a large model: n files of about equal bytes, in name order,
     and model.safetensors.index.json naming each tensor's file (tensor by tensor, streamed; synced),
     with the config.json beside ckpt, if any."""
+    import torch
     from safetensors import safe_open
 
     from recurnorm.budget import safetensors_out
-    from recurnorm.export.stream import DTYPES  # (safetensors' dtype names -> torch's)
+    from recurnorm.export.stream import DTYPES  # (safetensors' dtype codes -> dtype names)
 
     folder.mkdir(exist_ok=True)
     with safe_open(str(ckpt), "pt") as f:
         names = sorted(f.keys())
-        specs = {k: (DTYPES[f.get_slice(k).get_dtype()], f.get_slice(k).get_shape()) for k in names}
+        specs = {k: (getattr(torch, DTYPES[f.get_slice(k).get_dtype()]), f.get_slice(k).get_shape()) for k in names}
         nbytes = {k: d.itemsize * math.prod(s) for k, (d, s) in specs.items()}
         total, parts, acc = sum(nbytes.values()), [[] for _ in range(n)], 0
         for k in names:  # (the i-th file takes what starts in the i-th n-th of the bytes)

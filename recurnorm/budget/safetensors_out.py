@@ -15,25 +15,13 @@ import struct
 import sys
 from typing import BinaryIO
 
-import torch
-
 from ..io import write_at
+from ..lazy import torch
+from ..quant.registry import dtype_name
 
-_DTYPES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint64: "U64",
-    torch.uint32: "U32",
-    torch.uint16: "U16",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
+# Each dtype's name (torch's without "torch.", as QTensor.dtype holds it) -> its safetensors code.
+CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "bool": "BOOL"}
+CODES |= {f"{kind}{bits}": f"{kind[0].upper()}{bits}" for kind in ("int", "uint") for bits in (8, 16, 32, 64)}
 _CHUNK = 64 << 20  # bytes per write: a contiguous tensor is never copied whole
 
 
@@ -48,7 +36,11 @@ class Layout:
         for name in sorted(specs):
             dtype, shape = specs[name]
             n = math.prod(shape) * dtype.itemsize
-            self.header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
+            self.header[name] = {
+                "dtype": CODES[dtype_name(dtype)],
+                "shape": list(shape),
+                "data_offsets": [offset, offset + n],
+            }
             offset += n
         head = json.dumps(self.header, separators=(",", ":")).encode("utf-8")
         head += b" " * (-len(head) % 8)
@@ -62,7 +54,7 @@ class Layout:
         out = []
         for name in names:
             (a, b), dtype = self.header[name]["data_offsets"], self.header[name]["dtype"]
-            if dtype != _DTYPES[t.dtype] or b - a != len(data):
+            if dtype != CODES[dtype_name(t.dtype)] or b - a != len(data):
                 raise ValueError(f"tensor {name!r}: {t.dtype} of {len(data)} bytes, not as declared")
             out.append((len(self.head) + a, data))
         return out

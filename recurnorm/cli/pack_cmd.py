@@ -317,7 +317,6 @@ def pack(
     """
     from ..budget import Budget
     from ..export import ship
-    from ..export.fit import parse_formats
     from ..io import _discard, check_writable
 
     if fit_bytes is not None and max_bytes is not None and fit_bytes > max_bytes:
@@ -326,7 +325,11 @@ def pack(
             "lower --fit or raise --max-bytes (without --max-bytes, --fit BYTES is the cap)"
         )
     policy = policy_from_options(quant, policy_file, keep_float, quantize_controls, keep_float_max_numel)
-    formats = parse_formats(fit_formats) if fit_formats is not None else None
+    formats = None
+    if fit_formats is not None:  # (fit.py imports torch: a pack that streams floats needs none)
+        from ..export.fit import parse_formats
+
+        formats = parse_formats(fit_formats)
     for given, flag in ((fit_formats is not None, "--fit-formats"), (fit_embeddings, "--fit-embeddings")):
         if given and fit_bytes is None:
             raise click.UsageError(f"{flag} only applies with --fit BYTES")

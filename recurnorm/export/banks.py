@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from torch import Tensor
 
 from ..errors import QuantError
 from ..quant.passthrough import FLOAT_FORMATS
 from ..quant.qtensor import QTensor
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 MIN_SIDE = 16
 # The record's own unbanking (_unbank_state_dict): slice i of a bank of S slices with m

@@ -11,12 +11,14 @@ import json
 import os
 import warnings
 from pathlib import Path
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from ..budget import format as fmt
 from ..budget import spec
 from ..errors import ArtifactError, CheckpointError, ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def prepare_exported(model: nn.Module) -> nn.Module:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from torch import Tensor, nn
+from typing import TYPE_CHECKING, Any
 
 from ..quant import extras
 from ..quant.qtensor import QTensor
@@ -20,6 +18,9 @@ from .options import ExportOptions, Format
 from .policy import ExportPolicy, Plan
 from .qat import export_config, is_qat_pending, qat_policy
 from .record import packed_rows
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
 
 
 def export_metadata(
@@ -169,6 +170,8 @@ def pack(
     model is exported with the QAT policy, as ``recurnorm pack`` does. A rule
     that changes no tensor raises ConfigError.
     """
+    from torch import nn
+
     from ..model import state_dict_for_export
     from .spec import build_policy
 

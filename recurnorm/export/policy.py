@@ -41,14 +41,15 @@ import fnmatch
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, QuantError
 from ..quant import extras
 from ..quant.passthrough import FLOAT_FORMATS
 from ..quant.qtensor import QTensor
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 DEFAULT_QUANTIZER = "int8"
 KEEP_FLOAT_MAX_NUMEL = 65_536  # small float *vectors* cost little: keep them fp16

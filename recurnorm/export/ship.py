@@ -12,7 +12,6 @@ from pathlib import Path
 
 from ..budget.cap import Budget
 from ..errors import ConfigError
-from .fit import fit_budget
 from .pack import Packed, check_decoded_limit, checkpoint_policy, load_state, pack_state
 from .policy import ExportPolicy
 from .record import packed_rows
@@ -238,6 +237,7 @@ def ship_source(
     """Pack a Source under a policy: rules checked against its names, then GPTQ and --fit as asked
     (``hessians_given``: {weight name: H} to GPTQ with, instead of calibrating the model;
     ``max_decoded_bytes``: what verify allows the artifact to decode to, checked first and after)."""
+    from .fit import fit_budget
     from .gptq import DEFAULT_CALIB_TOKENS, GPTQExporter
 
     check_decoded_limit(src.state, max_decoded_bytes)

@@ -15,16 +15,18 @@ written without them are byte for byte what they were).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from ..errors import QuantError
+from ..lazy import torch
 from . import lqer
 from .qtensor import QTensor
 from .registry import Quantizer, get
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 EXTRA_KEYS = (*lqer.LQER_KEYS, "rdo")
 

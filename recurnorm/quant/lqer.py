@@ -28,15 +28,16 @@ What differs from the Parameter Golf record that uses it (openai/parameter-golf,
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from ..errors import QuantError
+from ..lazy import torch
 from .lowrank import apply, matrix_view  # noqa: F401  (the reader's half, re-exported)
 from .qtensor import QTensor, rows_layout
 from .registry import dequantize, get
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 LQER_KEYS = ("lqer", "lqer_l", "lqer_r")
 FACTOR_FORMATS = ("int2", "int3", "int4", "int5", "int6", "int8", "fp16")
