@@ -91,27 +91,65 @@ def _mixed_checkpoint(path: Path, floats=("bfloat16", "float16", "float32")) -> 
     save_file(sd, path)
 
 
-def test_a_lossless_pack_reads_words_without_torch_and_writes_the_same_bytes(tmp_path):
-    """Floats kept in their dtype or widened to float32, and integers, are read with numpy: the
-    artifact is the one the whole state dict packed with torch makes, byte for byte."""
+def test_packs_and_unpacks_in_float_formats_run_without_torch_as_torch_would(tmp_path):
+    """Floats in a float format (kept, widened or rounded) and raw integers are read and written
+    as words with numpy: the artifact is the one the whole state dict packed with torch makes,
+    and unpack writes what recurnorm.load (torch's dequantize) returns, byte for byte."""
+    import torch
+    from safetensors.torch import load_file
+
+    from recurnorm import load
     from recurnorm.export.pack import pack_checkpoint
     from recurnorm.export.spec import build_policy
 
     mixed, bf16 = tmp_path / "mixed.safetensors", tmp_path / "bf16.safetensors"
     _mixed_checkpoint(mixed)
     _mixed_checkpoint(bf16, floats=("bfloat16",))
-    for ckpt, quant in ((mixed, "fp32"), (bf16, "bf16"), (bf16, "fp32")):
+    for ckpt, quant in ((mixed, "fp32"), (mixed, "bf16"), (mixed, "fp16"), (bf16, "bf16")):
         for jobs in (1, 2):
-            out = tmp_path / f"{ckpt.stem}-{quant}-{jobs}.rnpk"
+            out, back = (
+                tmp_path / f"{ckpt.stem}-{quant}-{jobs}.rnpk",
+                tmp_path / f"{ckpt.stem}-{jobs}" / f"{quant}.safetensors",
+            )
             r = run_cli("pack", ckpt, "-q", quant, "--jobs", jobs, "-o", out)
-            assert r.returncode == 0, r.stderr
-            assert r.stderr.splitlines()[-1] == "torch imported: False"
+            assert r.returncode == 0 and r.stderr.splitlines()[-1] == "torch imported: False", r.stderr
             assert out.read_bytes() == pack_checkpoint(ckpt, build_policy(quant)).data, (ckpt, quant, jobs)
-    # A float narrowed (bf16 and float32 to fp16) is rounded by torch, imported before the jobs fork.
-    out = tmp_path / "fp16.rnpk"
-    r = run_cli("pack", mixed, "-q", "fp16", "--jobs", 2, "-o", out)
+            r = run_cli("unpack", out, "-o", back, "--jobs", jobs)
+            assert r.returncode == 0 and r.stderr.splitlines()[-1] == "torch imported: False", r.stderr
+            got, want = load_file(back), load(out)
+            assert got.keys() == want.keys()
+            for k, t in want.items():
+                assert got[k].dtype == t.dtype and got[k].shape == t.shape, k
+                assert torch.equal(got[k].reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)), (quant, k)
+    # An integer format quantizes with torch, imported before the jobs fork.
+    r = run_cli("pack", mixed, "-q", "int8", "--jobs", 2, "-o", tmp_path / "int8.rnpk")
     assert r.returncode == 0 and r.stderr.splitlines()[-1] == "torch imported: True", r.stderr
-    assert out.read_bytes() == pack_checkpoint(mixed, build_policy("fp16")).data
+
+
+@pytest.mark.parametrize("src", ["float32", "float16", "bfloat16"])
+def test_float_words_convert_as_torch_does(src):
+    """Exactly where the output is as wide; else to nearest, ties to even, as torch rounds: ties,
+    subnormals, the largest finite values, values past the output's range."""
+    import torch
+
+    from recurnorm.quant.passthrough import WORD_DTYPES, float_words
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(4000, generator=g) * s for s in (1e-8, 1e-6, 1e-4, 0.02, 1.0, 300.0, 7e4, 1e30)])
+    spots = [0.0, -0.0, 1.0, 65504.0, 65520.0, 7e4, 3.3895e38, 3.4e38, 6e-8, 1e-7, 3e-8, 1.2e-38, 1e-45]
+    x = torch.cat([x, torch.tensor(spots), -torch.tensor(spots)])
+    bits = torch.arange(0, 1 << 16, dtype=torch.int32)  # every bf16 pattern, and ties below each
+    x = torch.cat([x, (bits << 16).view(torch.float32), ((bits << 16) | 0x8000).view(torch.float32)])
+    x = x.to(getattr(torch, src))
+    x = x[torch.isfinite(x)]
+    words = x.view(torch.int16 if x.element_size() == 2 else torch.int32).numpy().view(WORD_DTYPES[src])
+    for dst in ("float32", "float16", "bfloat16", "float64"):
+        want = x.to(getattr(torch, dst))
+        ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[want.element_size()]
+        assert torch.equal(want.view(ints), x.to(torch.float32).to(want.dtype).view(ints))  # (pack's, unpack's)
+        got = float_words(words, src, dst)
+        assert got.dtype == WORD_DTYPES[dst]
+        assert (got.view(f"i{got.itemsize}") == want.view(ints).numpy()).all(), (src, dst)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
@@ -120,7 +158,8 @@ def test_nan_and_inf_read_as_words_are_refused_as_torch_refuses_them(dtype):
     import torch
 
     from recurnorm.errors import QuantError
-    from recurnorm.export.stream import WORDS, check_finite_words
+    from recurnorm.export.stream import check_finite_words
+    from recurnorm.quant.passthrough import WORD_DTYPES
     from recurnorm.quant.registry import check_finite
 
     def refusal(check, *args):
@@ -139,7 +178,9 @@ def test_nan_and_inf_read_as_words_are_refused_as_torch_refuses_them(dtype):
                 if bad is not None:
                     t[at] = bad
                 t = t.reshape(shape)
-                words = t.reshape(-1).view(torch.int16 if d.itemsize == 2 else torch.int32).numpy().view(WORDS[dtype])
+                words = (
+                    t.reshape(-1).view(torch.int16 if d.itemsize == 2 else torch.int32).numpy().view(WORD_DTYPES[dtype])
+                )
                 expected = refusal(check_finite, t, "w")
                 assert (expected is None) == (bad is None)
                 assert refusal(check_finite_words, np.ascontiguousarray(words), dtype, shape, "w") == expected

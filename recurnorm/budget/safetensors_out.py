@@ -15,9 +15,11 @@ import struct
 import sys
 from typing import BinaryIO
 
+import numpy as np
+
 from ..io import write_at
 from ..lazy import torch
-from ..quant.registry import dtype_name
+from ..quant.registry import dtype_name, itemsize
 
 # Each dtype's name (torch's without "torch.", as QTensor.dtype holds it) -> its safetensors code.
 CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "bool": "BOOL"}
@@ -35,27 +37,26 @@ class Layout:
         self.header, offset = {}, 0
         for name in sorted(specs):
             dtype, shape = specs[name]
-            n = math.prod(shape) * dtype.itemsize
-            self.header[name] = {
-                "dtype": CODES[dtype_name(dtype)],
-                "shape": list(shape),
-                "data_offsets": [offset, offset + n],
-            }
+            n = math.prod(shape) * itemsize(dtype)
+            code = CODES[dtype_name(dtype)]
+            self.header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + n]}
             offset += n
         head = json.dumps(self.header, separators=(",", ":")).encode("utf-8")
         head += b" " * (-len(head) % 8)
         self.head = struct.pack("<Q", len(head)) + head
         self.size = len(self.head) + offset
 
-    def places(self, names: list[str], t: torch.Tensor) -> list[tuple[int, object]]:
-        """(file position, raw bytes) of a tensor at each of its names' places."""
-        t = t.detach().cpu().contiguous().reshape(-1)
-        data = t.view(torch.uint8).numpy() if t.numel() else b""  # bool and bfloat16 too: the raw bytes
+    def places(self, names: list[str], t, dtype: str | None = None) -> list[tuple[int, object]]:
+        """(file position, raw bytes) of a tensor at each of its names' places: a torch tensor, or
+        (dtype: its name) a numpy array of its words."""
+        if dtype is None:  # (bool and bfloat16 too: the raw bytes)
+            dtype, t = dtype_name(t.dtype), t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        data = np.ascontiguousarray(t).reshape(-1).view(np.uint8) if t.size else b""
         out = []
         for name in names:
-            (a, b), dtype = self.header[name]["data_offsets"], self.header[name]["dtype"]
-            if dtype != CODES[dtype_name(t.dtype)] or b - a != len(data):
-                raise ValueError(f"tensor {name!r}: {t.dtype} of {len(data)} bytes, not as declared")
+            (a, b), declared = self.header[name]["data_offsets"], self.header[name]["dtype"]
+            if declared != CODES[dtype] or b - a != len(data):
+                raise ValueError(f"tensor {name!r}: {dtype} of {len(data)} bytes, not as declared")
             out.append((len(self.head) + a, data))
         return out
 

@@ -450,7 +450,9 @@ def unpack(artifact, out, force, max_decoded_bytes, jobs):
     # leaves the old pair as it was.
     entries = {t["name"]: t for t in manifest["tensors"]}
     stored = {n: entries[t.get("alias_of", n)] for n, t in entries.items() if n not in factors_of(manifest)}
-    specs = {n: (quant_registry.torch_dtype(t["dtype"]), t["shape"]) for n, t in stored.items()}
+    specs = {n: (quant_registry.known_dtype(t["dtype"]), t["shape"]) for n, t in stored.items()}
+    if not all(_as_words(t) for t in stored.values()):
+        import torch  # noqa: F401  (here, before jobs fork: else each would import it again)
     placer.names = {}  # stored tensor -> its names (with its aliases)
     for n, t in stored.items():
         placer.names.setdefault(t["name"], []).append(n)
@@ -482,15 +484,26 @@ class _Placer:
 
     def __call__(self, entries: list[dict], qt):
         from ..io import write_at
+        from ..quant.passthrough import words
         from ..quant.registry import dequantize
 
         if qt is None:  # an alias: written with the tensor it names
             return None, []
-        t = dequantize(qt, original_dtype=True)
-        for pos, data in self.layout.places(self.names[entries[-1]["name"]], t):
+        kept = _as_words({"format": qt.format, "dtype": qt.dtype, "lowrank": qt.lowrank})
+        t, dtype = (words(qt), qt.dtype) if kept else (dequantize(qt, original_dtype=True), None)
+        for pos, data in self.layout.places(self.names[entries[-1]["name"]], t, dtype):
             write_at(self.file, pos, data)
             self.behind.done(pos, memoryview(data).nbytes)
         return entries[-1]["name"], []
+
+
+def _as_words(entry: dict) -> bool:
+    """Whether a stored tensor's bytes in the output are made with numpy (passthrough.words: a
+    float format, raw integers): no torch, whose import took ~0.9 s of every unpack (and its
+    exit ~0.3 s)."""
+    from ..quant.passthrough import as_words
+
+    return not entry.get("lowrank") and as_words(entry["format"], entry["dtype"])
 
 
 def factors_of(manifest: dict) -> set[str]:

@@ -28,13 +28,13 @@ from ..errors import QuantError
 from ..io import WriteBehind, write_at
 from ..lazy import torch
 from ..quant import extras
-from ..quant.passthrough import FLOAT_FORMATS
+from ..quant.passthrough import FLOAT_FORMATS, WORD_DTYPES, float_words
 from ..quant.qtensor import QTensor
-from ..quant.registry import ITEMSIZE, torch_dtype
+from ..quant.registry import ITEMSIZE, itemsize, torch_dtype
 from .policy import ExportPolicy
 
 DTYPES = {code: name for name, code in CODES.items()}  # safetensors' codes -> dtype names
-FLOATS = ("float64", "float32", "float16", "bfloat16")
+FLOATS = ("float64", "float32", "float16", "bfloat16")  # (float64: read by torch)
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class TensorMeta:
         return self.dtype in FLOATS
 
     def element_size(self) -> int:
-        return ITEMSIZE.get(self.dtype) or np.dtype(self.dtype).itemsize
+        return itemsize(self.dtype)
 
 
 class SafetensorsFiles:
@@ -123,12 +123,6 @@ class SafetensorsFiles:
             f.readinto(memoryview(out).cast("B"))
 
 
-# Floats kept in their dtype or widened to float32 (exactly: no rounding), and integers kept as
-# they are, are read as words with numpy: a checkpoint packed losslessly needs no torch, whose
-# import took ~0.9 s of every pack (and ~0.3 s of its exit). {source dtype: its words' dtype}.
-WORDS = {"float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16}
-
-
 class Quantized(Mapping):
     """The QTensors of a streamed checkpoint: each read and quantized when asked for."""
 
@@ -138,15 +132,14 @@ class Quantized(Mapping):
             import torch  # noqa: F401  (here, before jobs fork: else each would import it again)
 
     def _as_words(self, name: str) -> bool:
-        """Whether a tensor's QTensor holds its words as they are (or widened to float32)."""
+        """Whether a tensor's QTensor is made of its words with numpy (passthrough.float_words):
+        a float32, float16 or bfloat16 tensor in a float format, integers kept raw. A checkpoint
+        packed so needs no torch, whose import took ~0.9 s of every pack (and ~0.3 s of its exit)."""
         fmt, options, _ = self.plan[name]
         dtype = DTYPES[self.src.header[self.names[name]]["dtype"]]
-        if options:
-            return False
         if fmt == "raw":
-            return dtype not in FLOATS and dtype in ITEMSIZE
-        kept = FLOAT_FORMATS.get(fmt, ("",))[0]
-        return dtype in WORDS and (kept == dtype or kept == "float32")
+            return not options and dtype not in FLOATS and dtype in ITEMSIZE
+        return not options and fmt in FLOAT_FORMATS and dtype in FLOATS[1:]
 
     def __getitem__(self, name: str):
         fmt, options, _ = self.plan[name]
@@ -161,11 +154,9 @@ class Quantized(Mapping):
         if fmt == "raw":
             words = self.src.words(self.names[name], np.uint8 if dtype == "bool" else dtype)
             return QTensor(fmt, shape, dtype, words.reshape(1, -1), params={})
-        words = self.src.words(self.names[name], WORDS[dtype])
+        words = self.src.words(self.names[name], WORD_DTYPES[dtype])
         check_finite_words(words, dtype, shape, name)
-        if FLOAT_FORMATS[fmt][0] != dtype:  # widened to float32, exactly
-            wide = words.view(np.float16).astype(np.float32) if dtype == "float16" else words.astype(np.uint32) << 16
-            words = wide.view(np.uint32)
+        words = float_words(words, dtype, FLOAT_FORMATS[fmt][0])
         return QTensor(fmt, shape, dtype, words.reshape(1, -1), params={})
 
     def numel(self, name: str) -> int:

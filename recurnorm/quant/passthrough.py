@@ -19,6 +19,42 @@ if TYPE_CHECKING:
 FLOAT_FORMATS = {"fp32": ("float32", 23), "fp16": ("float16", 10), "bf16": ("bfloat16", 7)}
 
 
+# Words of a float dtype as numpy holds them (it has no bfloat16: its words as uint16).
+WORD_DTYPES = {"float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16, "float64": np.uint64}
+
+
+def float_words(words: np.ndarray, src: str, dst: str) -> np.ndarray:
+    """Finite float words of dtype src as dst's, through float32 as torch converts them (exactly
+    where dst is as wide; else rounded to nearest, ties to even), with numpy alone: pack and
+    unpack of float formats need no torch. src is float32, float16 or bfloat16."""
+    if src == dst:
+        return words
+    if src == "bfloat16":
+        x = (words.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    else:
+        x = words.view(np.dtype(src)).astype(np.float32, copy=False)
+    if dst != "bfloat16":
+        with np.errstate(over="ignore"):  # (past dst's range: Inf, as torch gives, which the checks refuse)
+            return x.astype(dst).view(WORD_DTYPES[dst])
+    bits = x.view(np.uint32)  # (finite: the carry of a tie never reaches past the exponent)
+    return ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+
+
+def as_words(fmt: str, dtype: str) -> bool:
+    """Whether words() makes the bytes of a QTensor of this format and original dtype (LQER
+    factors aside): a float format restored to a float dtype, or raw integers."""
+    return dtype not in WORD_DTYPES if fmt == "raw" else fmt in FLOAT_FORMATS and dtype in WORD_DTYPES
+
+
+def words(qt: QTensor) -> np.ndarray:
+    """The words (flat) of a passthrough QTensor without LQER factors, in its original dtype (a
+    bool's as uint8): what dequantize(qt, original_dtype=True) holds, made with numpy alone."""
+    flat = np.ascontiguousarray(qt.codes).reshape(-1)[: qt.numel]
+    if qt.format == "raw":
+        return flat.astype(np.uint8 if qt.dtype == "bool" else qt.dtype, copy=False)
+    return float_words(flat, FLOAT_FORMATS[qt.format][0], qt.dtype)
+
+
 class _FloatBits(Quantizer):
     """Floats kept as floats in that precision: fp32 keeps every bit of fp32, bf16 and fp16 tensors.
 

@@ -49,6 +49,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def itemsize(dtype) -> int:
+    """Bytes an element of a dtype takes (a torch dtype or its name; numpy has no bfloat16)."""
+    name = dtype_name(dtype)
+    return ITEMSIZE.get(name) or np.dtype(name).itemsize
+
+
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of a QTensor.dtype name; QuantError if unknown."""
     return getattr(torch, known_dtype(name))
