@@ -37,8 +37,10 @@ PIPE_BYTES = 1 << 20  # fewer wake-ups per coded tensor (Linux: at most /proc/sy
 # Results that came back before their turn wait here up to this many bytes (their buffers):
 # meanwhile later items start out of order, so that a large item at work does not leave the
 # other jobs idle. A 1.1B-weight model: its int8 head and embedding take 7.9 s of CPU each, in
-# which the other job codes ~170M weights of int4 matrices (0.45 bytes a weight coded).
-HOLD_BYTES = 1 << 27
+# which the other job codes ~170M weights of int4 matrices (0.45 bytes a weight coded); bf16,
+# 1.3 bytes a weight coded: at 128 MiB the other job sat idle while the embedding was coded
+# behind the head (two-job pack 13.6-14.8 s; 12.6-12.9 s at 256 MiB, 12.2-12.9 s at 384-512).
+HOLD_BYTES = 1 << 28
 
 # A worker gives back the memory it freed after an item larger than this share of the sizes
 # allowed at work at once: else it keeps a large tensor's working set while the other job takes
