@@ -34,7 +34,8 @@ from ..quant.registry import ITEMSIZE, itemsize, torch_dtype
 from .policy import ExportPolicy
 
 DTYPES = {code: name for name, code in CODES.items()}  # safetensors' codes -> dtype names
-FLOATS = ("float64", "float32", "float16", "bfloat16")  # (float64: read by torch)
+WORD_FLOATS = ("float32", "float16", "bfloat16")  # read as words (float_words); float64 by torch
+FLOATS = ("float64", *WORD_FLOATS)
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ class Quantized(Mapping):
         dtype = DTYPES[self.src.header[self.names[name]]["dtype"]]
         if fmt == "raw":
             return not options and dtype not in FLOATS and dtype in ITEMSIZE
-        return not options and fmt in FLOAT_FORMATS and dtype in FLOATS[1:]
+        return not options and fmt in FLOAT_FORMATS and dtype in WORD_FLOATS
 
     def __getitem__(self, name: str):
         fmt, options, _ = self.plan[name]
