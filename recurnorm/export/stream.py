@@ -176,7 +176,7 @@ def check_finite_words(words: np.ndarray, dtype: str, shape: tuple, name: str) -
     if not words.size:
         return
     bits = 8 * words.itemsize
-    sign, mantissa = 1 << (bits - 1), {"float32": 23, "float16": 10, "bfloat16": 7}[dtype]
+    sign, mantissa = 1 << (bits - 1), dict(FLOAT_FORMATS.values())[dtype]
     ones = sign - (1 << mantissa)  # the exponent's bits all set: NaN or Inf from there up, either sign
     # The largest magnitude in two passes with no temporary (as check_values does): the largest
     # pattern of the positives, and of the negatives less the sign.
