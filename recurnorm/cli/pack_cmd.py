@@ -484,12 +484,12 @@ class _Placer:
 
     def __call__(self, entries: list[dict], qt):
         from ..io import write_at
-        from ..quant.passthrough import words
+        from ..quant.passthrough import as_words, words
         from ..quant.registry import dequantize
 
         if qt is None:  # an alias: written with the tensor it names
             return None, []
-        kept = _as_words({"format": qt.format, "dtype": qt.dtype, "lowrank": qt.lowrank})
+        kept = qt.lowrank is None and as_words(qt.format, qt.dtype)  # (as _as_words decides from the manifest)
         t, dtype = (words(qt), qt.dtype) if kept else (dequantize(qt, original_dtype=True), None)
         for pos, data in self.layout.places(self.names[entries[-1]["name"]], t, dtype):
             write_at(self.file, pos, data)
