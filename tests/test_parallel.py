@@ -381,14 +381,40 @@ def test_each_job_runs_torch_on_one_thread(monkeypatch, jobs, fork):
     assert torch.get_num_threads() == 2
 
 
-def test_a_worker_gives_back_its_free_memory_after_a_large_item(monkeypatch, tmp_path):
-    """After an item larger than LARGE_SHARE of the limit (only then), the worker returns the
-    memory it freed: else it keeps a large tensor's working set beside the other job's."""
-    log = tmp_path / "trims"
-    monkeypatch.setattr(parallel.heap, "give_back", lambda: log.open("a").write("trim\n"))
-    got = list(parallel.ordered(_tagged, [0, 1, 2, 3], 2, [100, 1, 1, 1], 100))
-    assert [v[0] for v, _ in got] == [0, 1, 2, 3]
-    assert log.read_text() == "trim\n"  # after item 0 alone
+_LOG: list[Path] = []
+
+
+def _logged(i):
+    with _LOG[0].open("a") as f:
+        f.write(f"{os.getpid()} {i}\n")
+    return _tagged(i)
+
+
+def test_a_worker_gives_back_its_free_memory_before_a_small_item_after_a_large_one(monkeypatch, tmp_path):
+    """After an item larger than LARGE_SHARE of the limit, the worker returns the memory it freed
+    before it takes a smaller item (else it keeps a large tensor's working set beside the other
+    job's), and not before a large one, which reuses it (its pages faulted in again)."""
+    log = tmp_path / "log"
+    monkeypatch.setattr(parallel.heap, "give_back", lambda: log.open("a").write(f"{os.getpid()} trim\n"))
+    monkeypatch.setattr(sys.modules[__name__], "_LOG", [log])
+    sizes = [100, 100, 1, 1, 100, 1, 30]  # (large: over 25; none runs beside another item)
+    got = list(parallel.ordered(_logged, list(range(len(sizes))), 2, sizes, 100))
+    assert [v[0] for v, _ in got] == list(range(len(sizes)))
+    seen: dict[str, list[str]] = {}
+    for line in log.read_text().splitlines():
+        pid, what = line.split()
+        seen.setdefault(pid, []).append(what)
+    trims = 0
+    for events in seen.values():
+        want, after_large = [], False
+        for item in (int(e) for e in events if e != "trim"):
+            if after_large and sizes[item] <= 25:
+                want.append("trim")
+            want.append(str(item))
+            after_large = sizes[item] > 25
+        assert events == want
+        trims += want.count("trim")
+    assert trims >= 1
 
 
 def test_jobs_done_while_the_caller_takes_a_result_start_their_next_item_first():
