@@ -73,7 +73,7 @@ def test_a_lazy_module_is_imported_when_first_used(monkeypatch):
     assert lazy.rgb_to_hsv(0.0, 0.0, 0.0) == (0.0, 0.0, 0.0) and "colorsys" in sys.modules
 
 
-def _mixed_checkpoint(path: Path, floats=("bfloat16", "float16", "float32")) -> None:
+def _mixed_checkpoint(path: Path, floats=("bfloat16", "float16", "float32"), rows: int = 96) -> None:
     """Matrices, vectors, a scalar and an empty tensor of each float dtype, beside integers and bools."""
     import torch
     from safetensors.torch import save_file
@@ -86,7 +86,7 @@ def _mixed_checkpoint(path: Path, floats=("bfloat16", "float16", "float32")) -> 
     }
     for dt in floats:
         d = getattr(torch, dt)
-        sd |= {f"{dt}.w": (torch.randn(96, 64, generator=g) * 0.02).to(d), f"{dt}.norm": torch.ones(64, dtype=d)}
+        sd |= {f"{dt}.w": (torch.randn(rows, 64, generator=g) * 0.02).to(d), f"{dt}.norm": torch.ones(64, dtype=d)}
         sd |= {f"{dt}.scale": torch.tensor(0.5, dtype=d), f"{dt}.empty": torch.zeros(0, 4, dtype=d)}
     save_file(sd, path)
 
@@ -121,9 +121,58 @@ def test_packs_and_unpacks_in_float_formats_run_without_torch_as_torch_would(tmp
             for k, t in want.items():
                 assert got[k].dtype == t.dtype and got[k].shape == t.shape, k
                 assert torch.equal(got[k].reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)), (quant, k)
-    # An integer format quantizes with torch, imported before the jobs fork.
-    r = run_cli("pack", mixed, "-q", "int8", "--jobs", 2, "-o", tmp_path / "int8.rnpk")
-    assert r.returncode == 0 and r.stderr.splitlines()[-1] == "torch imported: True", r.stderr
+
+
+def test_unpacks_quantized_formats_without_torch_as_torch_would(tmp_path):
+    """Integer grids, ternary and NF4 restored to each float dtype (float64 too), beside float
+    formats and raw integers: unpack writes, with numpy alone, what recurnorm.load (torch's
+    dequantize) returns, byte for byte, with 1 and 2 jobs. Quantizing still needs torch."""
+    import torch
+    from safetensors.torch import load_file
+
+    from recurnorm import load
+
+    from recurnorm.quant.blockwise import BLOCK
+
+    mixed = tmp_path / "mixed.safetensors"  # (matrices of more than one piece)
+    _mixed_checkpoint(mixed, floats=("bfloat16", "float16", "float32", "float64"), rows=BLOCK // 64 + 100)
+    for quant in ("int8", "int4", "int6:asymmetric=true", "int8_pg", "ternary", "nf4"):
+        art = tmp_path / f"{quant}.rnpk"
+        r = run_cli("pack", mixed, "-q", quant, "--jobs", 2, "-o", art)
+        assert r.returncode == 0 and r.stderr.splitlines()[-1] == "torch imported: True", r.stderr
+        want = load(art)
+        for jobs in (1, 2):
+            back = tmp_path / f"{quant}-{jobs}" / "out.safetensors"
+            r = run_cli("unpack", art, "-o", back, "--jobs", jobs)
+            assert r.returncode == 0 and r.stderr.splitlines()[-1] == "torch imported: False", r.stderr
+            got = load_file(back)
+            assert got.keys() == want.keys()
+            for k, t in want.items():
+                assert got[k].dtype == t.dtype and got[k].shape == t.shape, k
+                assert torch.equal(got[k].reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)), (quant, k)
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4", "int5:asymmetric=true", "int8_pg", "ternary", "nf4"])
+def test_word_blocks_are_the_dequantized_tensor_in_pieces(quant):
+    """Pieces of rows, a row longer than a piece (split by columns), a padded last group: the
+    words joined are dequantize(qt, original_dtype=True)'s, for each float dtype."""
+    import torch
+
+    from recurnorm.budget.safetensors_out import raw_bytes
+    from recurnorm.export.spec import parse_format
+    from recurnorm.quant.blockwise import BLOCK
+    from recurnorm.quant.registry import dequantize, get, word_blocks
+
+    fmt, options = parse_format(quant)
+    g = torch.Generator().manual_seed(1)
+    for shape in ((3 * BLOCK // 1000 + 7, 1000), (2, BLOCK + 100), (37,)):
+        x = torch.randn(shape, generator=g) * 0.02
+        for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+            qt = get(fmt, **options).quantize(x.to(dtype))
+            pieces = list(word_blocks(qt))
+            assert len(pieces) > 1 or x.numel() < BLOCK
+            got = b"".join(p.tobytes() for p in pieces)
+            assert got == raw_bytes(dequantize(qt, original_dtype=True)).tobytes(), (quant, shape, dtype)
 
 
 @pytest.mark.parametrize("src", ["float32", "float16", "bfloat16"])

@@ -46,19 +46,27 @@ class Layout:
         self.head = struct.pack("<Q", len(head)) + head
         self.size = len(self.head) + offset
 
-    def places(self, names: list[str], t, dtype: str | None = None) -> list[tuple[int, object]]:
-        """(file position, raw bytes) of a tensor at each of its names' places: a torch tensor, or
-        (dtype: its name) a numpy array of its words."""
-        if dtype is None:  # (bool and bfloat16 too: the raw bytes)
-            dtype, t = dtype_name(t.dtype), t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-        data = np.ascontiguousarray(t).reshape(-1).view(np.uint8) if t.size else b""
+    def positions(self, names: list[str], dtype: str, nbytes: int) -> list[int]:
+        """The file position of a tensor's first byte at each of its names' places (dtype: its
+        name; nbytes: its size); ValueError unless the header declares just that."""
         out = []
         for name in names:
             (a, b), declared = self.header[name]["data_offsets"], self.header[name]["dtype"]
-            if declared != CODES[dtype] or b - a != len(data):
-                raise ValueError(f"tensor {name!r}: {dtype} of {len(data)} bytes, not as declared")
-            out.append((len(self.head) + a, data))
+            if declared != CODES[dtype] or b - a != nbytes:
+                raise ValueError(f"tensor {name!r}: {dtype} of {nbytes} bytes, not as declared")
+            out.append(len(self.head) + a)
         return out
+
+    def places(self, names: list[str], t) -> list[tuple[int, np.ndarray]]:
+        """(file position, raw bytes) of a torch tensor at each of its names' places."""
+        data = raw_bytes(t)
+        return [(pos, data) for pos in self.positions(names, dtype_name(t.dtype), data.size)]
+
+
+def raw_bytes(t) -> np.ndarray:
+    """A torch tensor's bytes, flat (bool and bfloat16 too)."""
+    t = t.detach().cpu().contiguous().reshape(-1)
+    return t.view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
 
 
 def write_each(f: BinaryIO, specs: dict, tensors) -> None:

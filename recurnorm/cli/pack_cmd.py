@@ -483,27 +483,37 @@ class _Placer:
     file = behind = layout = names = None  # (set by unpack before the first tensor; behind: a copy in each job)
 
     def __call__(self, entries: list[dict], qt):
+        import numpy as np
+
+        from ..budget.safetensors_out import raw_bytes
         from ..io import write_at
-        from ..quant.passthrough import as_words, words
-        from ..quant.registry import dequantize
+        from ..quant.registry import dequantize, dtype_name, itemsize, makes_words, word_blocks
 
         if qt is None:  # an alias: written with the tensor it names
             return None, []
-        kept = qt.lowrank is None and as_words(qt.format, qt.dtype)  # (as _as_words decides from the manifest)
-        t, dtype = (words(qt), qt.dtype) if kept else (dequantize(qt, original_dtype=True), None)
-        for pos, data in self.layout.places(self.names[entries[-1]["name"]], t, dtype):
-            write_at(self.file, pos, data)
-            self.behind.done(pos, memoryview(data).nbytes)
-        return entries[-1]["name"], []
+        if qt.lowrank is None and makes_words(qt.format, qt.dtype):  # (as _as_words decides from the manifest)
+            dtype, pieces = qt.dtype, word_blocks(qt)
+        else:
+            t = dequantize(qt, original_dtype=True)
+            dtype, pieces = dtype_name(t.dtype), [raw_bytes(t)]
+        name = entries[-1]["name"]
+        at = self.layout.positions(self.names[name], dtype, qt.numel * itemsize(dtype))
+        for piece in pieces:  # (each where the last ended, at each place)
+            data = np.ascontiguousarray(piece).reshape(-1).view(np.uint8)
+            for pos in at:
+                write_at(self.file, pos, data)
+                self.behind.done(pos, data.size)
+            at = [pos + data.size for pos in at]
+        return name, []
 
 
 def _as_words(entry: dict) -> bool:
-    """Whether a stored tensor's bytes in the output are made with numpy (passthrough.words: a
-    float format, raw integers): no torch, whose import took ~0.9 s of every unpack (and its
-    exit ~0.3 s)."""
-    from ..quant.passthrough import as_words
+    """Whether a stored tensor's bytes in the output are made with numpy (Quantizer.word_blocks:
+    float formats, raw integers, integer grids and NF4 restored to a float dtype): no torch,
+    whose import took ~0.9 s of every unpack (and its exit ~0.3 s)."""
+    from ..quant.registry import makes_words
 
-    return not entry.get("lowrank") and as_words(entry["format"], entry["dtype"])
+    return not entry.get("lowrank") and makes_words(entry["format"], entry["dtype"])
 
 
 def factors_of(manifest: dict) -> set[str]:

@@ -9,14 +9,16 @@ and `decode_grid` so that its codes lie on the very grid `dequantize` expands.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from ..errors import QuantError
 from ..lazy import torch
+from .blockwise import BLOCK, Blockwise
 from .qtensor import QTensor, rows_layout
-from .registry import Quantizer, dtype_name, range_problem
+from .registry import dtype_name, range_problem
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -56,7 +58,7 @@ def check_group(name: str, group: Any, allow_none: bool = True) -> None:
         raise QuantError(f"{name}: option group must be a positive int up to {MAX_GROUP:,} or None, got {shown}")
 
 
-class GridQuantizer(Quantizer):
+class GridQuantizer(Blockwise):
     """Codes on a per-group grid: subclasses define `fit_groups`, `encode_grid`, `decode_grid`."""
 
     code_dtype: ClassVar[type] = np.int8
@@ -96,7 +98,8 @@ class GridQuantizer(Quantizer):
         raise NotImplementedError
 
     def decode_grid(self, codes: Tensor, scales: Tensor, zeros: Tensor | None) -> Tensor:
-        """float32 values of codes under broadcastable scales/zeros."""
+        """float32 values of codes under broadcastable scales/zeros: torch tensors or numpy
+        arrays, elementwise (dequantize computes with numpy, GPTQ with torch)."""
         raise NotImplementedError
 
     def fit_tensor(self, t: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -173,11 +176,8 @@ class GridQuantizer(Quantizer):
         z = None if zeros[0] is None else torch.cat(zeros)
         return self._qtensor(codes, torch.cat(scales), z, tuple(t.shape), t.dtype)
 
-    def _dequantize(self, qt: QTensor) -> Tensor:
-        s = torch.from_numpy(qt.scales.astype(np.float32))[:, None]
-        z = None if qt.zeros is None else torch.from_numpy(qt.zeros.astype(np.float32))[:, None]
-        out = torch.empty(qt.codes.shape, dtype=torch.float32)
-        for r, c in qt.blocks():  # elementwise, so piece by piece gives the same values
-            codes = torch.from_numpy(qt.codes[r, c].astype(np.float32))
-            out[r, c] = self.decode_grid(codes, s[r], None if z is None else z[r])
-        return out.reshape(-1)[: qt.numel].reshape(qt.shape)
+    def _float32_pieces(self, qt: QTensor) -> Iterator[np.ndarray]:
+        s = qt.scales.astype(np.float32)[:, None]
+        z = None if qt.zeros is None else qt.zeros.astype(np.float32)[:, None]
+        for r, c in qt.blocks(BLOCK):  # elementwise, so piece by piece gives the same values
+            yield self.decode_grid(qt.codes[r, c].astype(np.float32), s[r], None if z is None else z[r])

@@ -16,14 +16,16 @@ length equals the blocksize and that case never arises.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from ..errors import QuantError
 from ..lazy import torch
+from .blockwise import BLOCK, Blockwise
 from .qtensor import QTensor
-from .registry import Quantizer, dtype_name, range_problem
+from .registry import dtype_name, range_problem
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -69,7 +71,7 @@ def effective_blocksize(group: int, numel: int) -> int:
     return bs
 
 
-class NF4(Quantizer, name="nf4"):
+class NF4(Blockwise, name="nf4"):
     """QLoRA NormalFloat4 with a float32 absmax per block of `group` elements."""
 
     defaults: ClassVar[dict[str, Any]] = {"group": 64}
@@ -117,12 +119,10 @@ class NF4(Quantizer, name="nf4"):
             params=dict(self.params),
         )
 
-    def _dequantize(self, qt: QTensor) -> Tensor:
-        absmax = torch.from_numpy(qt.scales.astype(np.float32))[:, None]
-        out, table = torch.empty(qt.codes.shape, dtype=torch.float32), torch.from_numpy(NF4_TABLE)
-        for r, c in qt.blocks():  # int64 indices of a piece, not of the whole tensor
-            out[r, c] = table[torch.from_numpy(qt.codes[r, c].astype(np.int64))] * absmax[r]
-        return out.reshape(-1)[: qt.numel].reshape(qt.shape)
+    def _float32_pieces(self, qt: QTensor) -> Iterator[np.ndarray]:
+        absmax = qt.scales.astype(np.float32)[:, None]
+        for r, c in qt.blocks(BLOCK):
+            yield NF4_TABLE[qt.codes[r, c]] * absmax[r]
 
 
 def dequantize_with_bnb(qt: QTensor) -> Tensor:

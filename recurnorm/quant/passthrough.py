@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -38,12 +39,6 @@ def float_words(words: np.ndarray, src: str, dst: str) -> np.ndarray:
             return x.astype(dst).view(WORD_DTYPES[dst])
     bits = x.view(np.uint32)  # (finite: the carry of a tie never reaches past the exponent)
     return ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
-
-
-def as_words(fmt: str, dtype: str) -> bool:
-    """Whether words() makes the bytes of a QTensor of this format and original dtype (LQER
-    factors aside): a float format restored to a float dtype, or raw integers."""
-    return dtype not in WORD_DTYPES if fmt == "raw" else fmt in FLOAT_FORMATS and dtype in WORD_DTYPES
 
 
 def words(qt: QTensor) -> np.ndarray:
@@ -103,6 +98,13 @@ class _FloatBits(Quantizer):
         signed = torch_dtype(f"int{8 * np.dtype(self.view_uint).itemsize}")  # (a view numpy can take)
         bits = t.to(self.store).reshape(1, -1).view(signed).numpy().view(self.view_uint)
         return QTensor(self.name, tuple(t.shape), dtype_name(t.dtype), bits.copy(), params={})
+
+    @classmethod
+    def makes_words(cls, dtype: str) -> bool:
+        return dtype in WORD_DTYPES  # (a float dtype)
+
+    def word_blocks(self, qt: QTensor) -> Iterator[np.ndarray]:
+        yield words(self._checked(qt))
 
     def _dequantize(self, qt: QTensor) -> Tensor:
         return self._words(qt).to(torch.float32)
@@ -168,6 +170,13 @@ class Raw(Quantizer, name="raw"):
         torch_dtype(dt)  # QuantError for dtypes the artifact cannot name
         src = t.to(torch.uint8) if t.dtype == torch.bool else t
         return QTensor(self.name, tuple(t.shape), dt, src.reshape(1, -1).numpy().copy(), params={})
+
+    @classmethod
+    def makes_words(cls, dtype: str) -> bool:
+        return dtype not in WORD_DTYPES  # (integers and bools)
+
+    def word_blocks(self, qt: QTensor) -> Iterator[np.ndarray]:
+        yield words(self._checked(qt))
 
     def _dequantize(self, qt: QTensor) -> Tensor:
         values = torch.from_numpy(np.ascontiguousarray(qt.codes).copy()).reshape(-1)[: qt.numel]

@@ -10,6 +10,7 @@ option (defaults included) is written to ``qt.params`` so that
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -162,6 +163,17 @@ class Quantizer:
         """The tensor a QTensor stands for, in dtype."""
         return self.dequantize(qt).to(dtype)
 
+    @classmethod
+    def makes_words(cls, dtype: str) -> bool:
+        """Whether word_blocks makes a QTensor of this format restored to dtype (one without
+        LQER factors): unpack writes it with numpy alone."""
+        return False
+
+    def word_blocks(self, qt: QTensor) -> Iterator[np.ndarray]:
+        """The words (flat, a bool's as uint8) of dequantize(qt, original_dtype=True), piece by
+        piece in order, made with numpy alone; for the dtypes it makes_words."""
+        raise NotImplementedError(f"format {self.name!r} dequantizes with torch")
+
     def _checked(self, qt: QTensor) -> QTensor:
         if qt.format != self.name:
             raise QuantError(f"QTensor has format {qt.format!r}, not {self.name!r}")
@@ -284,6 +296,17 @@ def formats_markdown() -> str:
 def get(name: str, **options: Any) -> Quantizer:
     """The quantizer `name` with options; QuantError listing the formats if unknown."""
     return _REGISTRY.get(name, **options)
+
+
+def makes_words(fmt: str, dtype: str) -> bool:
+    """Whether word_blocks makes the tensor of a stored entry (format, original dtype; without
+    LQER factors), from its manifest: no torch needed to write it."""
+    return fmt in _REGISTRY and _REGISTRY.type_of(fmt).makes_words(dtype)
+
+
+def word_blocks(qt: QTensor) -> Iterator[np.ndarray]:
+    """The words of dequantize(qt, original_dtype=True), piece by piece (Quantizer.word_blocks)."""
+    return get(qt.format, **qt.params).word_blocks(qt)
 
 
 def dequantize(qt: QTensor, *, original_dtype: bool = False) -> Tensor:
