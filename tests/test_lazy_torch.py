@@ -131,7 +131,6 @@ def test_unpacks_quantized_formats_without_torch_as_torch_would(tmp_path):
     from safetensors.torch import load_file
 
     from recurnorm import load
-
     from recurnorm.quant.blockwise import BLOCK
 
     mixed = tmp_path / "mixed.safetensors"  # (matrices of more than one piece)
