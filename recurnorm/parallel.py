@@ -46,8 +46,9 @@ HOLD_BYTES = 1 << 28
 
 # A worker gives back the memory it freed after an item larger than this share of the sizes
 # allowed at work at once, before it takes a smaller one: else it keeps a large tensor's working
-# set while the other job takes the next large one (bf16 pack of a 1.1B-weight model, 2 jobs: peak PSS 1,710 MB, the head's
-# 616 MB kept by one worker beside the embedding's 668 MB in the other; 1,090 MB with it).
+# set while the other job takes the next large one (bf16 pack of a 1.1B-weight model, 2 jobs:
+# peak PSS 1,710 MB, the head's 616 MB kept by one worker beside the embedding's 668 MB in the
+# other; 1,090 MB with it).
 LARGE_SHARE = 0.25
 
 

@@ -50,7 +50,14 @@ def words(qt: QTensor) -> np.ndarray:
     return float_words(flat, FLOAT_FORMATS[qt.format][0], qt.dtype)
 
 
-class _FloatBits(Quantizer):
+class _Passthrough(Quantizer):
+    """A format that stores the words themselves: unpack writes them whole (`words`)."""
+
+    def word_blocks(self, qt: QTensor) -> Iterator[np.ndarray]:
+        yield words(self._checked(qt))
+
+
+class _FloatBits(_Passthrough):
     """Floats kept as floats in that precision: fp32 keeps every bit of fp32, bf16 and fp16 tensors.
 
     The tensor cast to `store`, stored as raw bits: codes [1, N] of an unsigned view.
@@ -103,9 +110,6 @@ class _FloatBits(Quantizer):
     def makes_words(cls, dtype: str) -> bool:
         return dtype in WORD_DTYPES  # (a float dtype)
 
-    def word_blocks(self, qt: QTensor) -> Iterator[np.ndarray]:
-        yield words(self._checked(qt))
-
     def _dequantize(self, qt: QTensor) -> Tensor:
         return self._words(qt).to(torch.float32)
 
@@ -132,7 +136,7 @@ class BF16(_FloatBits, name="bf16"):
     view_uint = np.uint16
 
 
-class Raw(Quantizer, name="raw"):
+class Raw(_Passthrough, name="raw"):
     """Integer and bool tensors, exactly: codes are the values themselves ([1, N]; bool as uint8).
 
     Its `dequantize` returns the original integer dtype, not float32.
@@ -174,9 +178,6 @@ class Raw(Quantizer, name="raw"):
     @classmethod
     def makes_words(cls, dtype: str) -> bool:
         return dtype not in WORD_DTYPES  # (integers and bools)
-
-    def word_blocks(self, qt: QTensor) -> Iterator[np.ndarray]:
-        yield words(self._checked(qt))
 
     def _dequantize(self, qt: QTensor) -> Tensor:
         values = torch.from_numpy(np.ascontiguousarray(qt.codes).copy()).reshape(-1)[: qt.numel]
