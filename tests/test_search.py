@@ -396,3 +396,14 @@ def test_grid_codes_single_symbols_where_order0_codes_tuples():
     data, params = codecs.Rans().encode(codes.reshape(1, -1), ctx)
     assert "tuple" not in params and np.array_equal(codecs.Rans().decode(data, params, ctx), codes.reshape(1, -1))
     assert len(data) < 0.7 * rans.order0_bits(codes) / 8
+
+
+@pytest.mark.parametrize(("nsym", "t"), [(3, 5), (15, 2), (16, 2), (5, 3), (6, 4), (64, 2)])
+def test_from_tuples_inverts_to_tuples(nsym, t):
+    """Every tuple size the packer writes, a word gather (pairs, quads of byte digits) or a
+    row gather: more than one piece of tuples, and a last tuple that is padded."""
+    rng = np.random.default_rng(nsym * 10 + t)
+    n = (1 << 20) * t + 2 * t + 1 if nsym == 15 else 5000 * t + 1
+    sym = rng.integers(0, nsym, n).astype(np.uint16)
+    got = rans.from_tuples(rans.to_tuples(sym, nsym, t), nsym, t, n)
+    assert got.size == n and np.array_equal(got, sym)

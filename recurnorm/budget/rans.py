@@ -276,6 +276,9 @@ def to_tuples(sym: np.ndarray, nsym: int, t: int) -> np.ndarray:
     return out
 
 
+WORD_TUPLES = {2: np.uint16, 4: np.uint32}  # tuple sizes whose uint8 digits fill a word
+
+
 def from_tuples(tsym: np.ndarray, nsym: int, t: int, n: int) -> np.ndarray:
     """Inverse of to_tuples for n symbols."""
     if t == 1:
@@ -283,7 +286,16 @@ def from_tuples(tsym: np.ndarray, nsym: int, t: int, n: int) -> np.ndarray:
     nt = nsym**t
     # Digit table per tuple value: one gather instead of t divisions per tuple.
     lut = np.arange(nt, dtype=np.int64)[:, None] // (nsym ** np.arange(t, dtype=np.int64)) % nsym
-    return lut.astype(np.uint8 if nsym <= 256 else np.int64)[tsym].ravel()[:n]
+    if nsym > 256 or t not in WORD_TUPLES:
+        return lut.astype(np.uint8 if nsym <= 256 else np.int64)[tsym].ravel()[:n]
+    # A tuple's digits as one word: a gather of words, in pieces (an index array becomes an
+    # intp copy, 8 bytes a tuple). 32M int4 pairs: 0.09 s, against 0.47 s for the rows' gather
+    # (lut[tsym]: int4 verify of a 1.1B-weight model spent 5.6 s of its 19 s there).
+    words = lut.astype(np.uint8).view(WORD_TUPLES[t]).ravel()
+    out = np.empty(tsym.size, words.dtype)
+    for i in range(0, tsym.size, 1 << 20):
+        np.take(words, tsym[i : i + (1 << 20)], out=out[i : i + (1 << 20)])
+    return out.view(np.uint8)[:n]
 
 
 # ----------------------------------------------------------------- coding
