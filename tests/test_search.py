@@ -407,3 +407,17 @@ def test_from_tuples_inverts_to_tuples(nsym, t):
     sym = rng.integers(0, nsym, n).astype(np.uint16)
     got = rans.from_tuples(rans.to_tuples(sym, nsym, t), nsym, t, n)
     assert got.size == n and np.array_equal(got, sym)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_order0_bits_of_bytes_counted_in_pairs_is_bincounts(dtype, monkeypatch):
+    """The compiled path counts byte pairs: the same bound, bit for bit, as counting each byte,
+    for even and odd lengths, and as the numpy path."""
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 2, 7, 100_001, 1 << 20):
+        x = np.clip(np.round(rng.normal(0, 20, n)), -128, 127).astype(dtype)
+        want = rans.entropy_bits(np.bincount(x.view(np.uint8), minlength=256))
+        assert rans.order0_bits(x) == want, n
+        monkeypatch.setattr(rans.kernel, "on", lambda: False)
+        assert rans.order0_bits(x) == want, n
+        monkeypatch.undo()

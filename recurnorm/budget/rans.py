@@ -165,10 +165,17 @@ def order0_bits(symbols: np.ndarray) -> float:
         return 0.0
     if s.dtype.kind in "iub" and s.dtype.itemsize <= 2:
         u = np.ascontiguousarray(s).view(f"u{s.dtype.itemsize}")  # (by bit pattern: no sort, no copy; the same entropy)
-        if not kernel.on() or u.itemsize == 1 or u.size >= 1 << 32:
+        if not kernel.on() or u.size >= 1 << 32:
             return entropy_bits(bincount(u))
-        kernel.c.top_counts(u, 2, 0, counts := np.zeros(1 << 16, np.int64))  # (bincount: int64 casts, 4x as long)
-        return entropy_bits(counts)
+        if u.itemsize == 2:
+            kernel.c.top_counts(u, 2, 0, counts := np.zeros(1 << 16, np.int64))  # (bincount: int64 casts, 4x as long)
+            return entropy_bits(counts)
+        # Bytes counted as pairs, a 16-bit word each, then each byte from its pairs' counts:
+        # int4 codes of a 1.1B-weight model, 2.4 s in bincount's chunks (verify, one job).
+        pairs = u[: u.size // 2 * 2].view("<u2")
+        kernel.c.top_counts(pairs, 2, 0, counts := np.zeros(1 << 16, np.int64))
+        counts = counts.reshape(256, 256)  # [second byte, first byte]
+        return entropy_bits(counts.sum(0) + counts.sum(1) + np.bincount(u[2 * pairs.size :], minlength=256))
     _, counts = np.unique(s, return_counts=True)
     return entropy_bits(counts)
 
