@@ -7,7 +7,7 @@ specification: an artifact has the same bytes either way, only slower without it
     entry point              numpy reference
     c.encode, c.decode       rans.ilv_encode_numpy, rans.ilv_decode_numpy
     c.counts                 rans.context_counts's np.bincount
-    c.top_counts             codecs.Fields.split's numpy branch
+    c.top_counts             codecs.Fields.split's numpy branch, rans.order0_bits's bincount
     c.fields_split, _join    codecs.split_words, codecs.join_words's numpy branches
     c.offer                  parents.py's numpy branch of parents.find
     c.histograms             cluster.axis_histograms

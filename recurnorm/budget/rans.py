@@ -167,15 +167,12 @@ def order0_bits(symbols: np.ndarray) -> float:
         u = np.ascontiguousarray(s).view(f"u{s.dtype.itemsize}")  # (by bit pattern: no sort, no copy; the same entropy)
         if not kernel.on() or u.size >= 1 << 32:
             return entropy_bits(bincount(u))
-        if u.itemsize == 2:
-            kernel.c.top_counts(u, 2, 0, counts := np.zeros(1 << 16, np.int64))  # (bincount: int64 casts, 4x as long)
-            return entropy_bits(counts)
-        # Bytes counted as pairs, a 16-bit word each, then each byte from its pairs' counts:
-        # int4 codes of a 1.1B-weight model, 2.4 s in bincount's chunks (verify, one job).
-        pairs = u[: u.size // 2 * 2].view("<u2")
-        kernel.c.top_counts(pairs, 2, 0, counts := np.zeros(1 << 16, np.int64))
-        counts = counts.reshape(256, 256)  # [second byte, first byte]
-        return entropy_bits(counts.sum(0) + counts.sum(1) + np.bincount(u[2 * pairs.size :], minlength=256))
+        w = u if u.itemsize == 2 else u[: u.size // 2 * 2].view("<u2")  # bytes in pairs (bincount: 4x as long)
+        kernel.c.top_counts(w, 2, 0, counts := np.zeros(1 << 16, np.int64))
+        if u.itemsize == 1:  # [second byte, first byte], and an odd last byte
+            pairs = counts.reshape(256, 256)
+            counts = pairs.sum(0) + pairs.sum(1) + np.bincount(u[2 * w.size :], minlength=256)
+        return entropy_bits(counts)
     _, counts = np.unique(s, return_counts=True)
     return entropy_bits(counts)
 
@@ -283,9 +280,6 @@ def to_tuples(sym: np.ndarray, nsym: int, t: int) -> np.ndarray:
     return out
 
 
-WORD_TUPLES = {2: np.uint16, 4: np.uint32}  # tuple sizes whose uint8 digits fill a word
-
-
 def from_tuples(tsym: np.ndarray, nsym: int, t: int, n: int) -> np.ndarray:
     """Inverse of to_tuples for n symbols."""
     if t == 1:
@@ -293,12 +287,10 @@ def from_tuples(tsym: np.ndarray, nsym: int, t: int, n: int) -> np.ndarray:
     nt = nsym**t
     # Digit table per tuple value: one gather instead of t divisions per tuple.
     lut = np.arange(nt, dtype=np.int64)[:, None] // (nsym ** np.arange(t, dtype=np.int64)) % nsym
-    if nsym > 256 or t not in WORD_TUPLES:
-        return lut.astype(np.uint8 if nsym <= 256 else np.int64)[tsym].ravel()[:n]
-    # A tuple's digits as one word: a gather of words, in pieces (an index array becomes an
-    # intp copy, 8 bytes a tuple). 32M int4 pairs: 0.09 s, against 0.47 s for the rows' gather
-    # (lut[tsym]: int4 verify of a 1.1B-weight model spent 5.6 s of its 19 s there).
-    words = lut.astype(np.uint8).view(WORD_TUPLES[t]).ravel()
+    if nsym > 256:
+        return lut[tsym].ravel()[:n]
+    # Byte digits as words of t bytes, in pieces: 32M int4 pairs 0.06 s, 0.35 s as rows (lut[tsym]).
+    words = lut.astype(np.uint8).view(f"V{t}").ravel()
     out = np.empty(tsym.size, words.dtype)
     for i in range(0, tsym.size, 1 << 20):
         np.take(words, tsym[i : i + (1 << 20)], out=out[i : i + (1 << 20)])

@@ -1,10 +1,9 @@
 """Write a state dict in the safetensors format straight from the tensors' memory.
 
 `safetensors.torch.save` copies every tensor to bytes and then the whole file into one
-buffer: unpacking 1 GiB of weights took 3.3 GB. The format is simple (a u64 header
-length, a JSON header of dtype / shape / byte offsets padded to 8 bytes, then the data),
-so the tensors are written one after the other from their own memory; tied names are
-written twice without cloning. Files read back with `safetensors.torch.load_file`.
+buffer: unpacking 1 GiB of weights took 3.3 GB. The format is simple (a u64 header length, a
+JSON header of dtype / shape / byte offsets padded to 8 bytes, then the data), so each tensor
+is written at its places (tied names: twice, no clone) from its own memory, or piece by piece.
 """
 
 from __future__ import annotations
@@ -24,12 +23,11 @@ from ..quant.registry import dtype_name, itemsize
 # Each dtype's name (torch's without "torch.", as QTensor.dtype holds it) -> its safetensors code.
 CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "bool": "BOOL"}
 CODES |= {f"{kind}{bits}": f"{kind[0].upper()}{bits}" for kind in ("int", "uint") for bits in (8, 16, 32, 64)}
-_CHUNK = 64 << 20  # bytes per write: a contiguous tensor is never copied whole
 
 
 class Layout:
     """Where each tensor of specs {name: (torch dtype, shape)} goes in the file: `head` (the
-    length and JSON header), `size` (the whole file's bytes), and places() of a tensor."""
+    length and JSON header), `size` (the whole file's bytes), and positions() of a tensor."""
 
     def __init__(self, specs: dict) -> None:
         if sys.byteorder != "little":  # pragma: no cover - the format is little-endian
@@ -47,8 +45,7 @@ class Layout:
         self.size = len(self.head) + offset
 
     def positions(self, names: list[str], dtype: str, nbytes: int) -> list[int]:
-        """The file position of a tensor's first byte at each of its names' places (dtype: its
-        name; nbytes: its size); ValueError unless the header declares just that."""
+        """Where a tensor (dtype's name, nbytes) begins at each of its names' places, as declared."""
         out = []
         for name in names:
             (a, b), declared = self.header[name]["data_offsets"], self.header[name]["dtype"]
@@ -57,27 +54,21 @@ class Layout:
             out.append(len(self.head) + a)
         return out
 
-    def places(self, names: list[str], t) -> list[tuple[int, np.ndarray]]:
-        """(file position, raw bytes) of a torch tensor at each of its names' places."""
-        data = raw_bytes(t)
-        return [(pos, data) for pos in self.positions(names, dtype_name(t.dtype), data.size)]
-
 
 def raw_bytes(t) -> np.ndarray:
     """A torch tensor's bytes, flat (bool and bfloat16 too)."""
-    t = t.detach().cpu().contiguous().reshape(-1)
-    return t.view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
 def write_each(f: BinaryIO, specs: dict, tensors) -> None:
-    """The file of tensors made one at a time: specs {name: (torch dtype, shape)} make the
-    header, then each (names, tensor) of `tensors` is written at its names' places (the file
-    f must be seekable; places never written are zeros)."""
+    """specs {name: (torch dtype, shape)} make the header, then each (names, tensor) of `tensors`
+    is written at its names' places (f must be seekable; places never written are zeros)."""
     layout = Layout(specs)
     f.write(layout.head)
     f.flush()
     for names, t in tensors:
-        for pos, data in layout.places(names, t):
+        data = raw_bytes(t)
+        for pos in layout.positions(names, dtype_name(t.dtype), data.size):
             write_at(f, pos, data)
     f.truncate(layout.size)
     f.seek(layout.size)
