@@ -451,7 +451,7 @@ def unpack(artifact, out, force, max_decoded_bytes, jobs):
     entries = {t["name"]: t for t in manifest["tensors"]}
     stored = {n: entries[t.get("alias_of", n)] for n, t in entries.items() if n not in factors_of(manifest)}
     specs = {n: (quant_registry.known_dtype(t["dtype"]), t["shape"]) for n, t in stored.items()}
-    if not all(_as_words(t) for t in stored.values()):
+    if not all(_as_words(t["format"], t["dtype"], t.get("lowrank")) for t in stored.values()):
         import torch  # noqa: F401  (here, before jobs fork: else each would import it again)
     placer.names = {}  # stored tensor -> its names (with its aliases)
     for n, t in stored.items():
@@ -487,11 +487,11 @@ class _Placer:
 
         from ..budget.safetensors_out import raw_bytes
         from ..io import write_at
-        from ..quant.registry import dequantize, dtype_name, itemsize, makes_words, word_blocks
+        from ..quant.registry import dequantize, dtype_name, itemsize, word_blocks
 
         if qt is None:  # an alias: written with the tensor it names
             return None, []
-        if qt.lowrank is None and makes_words(qt.format, qt.dtype):  # (as _as_words decides from the manifest)
+        if _as_words(qt.format, qt.dtype, qt.lowrank):  # (the rule unpack applied to the manifest)
             dtype, pieces = qt.dtype, word_blocks(qt)
         else:
             t = dequantize(qt, original_dtype=True)
@@ -507,13 +507,13 @@ class _Placer:
         return name, []
 
 
-def _as_words(entry: dict) -> bool:
+def _as_words(fmt: str, dtype: str, lowrank) -> bool:
     """Whether a stored tensor's bytes in the output are made with numpy (Quantizer.word_blocks:
     float formats, raw integers, integer grids and NF4 restored to a float dtype): no torch,
     whose import took ~0.9 s of every unpack (and its exit ~0.3 s)."""
     from ..quant.registry import makes_words
 
-    return not entry.get("lowrank") and makes_words(entry["format"], entry["dtype"])
+    return not lowrank and makes_words(fmt, dtype)
 
 
 def factors_of(manifest: dict) -> set[str]:
