@@ -11,8 +11,9 @@ the unpacked file must hold the checkpoint's tensors bit for bit; int8 and int4 
 unpack. Every quantizer packs, verifies and unpacks with each --jobs; the artifacts must be identical. ZipNN (`pip
 install --target DIR zipnn`, DIR on PYTHONPATH for this run only; never a dependency) compresses
 the same file as bf16 into a file and decompresses that into another, with threads = each --jobs, in 256 MiB
-pieces, each a child timed as recurnorm's commands are (start-up, reading and writing included); the
-decompressed file must be the checkpoint.
+pieces, each a child timed as recurnorm's commands are (start-up, reading and writing included), each
+run right after one of the lossless pack's or unpack's runs (a shared VM's speed drifts over minutes);
+the decompressed file must be the checkpoint.
 
 With --jobs 1 and 2, each command also runs twice at once with --jobs 1 (two processes that
 share nothing but the machine: its cores, memory bus, page cache and disk), and a last table
@@ -102,15 +103,24 @@ def make_checkpoint(path: Path, layers: int, **dims) -> None:
 REPEAT = 1  # --repeat: runs of each command; a row shows the median's times, the largest memory
 
 
-def timed(cmd: list[str], env: dict | None = None, clear: tuple = ()) -> dict:
+def timed(cmd: list[str], clear: tuple = (), beside: list[str] | None = None):
     """once() REPEAT times unsampled, then once more sampling its PSS, clear's files removed
     before each (outputs the command refuses to replace): the unsampled run of the median wall
-    time, with the largest peak RSS of any and the sampled run's peak PSS sum."""
-    runs = []
+    time, with the largest peak RSS of any and the sampled run's peak PSS sum. beside: ZipNN's
+    command for the same work, run right after each of cmd's runs, so that both sides meet the
+    machine alike (a shared VM drifts: the same one-job bf16 pack took 25-32 s half an hour
+    apart, ZipNN 12.7-18 s): (cmd's result, beside's)."""
+    runs, other = [], []
     for i in range(REPEAT + 1):
         for path in clear:
             Path(path).unlink(missing_ok=True)
-        runs.append(once(cmd, env, sample=i == REPEAT))
+        runs.append(once(cmd, sample=i == REPEAT))
+        if beside is not None:
+            other.append(once(beside, sample=i == REPEAT))
+    return _median(runs) if beside is None else (_median(runs), _median(other))
+
+
+def _median(runs: list[dict]) -> dict:
     unsampled = sorted(runs[:-1], key=lambda r: r["wall"])
     return {**unsampled[len(unsampled) // 2], "rss_mb": max(r["rss_mb"] for r in runs), "pss_mb": runs[-1]["pss_mb"]}
 
@@ -228,6 +238,11 @@ with open(src, "rb") as f, open(dst, "wb") as out:
         while head := f.read(8):
             out.write(z.decompress(f.read(struct.unpack("<Q", head)[0])))
 """
+
+
+def has_zipnn() -> bool:
+    """Whether this Python imports zipnn (PYTHONPATH with it, for the benchmark's run only)."""
+    return subprocess.run([sys.executable, "-c", "import zipnn"], capture_output=True).returncode == 0
 
 
 def float_layout(path: Path) -> tuple[str, list[int]]:
@@ -352,8 +367,21 @@ def main() -> None:
     walls: dict = {}  # (command, quantizer, jobs or "pair") -> wall s
     pairs = {1, 2} <= set(jobs) and not args.no_pairs
     lossless_runs = {}  # lossless: ("pack" or "unpack", jobs) -> wall s; "bytes" -> the artifact's (the ZipNN comparison)
+    zipnn = not args.no_zipnn and has_zipnn()
+    znn_rows: dict = {}  # ("c" or "d", threads) -> ZipNN's timed() result
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         tmp = Path(tmp)
+        znn, back = (lambda j: tmp / f"ckpt-{j}.znn"), (lambda j: tmp / f"back-{j}.bin")  # (each thread count's)
+        dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[lossless]
+
+        def zipnn_run(mode, j, q):  # (beside the lossless format's pack and unpack)
+            src, dst = (ckpt, znn(j)) if mode == "c" else (znn(j), back(j))
+            return (
+                [sys.executable, "-c", ZIPNN, mode, str(src), str(dst), str(j), dtype]
+                if zipnn and q == lossless
+                else None
+            )
+
         for q in args.quants.split(","):
             arts = {}
 
@@ -362,7 +390,9 @@ def main() -> None:
 
             for j in jobs:
                 arts[j] = tmp / f"{q}-{j}.rnpk"
-                r = timed([*pack(j, arts[j]), "--json"], clear=(arts[j],))
+                r = timed([*pack(j, arts[j]), "--json"], clear=(arts[j],), beside=zipnn_run("c", j, q))
+                if zipnn_run("c", j, q):
+                    r, znn_rows["c", j] = r
                 row(f"pack -q {q} --jobs {j}", r, mb, f"{arts[j].stat().st_size:,} bytes")
                 walls["pack", q, j] = r["wall"]
                 if q == lossless:
@@ -397,7 +427,9 @@ def main() -> None:
 
             for j in jobs:
                 out = tmp / f"{q}.safetensors"
-                r = timed(unpack(j, out), clear=(out, out.with_name("config.json")))
+                r = timed(unpack(j, out), clear=(out, out.with_name("config.json")), beside=zipnn_run("d", j, q))
+                if zipnn_run("d", j, q):
+                    r, znn_rows["d", j] = r
                 exact = same_tensors(out, ckpt) if q == lossless else ""
                 row(f"unpack -q {q} --jobs {j}", r, mb, f"bit for bit: {exact}" if q == lossless else "ok")
                 walls["unpack", q, j] = r["wall"]
@@ -418,19 +450,17 @@ def main() -> None:
                 a.unlink()
         if pairs:
             print_speedups(walls, args.quants.split(","))
-        if not args.no_zipnn:
+        if not args.no_zipnn and not zipnn:
+            print("zipnn: not run (no zipnn to import: pip install --target DIR zipnn, DIR on PYTHONPATH)")
+        elif zipnn:
             for j in jobs:
-                znn, back = tmp / "ckpt.znn", tmp / "back.bin"
-                try:
-                    dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[lossless]
-                    c = timed([sys.executable, "-c", ZIPNN, "c", str(ckpt), str(znn), str(j), dtype])
-                    d = timed([sys.executable, "-c", ZIPNN, "d", str(znn), str(back), str(j), dtype])
-                except SystemExit as exc:
-                    print(f"zipnn: not run ({str(exc).strip().splitlines()[-1]})")
-                    break
-                n, same = znn.stat().st_size, sha(back) == sha(ckpt)
-                znn.unlink()
-                back.unlink()
+                if ("c", j) not in znn_rows:  # (no lossless run: ZipNN alone)
+                    znn_rows["c", j] = timed(zipnn_run("c", j, lossless))
+                    znn_rows["d", j] = timed(zipnn_run("d", j, lossless))
+                c, d = znn_rows["c", j], znn_rows["d", j]
+                n, same = znn(j).stat().st_size, sha(back(j)) == sha(ckpt)
+                znn(j).unlink()
+                back(j).unlink()
                 row(f"zipnn compress, threads={j}", c, mb, f"{n:,} bytes")
                 row(f"zipnn decompress, threads={j}", d, mb, f"bit for bit: {same}")
                 if "bytes" in lossless_runs:  # the issue's targets: <= 0.99x its bytes, >= 0.5x its speeds
