@@ -9,7 +9,8 @@ child under /usr/bin/time: wall seconds, CPU seconds (user + system, its --jobs 
 peak RSS of its largest process and the peak PSS summed over it and its workers (from /proc). bf16 is lossless:
 the unpacked file must hold the checkpoint's tensors bit for bit; int8 and int4 must pack, verify and
 unpack. Every quantizer packs, verifies and unpacks with each --jobs; the artifacts must be identical. ZipNN (`pip
-install --target DIR zipnn`, DIR on PYTHONPATH for this run only; never a dependency) compresses
+install --target DIR zipnn`, then --zipnn DIR: on its own runs' path alone, never a dependency, and never on
+recurnorm's: its torch and numpy would replace ours, as a PYTHONPATH had in this script's earlier runs) compresses
 the same file as bf16 into a file and decompresses that into another, with threads = each --jobs, in 256 MiB
 pieces, each a child timed as recurnorm's commands are (start-up, reading and writing included), each
 run right after one of the lossless pack's or unpack's runs (a shared VM's speed drifts over minutes);
@@ -39,7 +40,7 @@ what it samples, two jobs more than one: see PSS_EVERY).
 MB/s are of the checkpoint's bytes (2.2 GB) per wall second. The machine may be shared: the load
 average is printed with each row.
 
-    nice -n 10 python benchmarks/scale.py [--layers 22] [--quants bf16,int8,int4] [--jobs 1,2] [--real FILE] [--no-pairs] [--shards N] [--repeat N]
+    nice -n 10 python benchmarks/scale.py [--zipnn DIR] [--layers 22] [--quants bf16,int8,int4] [--jobs 1,2] [--real FILE] [--no-pairs] [--shards N] [--repeat N]
     python benchmarks/scale.py --smoke    # one 64-wide layer, bf16, in a temporary folder
 """
 
@@ -226,6 +227,7 @@ def sha(path: Path) -> str:
 # in place, even a bytes': the round trip is checked against the file, not the buffer.)
 ZIPNN = """
 import struct, sys
+sys.path.insert(0, sys.argv[6])  # (--zipnn's folder: on this run's path alone)
 from zipnn import ZipNN
 mode, src, dst, threads, dtype = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 z = ZipNN(bytearray_dtype=dtype, threads=threads)
@@ -240,9 +242,10 @@ with open(src, "rb") as f, open(dst, "wb") as out:
 """
 
 
-def has_zipnn() -> bool:
-    """Whether this Python imports zipnn (PYTHONPATH with it, for the benchmark's run only)."""
-    return subprocess.run([sys.executable, "-c", "import zipnn"], capture_output=True).returncode == 0
+def has_zipnn(folder: str) -> bool:
+    """Whether this Python imports zipnn from folder (--zipnn's)."""
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import zipnn"
+    return subprocess.run([sys.executable, "-c", code, folder], capture_output=True).returncode == 0
 
 
 def float_layout(path: Path) -> tuple[str, list[int]]:
@@ -333,7 +336,7 @@ def main() -> None:
         help="a real checkpoint instead of the synthetic one (its float dtype is the lossless format)",
     )
     ap.add_argument("--jobs", default="1,2")
-    ap.add_argument("--no-zipnn", action="store_true")
+    ap.add_argument("--zipnn", metavar="DIR", help="where `pip install --target DIR zipnn` put ZipNN (else not run)")
     ap.add_argument("--no-pairs", action="store_true", help="no two --jobs 1 runs side by side")
     ap.add_argument("--shards", type=int, default=2, help="pack it from this many shards too (0: not)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each command (rows: the median's time)")
@@ -367,7 +370,7 @@ def main() -> None:
     walls: dict = {}  # (command, quantizer, jobs or "pair") -> wall s
     pairs = {1, 2} <= set(jobs) and not args.no_pairs
     lossless_runs = {}  # lossless: ("pack" or "unpack", jobs) -> wall s; "bytes" -> the artifact's (the ZipNN comparison)
-    zipnn = not args.no_zipnn and has_zipnn()
+    zipnn = args.zipnn is not None and has_zipnn(args.zipnn)
     znn_rows: dict = {}  # ("c" or "d", threads) -> ZipNN's timed() result
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         tmp = Path(tmp)
@@ -377,7 +380,7 @@ def main() -> None:
         def zipnn_run(mode, j, q):  # (beside the lossless format's pack and unpack)
             src, dst = (ckpt, znn(j)) if mode == "c" else (znn(j), back(j))
             return (
-                [sys.executable, "-c", ZIPNN, mode, str(src), str(dst), str(j), dtype]
+                [sys.executable, "-c", ZIPNN, mode, str(src), str(dst), str(j), dtype, args.zipnn]
                 if zipnn and q == lossless
                 else None
             )
@@ -450,8 +453,8 @@ def main() -> None:
                 a.unlink()
         if pairs:
             print_speedups(walls, args.quants.split(","))
-        if not args.no_zipnn and not zipnn:
-            print("zipnn: not run (no zipnn to import: pip install --target DIR zipnn, DIR on PYTHONPATH)")
+        if args.zipnn is not None and not zipnn:
+            print(f"zipnn: not run (no zipnn to import from {args.zipnn}: pip install --target DIR zipnn)")
         elif zipnn:
             for j in jobs:
                 if ("c", j) not in znn_rows:  # (no lossless run: ZipNN alone)
