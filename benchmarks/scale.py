@@ -393,8 +393,9 @@ def main() -> None:
 
             for j in jobs:
                 arts[j] = tmp / f"{q}-{j}.rnpk"
-                r = timed([*pack(j, arts[j]), "--json"], clear=(arts[j],), beside=zipnn_run("c", j, q))
-                if zipnn_run("c", j, q):
+                z = zipnn_run("c", j, q)
+                r = timed([*pack(j, arts[j]), "--json"], clear=(arts[j],), beside=z)
+                if z:
                     r, znn_rows["c", j] = r
                 row(f"pack -q {q} --jobs {j}", r, mb, f"{arts[j].stat().st_size:,} bytes")
                 walls["pack", q, j] = r["wall"]
@@ -430,8 +431,9 @@ def main() -> None:
 
             for j in jobs:
                 out = tmp / f"{q}.safetensors"
-                r = timed(unpack(j, out), clear=(out, out.with_name("config.json")), beside=zipnn_run("d", j, q))
-                if zipnn_run("d", j, q):
+                z = zipnn_run("d", j, q)
+                r = timed(unpack(j, out), clear=(out, out.with_name("config.json")), beside=z)
+                if z:
                     r, znn_rows["d", j] = r
                 exact = same_tensors(out, ckpt) if q == lossless else ""
                 row(f"unpack -q {q} --jobs {j}", r, mb, f"bit for bit: {exact}" if q == lossless else "ok")
