@@ -10,7 +10,7 @@ peak RSS of its largest process and the peak PSS summed over it and its workers 
 the unpacked file must hold the checkpoint's tensors bit for bit; int8 and int4 must pack, verify and
 unpack. Every quantizer packs, verifies and unpacks with each --jobs; the artifacts must be identical. ZipNN (`pip
 install --target DIR zipnn`, then --zipnn DIR: on its own runs' path alone, never a dependency, and never on
-recurnorm's: its torch and numpy would replace ours, as a PYTHONPATH had in this script's earlier runs) compresses
+recurnorm's: its torch and numpy would replace ours) compresses
 the same file as bf16 into a file and decompresses that into another, with threads = each --jobs, in 256 MiB
 pieces, each a child timed as recurnorm's commands are (start-up, reading and writing included), each
 run right after one of the lossless pack's or unpack's runs (a shared VM's speed drifts over minutes);
@@ -126,7 +126,7 @@ def _median(runs: list[dict]) -> dict:
     return {**unsampled[len(unsampled) // 2], "rss_mb": max(r["rss_mb"] for r in runs), "pss_mb": runs[-1]["pss_mb"]}
 
 
-def once(cmd: list[str], env: dict | None = None, sample: bool = False) -> dict:
+def once(cmd: list[str], sample: bool = False) -> dict:
     """Run cmd under /usr/bin/time: wall s, cpu s (with its worker processes'), peak RSS MB of
     its largest process, and with sample, the peak of the PSS summed over it and its workers (sampled every
     PSS_EVERY s from /proc: --jobs runs workers, whose memory the largest process's RSS hides,
@@ -136,7 +136,7 @@ def once(cmd: list[str], env: dict | None = None, sample: bool = False) -> dict:
         import resource
 
         before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         pss = _peak_pss(p) if sample else _waited(p)
         err = p.stderr.read()
         wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -147,7 +147,7 @@ def once(cmd: list[str], env: dict | None = None, sample: bool = False) -> dict:
     with tempfile.NamedTemporaryFile("r", suffix=".time") as t, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
         p = subprocess.Popen(
-            ["/usr/bin/time", "-o", t.name, "-f", "%U %S %M", *cmd], stdout=subprocess.DEVNULL, stderr=err, env=env
+            ["/usr/bin/time", "-o", t.name, "-f", "%U %S %M", *cmd], stdout=subprocess.DEVNULL, stderr=err
         )
         pss = _peak_pss(p) if sample else _waited(p)
         wall = time.perf_counter() - start
