@@ -105,20 +105,32 @@ REPEAT = 1  # --repeat: runs of each command; a row shows the median's times, th
 
 
 def timed(cmd: list[str], clear: tuple = (), beside: list[str] | None = None):
-    """once() REPEAT times unsampled, then once more sampling its PSS, clear's files removed
-    before each (outputs the command refuses to replace): the unsampled run of the median wall
-    time, with the largest peak RSS of any and the sampled run's peak PSS sum. beside: ZipNN's
-    command for the same work, run right after each of cmd's runs, so that both sides meet the
-    machine alike (a shared VM drifts: the same one-job bf16 pack took 25-32 s half an hour
-    apart, ZipNN 12.7-18 s): (cmd's result, beside's)."""
-    runs, other = [], []
+    """timed_each of one command: its result, or (its result, beside's)."""
+    return timed_each([(cmd, clear, beside)])[0]
+
+
+def timed_each(variants: list[tuple[list[str], tuple, list[str] | None]]) -> list:
+    """Each variant (cmd, clear, beside) REPEAT times unsampled, then once more sampling its PSS,
+    the variants taking turns run by run (--jobs 1, then 2, then 1 again...), clear's files removed
+    before each (outputs the command refuses to replace): per variant, the unsampled run of the
+    median wall time, with the largest peak RSS of any and the sampled run's peak PSS sum. beside:
+    ZipNN's command for the same work, run right after each of cmd's runs, so that both sides
+    meet the machine alike (a shared VM drifts: the same one-job bf16 pack took 25-32 s half an
+    hour apart, ZipNN 12.7-18 s; run three times in a row, then three with two jobs, one
+    int8 unpack's two-job speed-up came out 1.59x, alternated by hand 1.69-1.92x): cmd's result,
+    or (cmd's result, beside's)."""
+    runs = [([], []) for _ in variants]
     for i in range(REPEAT + 1):
-        for path in clear:
-            Path(path).unlink(missing_ok=True)
-        runs.append(once(cmd, sample=i == REPEAT))
-        if beside is not None:
-            other.append(once(beside, sample=i == REPEAT))
-    return _median(runs) if beside is None else (_median(runs), _median(other))
+        for (cmd, clear, beside), (mine, other) in zip(variants, runs, strict=True):
+            for path in clear:
+                Path(path).unlink(missing_ok=True)
+            mine.append(once(cmd, sample=i == REPEAT))
+            if beside is not None:
+                other.append(once(beside, sample=i == REPEAT))
+    return [
+        _median(mine) if beside is None else (_median(mine), _median(other))
+        for (_, _, beside), (mine, other) in zip(variants, runs, strict=True)
+    ]
 
 
 def _median(runs: list[dict]) -> dict:
@@ -386,16 +398,14 @@ def main() -> None:
             )
 
         for q in args.quants.split(","):
-            arts = {}
 
             def pack(j, out, q=q, src=ckpt):
                 return [*cli, "pack", str(src), "-q", q, "--max-bytes", str(10**11), "--jobs", str(j), "-o", str(out)]
 
-            for j in jobs:
-                arts[j] = tmp / f"{q}-{j}.rnpk"
-                z = zipnn_run("c", j, q)
-                r = timed([*pack(j, arts[j]), "--json"], clear=(arts[j],), beside=z)
-                if z:
+            arts = {j: tmp / f"{q}-{j}.rnpk" for j in jobs}
+            packs = timed_each([([*pack(j, arts[j]), "--json"], (arts[j],), zipnn_run("c", j, q)) for j in jobs])
+            for j, r in zip(jobs, packs, strict=True):
+                if isinstance(r, tuple):
                     r, znn_rows["c", j] = r
                 row(f"pack -q {q} --jobs {j}", r, mb, f"{arts[j].stat().st_size:,} bytes")
                 walls["pack", q, j] = r["wall"]
@@ -419,8 +429,7 @@ def main() -> None:
                     (tmp / f"{q}-{k}.pair.rnpk").unlink()
             art = arts[jobs[0]]
             verify = [*cli, "verify", str(art), "--max-bytes", str(10**11), "--jobs"]
-            for j in jobs:
-                r = timed([*verify, str(j)])
+            for j, r in zip(jobs, timed_each([([*verify, str(j)], (), None) for j in jobs]), strict=True):
                 row(f"verify -q {q} --jobs {j}", r, mb, "ok")
                 walls["verify", q, j] = r["wall"]
             if pairs:
@@ -429,11 +438,14 @@ def main() -> None:
             def unpack(j, out, art=art):
                 return [*cli, "unpack", str(art), "-o", str(out), "--jobs", str(j)]
 
-            for j in jobs:
-                out = tmp / f"{q}.safetensors"
-                z = zipnn_run("d", j, q)
-                r = timed(unpack(j, out), clear=(out, out.with_name("config.json")), beside=z)
-                if z:
+            outs = {j: tmp / f"unpacked-{j}" / f"{q}.safetensors" for j in jobs}  # (a real checkpoint's
+            for out in outs.values():  # config.json is written beside)
+                out.parent.mkdir(exist_ok=True)
+            unpacks = timed_each(
+                [(unpack(j, out), (out, out.with_name("config.json")), zipnn_run("d", j, q)) for j, out in outs.items()]
+            )
+            for (j, out), r in zip(outs.items(), unpacks, strict=True):
+                if isinstance(r, tuple):
                     r, znn_rows["d", j] = r
                 exact = same_tensors(out, ckpt) if q == lossless else ""
                 row(f"unpack -q {q} --jobs {j}", r, mb, f"bit for bit: {exact}" if q == lossless else "ok")
@@ -453,8 +465,8 @@ def main() -> None:
                     o.with_name("config.json").unlink(missing_ok=True)
             for a in arts.values():
                 a.unlink()
-        if pairs:
-            print_speedups(walls, args.quants.split(","))
+        if {1, 2} <= set(jobs):
+            print_speedups(walls, args.quants.split(","), pairs)
         if args.zipnn is not None and not zipnn:
             print(f"zipnn: not run (no zipnn to import from {args.zipnn}: pip install --target DIR zipnn)")
         elif zipnn:
@@ -475,14 +487,17 @@ def main() -> None:
                     )
 
 
-def print_speedups(walls: dict, quants: list[str]) -> None:
-    """--jobs 2's speed-up over --jobs 1, beside two --jobs 1 runs side by side: 2 x one alone's
-    wall over the pair's (the pair's throughput: what two cores give this work at best)."""
-    print("\n| command | --jobs 2 vs 1 | two --jobs 1 side by side vs one |\n|---|---|---|")
+def print_speedups(walls: dict, quants: list[str], pairs: bool) -> None:
+    """--jobs 2's speed-up over --jobs 1 (of the medians), and with pairs, beside two --jobs 1 runs
+    side by side: 2 x one alone's wall over the pair's (the pair's throughput: what two cores give
+    this work at best)."""
+    side = " two --jobs 1 side by side vs one |" if pairs else ""
+    print(f"\n| command | --jobs 2 vs 1 |{side}\n|---|---|{'---|' if pairs else ''}")
     for cmd in ("pack", "verify", "unpack"):
         for q in quants:
             one = walls[cmd, q, 1]
-            print(f"| {cmd} -q {q} | {one / walls[cmd, q, 2]:.2f}x | {2 * one / walls[cmd, q, 'pair']:.2f}x |")
+            pair = f" {2 * one / walls[cmd, q, 'pair']:.2f}x |" if pairs else ""
+            print(f"| {cmd} -q {q} | {one / walls[cmd, q, 2]:.2f}x |{pair}")
 
 
 if __name__ == "__main__":
