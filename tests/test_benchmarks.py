@@ -142,6 +142,27 @@ def test_scale_repeats_each_command_and_reports_the_median_run(tmp_path, bench_p
     assert r["wall"] == 2.0 and r["rss_mb"] == 40.0 and r["pss_mb"] == 5.0
 
 
+def test_scale_alternates_the_variants_run_by_run_and_reports_each_ones_median(bench_path, monkeypatch):
+    """--jobs 1 and 2 (and ZipNN beside each) take turns, so that a drift of the machine's speed
+    meets both alike; each variant's row is still its own runs' median."""
+    scale = _load(BENCH / "scale.py")
+    seen, walls = (
+        [],
+        {"a": iter([5.0, 1.0, 3.0, 9.0]), "b": iter([2.0, 6.0, 4.0, 9.0]), "z": iter([7.0, 8.0, 6.0, 9.0])},
+    )
+
+    def once(cmd, sample=False):
+        seen.append(cmd[0])
+        return {"wall": next(walls[cmd[0]]), "cpu": 1.0, "rss_mb": 1.0, "pss_mb": 2.0 if sample else None, "load": 0.0}
+
+    monkeypatch.setattr(scale, "once", once)
+    monkeypatch.setattr(scale, "REPEAT", 3)
+    a, (b, z) = scale.timed_each([(["a"], (), None), (["b"], (), ["z"])])
+    assert seen == ["a", "b", "z"] * 4
+    assert (a["wall"], b["wall"], z["wall"]) == (3.0, 4.0, 7.0)
+    assert a["pss_mb"] == b["pss_mb"] == z["pss_mb"] == 2.0
+
+
 def test_scale_samples_memory_only_when_asked(bench_path):
     scale = _load(BENCH / "scale.py")
     assert scale.once(["true"])["pss_mb"] is None  # (not 0: an unsampled run has no PSS)
