@@ -111,25 +111,31 @@ def timed(cmd: list[str], clear: tuple = (), beside: list[str] | None = None):
 
 def timed_each(variants: list[tuple[list[str], tuple, list[str] | None]]) -> list:
     """Each variant (cmd, clear, beside) REPEAT times unsampled, then once more sampling its PSS,
-    the variants taking turns run by run (--jobs 1, then 2, then 1 again...), clear's files removed
-    before each (outputs the command refuses to replace): per variant, the unsampled run of the
-    median wall time, with the largest peak RSS of any and the sampled run's peak PSS sum. beside:
-    ZipNN's command for the same work, run right after each of cmd's runs, so that both sides
-    meet the machine alike (a shared VM drifts: the same one-job bf16 pack took 25-32 s half an
-    hour apart, ZipNN 12.7-18 s; run three times in a row, then three with two jobs, one
-    int8 unpack's two-job speed-up came out 1.59x, alternated by hand 1.69-1.92x): cmd's result,
-    or (cmd's result, beside's)."""
+    the variants taking turns run by run (--jobs 1, then 2, then 1 again...), clear's files
+    removed before each (outputs the command refuses to replace): per variant, the unsampled run
+    of the median wall time, with the largest peak RSS of any and the sampled run's peak PSS sum.
+    cmd may be a list of commands, run side by side (not in the sampled round). beside: ZipNN's
+    command for the same work, run right after each of cmd's runs. Turns, because a shared VM
+    drifts: the same one-job bf16 pack took 25-32 s half an hour apart, ZipNN 12.7-18 s; with
+    three --jobs 1 runs in a row, then three --jobs 2, one int8 unpack's speed-up came out 1.59x
+    where alternated by hand it was 1.69-1.92x. Returns cmd's result, or (cmd's, beside's)."""
     runs = [([], []) for _ in variants]
     for i in range(REPEAT + 1):
         for (cmd, clear, beside), (mine, other) in zip(variants, runs, strict=True):
+            if isinstance(cmd[0], list) and i == REPEAT:
+                continue
             for path in clear:
                 Path(path).unlink(missing_ok=True)
-            mine.append(once(cmd, sample=i == REPEAT))
+            mine.append(side_by_side(cmd) if isinstance(cmd[0], list) else once(cmd, sample=i == REPEAT))
             if beside is not None:
                 other.append(once(beside, sample=i == REPEAT))
     return [
-        _median(mine) if beside is None else (_median(mine), _median(other))
-        for (_, _, beside), (mine, other) in zip(variants, runs, strict=True)
+        sorted(mine, key=lambda r: r["wall"])[len(mine) // 2]
+        if isinstance(cmd[0], list)
+        else _median(mine)
+        if beside is None
+        else (_median(mine), _median(other))
+        for (cmd, _, beside), (mine, other) in zip(variants, runs, strict=True)
     ]
 
 
@@ -176,18 +182,20 @@ def once(cmd: list[str], sample: bool = False) -> dict:
     }
 
 
-def side_by_side(cmds: list[list[str]], clear: tuple = ()) -> float:
-    """Run the commands at once (each as once() runs one), REPEAT times: the median of the
-    slowest one's wall seconds."""
+def side_by_side(cmds: list[list[str]]) -> dict:
+    """The commands run at once, each as once() runs one: the slowest one's wall seconds, their
+    CPU seconds together, the largest peak RSS (no PSS: not sampled)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    walls = []
-    for _ in range(REPEAT):
-        for path in clear:
-            Path(path).unlink(missing_ok=True)
-        with ThreadPoolExecutor(len(cmds)) as pool:
-            walls.append(max(r["wall"] for r in pool.map(once, cmds)))
-    return sorted(walls)[len(walls) // 2]
+    with ThreadPoolExecutor(len(cmds)) as pool:
+        runs = list(pool.map(once, cmds))
+    return {
+        "wall": max(r["wall"] for r in runs),
+        "cpu": sum(r["cpu"] for r in runs),
+        "rss_mb": max(r["rss_mb"] for r in runs),
+        "pss_mb": None,
+        "load": os.getloadavg()[0],
+    }
 
 
 def _waited(p: subprocess.Popen) -> None:
@@ -402,15 +410,23 @@ def main() -> None:
             def pack(j, out, q=q, src=ckpt):
                 return [*cli, "pack", str(src), "-q", q, "--max-bytes", str(10**11), "--jobs", str(j), "-o", str(out)]
 
+            # --jobs 1, 2 (ZipNN beside the lossless format's), and with pairs two --jobs 1 runs
+            # side by side, taking turns run by run
             arts = {j: tmp / f"{q}-{j}.rnpk" for j in jobs}
-            packs = timed_each([([*pack(j, arts[j]), "--json"], (arts[j],), zipnn_run("c", j, q)) for j in jobs])
-            for j, r in zip(jobs, packs, strict=True):
+            pair = [tmp / f"{q}-{k}.pair.rnpk" for k in "ab"]
+            variants = [([*pack(j, arts[j]), "--json"], (arts[j],), zipnn_run("c", j, q)) for j in jobs]
+            packs = timed_each(variants + ([([pack(1, out) for out in pair], tuple(pair), None)] if pairs else []))
+            for j, r in zip(jobs, packs, strict=False):
                 if isinstance(r, tuple):
                     r, znn_rows["c", j] = r
                 row(f"pack -q {q} --jobs {j}", r, mb, f"{arts[j].stat().st_size:,} bytes")
                 walls["pack", q, j] = r["wall"]
                 if q == lossless:
                     lossless_runs["pack", j], lossless_runs["bytes"] = r["wall"], arts[j].stat().st_size
+            if pairs:
+                walls["pack", q, "pair"] = packs[-1]["wall"]
+                for out in pair:
+                    out.unlink()
             if q == lossless and args.shards > 1:
                 folder = split_into_shards(ckpt, tmp / "shards", args.shards)
                 art = tmp / "shards.rnpk"
@@ -422,29 +438,31 @@ def main() -> None:
                     f.unlink()
             same = len({sha(a) for a in arts.values()}) == 1
             print(f"| --jobs {', '.join(map(str, jobs))} give the same bytes | | | | | | | {same} |")
-            if pairs:
-                pair = [tmp / f"{q}-{k}.pair.rnpk" for k in "ab"]
-                walls["pack", q, "pair"] = side_by_side([pack(1, out) for out in pair], clear=tuple(pair))
-                for k in "ab":
-                    (tmp / f"{q}-{k}.pair.rnpk").unlink()
             art = arts[jobs[0]]
             verify = [*cli, "verify", str(art), "--max-bytes", str(10**11), "--jobs"]
-            for j, r in zip(jobs, timed_each([([*verify, str(j)], (), None) for j in jobs]), strict=True):
+            variants = [([*verify, str(j)], (), None) for j in jobs]
+            verifies = timed_each(variants + ([([[*verify, "1"]] * 2, (), None)] if pairs else []))
+            for j, r in zip(jobs, verifies, strict=False):
                 row(f"verify -q {q} --jobs {j}", r, mb, "ok")
                 walls["verify", q, j] = r["wall"]
             if pairs:
-                walls["verify", q, "pair"] = side_by_side([[*verify, "1"]] * 2)
+                walls["verify", q, "pair"] = verifies[-1]["wall"]
 
             def unpack(j, out, art=art):
                 return [*cli, "unpack", str(art), "-o", str(out), "--jobs", str(j)]
 
-            outs = {j: tmp / f"unpacked-{j}" / f"{q}.safetensors" for j in jobs}  # (a real checkpoint's
-            for out in outs.values():  # config.json is written beside)
+            def beside(out):  # (a real checkpoint's config.json is written beside its tensors)
+                return out, out.with_name("config.json")
+
+            # each in a folder of its own, for that config.json
+            outs = {j: tmp / f"unpacked-{j}" / f"{q}.safetensors" for j in jobs}
+            pair = [tmp / f"unpacked-{k}" / f"{q}.safetensors" for k in "ab"]
+            for out in [*outs.values(), *pair]:
                 out.parent.mkdir(exist_ok=True)
-            unpacks = timed_each(
-                [(unpack(j, out), (out, out.with_name("config.json")), zipnn_run("d", j, q)) for j, out in outs.items()]
-            )
-            for (j, out), r in zip(outs.items(), unpacks, strict=True):
+            variants = [(unpack(j, out), beside(out), zipnn_run("d", j, q)) for j, out in outs.items()]
+            pair_variant = ([unpack(1, out) for out in pair], (*beside(pair[0]), *beside(pair[1])), None)
+            unpacks = timed_each(variants + ([pair_variant] if pairs else []))
+            for (j, out), r in zip(outs.items(), unpacks, strict=False):
                 if isinstance(r, tuple):
                     r, znn_rows["d", j] = r
                 exact = same_tensors(out, ckpt) if q == lossless else ""
@@ -452,17 +470,11 @@ def main() -> None:
                 walls["unpack", q, j] = r["wall"]
                 if q == lossless:
                     lossless_runs["unpack", j] = r["wall"]
-                out.unlink()
-                out.with_name("config.json").unlink(missing_ok=True)  # (a real checkpoint's, written beside)
-            if pairs:  # (each in a folder of its own: a real checkpoint's config.json is written beside)
-                outs = [tmp / k / f"{q}.safetensors" for k in "ab"]
-                for o in outs:
-                    o.parent.mkdir(exist_ok=True)
-                clear = (*outs, *(o.with_name("config.json") for o in outs))
-                walls["unpack", q, "pair"] = side_by_side([unpack(1, o) for o in outs], clear=clear)
-                for o in outs:
-                    o.unlink()
-                    o.with_name("config.json").unlink(missing_ok=True)
+            if pairs:
+                walls["unpack", q, "pair"] = unpacks[-1]["wall"]
+            for out in [*outs.values(), *pair]:
+                for path in beside(out):
+                    path.unlink(missing_ok=True)
             for a in arts.values():
                 a.unlink()
         if {1, 2} <= set(jobs):
@@ -490,14 +502,15 @@ def main() -> None:
 def print_speedups(walls: dict, quants: list[str], pairs: bool) -> None:
     """--jobs 2's speed-up over --jobs 1 (of the medians), and with pairs, beside two --jobs 1 runs
     side by side: 2 x one alone's wall over the pair's (the pair's throughput: what two cores give
-    this work at best)."""
-    side = " two --jobs 1 side by side vs one |" if pairs else ""
-    print(f"\n| command | --jobs 2 vs 1 |{side}\n|---|---|{'---|' if pairs else ''}")
+    this work at best), and the first over the second (how much of that --jobs 2 gets)."""
+    side = " two --jobs 1 side by side vs one | first over second |" if pairs else ""
+    print(f"\n| command | --jobs 2 vs 1 |{side}\n|---|---|{'---|---|' if pairs else ''}")
     for cmd in ("pack", "verify", "unpack"):
         for q in quants:
-            one = walls[cmd, q, 1]
-            pair = f" {2 * one / walls[cmd, q, 'pair']:.2f}x |" if pairs else ""
-            print(f"| {cmd} -q {q} | {one / walls[cmd, q, 2]:.2f}x |{pair}")
+            one, two = walls[cmd, q, 1], walls[cmd, q, 2]
+            pair = walls[cmd, q, "pair"] if pairs else 0
+            side = f" {2 * one / pair:.2f}x | {pair / two / 2:.2f} |" if pairs else ""
+            print(f"| {cmd} -q {q} | {one / two:.2f}x |{side}")
 
 
 if __name__ == "__main__":

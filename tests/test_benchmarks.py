@@ -161,6 +161,12 @@ def test_scale_alternates_the_variants_run_by_run_and_reports_each_ones_median(b
     assert seen == ["a", "b", "z"] * 4
     assert (a["wall"], b["wall"], z["wall"]) == (3.0, 4.0, 7.0)
     assert a["pss_mb"] == b["pss_mb"] == z["pss_mb"] == 2.0
+    # two commands side by side take their turns too (not in the sampled round): the slower's wall
+    seen.clear()
+    walls |= {"a": iter([5.0, 1.0, 3.0, 9.0]), "c": iter([6.0, 1.0, 1.0]), "d": iter([2.0, 2.0, 5.0])}
+    a, pair = scale.timed_each([(["a"], (), None), ([["c"], ["d"]], (), None)])
+    assert sorted(seen) == ["a"] * 4 + ["c"] * 3 + ["d"] * 3 and seen[-1] == "a"
+    assert a["wall"] == 3.0 and pair["wall"] == 5.0 and pair["pss_mb"] is None
 
 
 def test_scale_samples_memory_only_when_asked(bench_path):
