@@ -129,14 +129,13 @@ def timed_each(variants: list[tuple[list[str], tuple, list[str] | None]]) -> lis
             mine.append(side_by_side(cmd) if isinstance(cmd[0], list) else once(cmd, sample=i == REPEAT))
             if beside is not None:
                 other.append(once(beside, sample=i == REPEAT))
-    return [
-        sorted(mine, key=lambda r: r["wall"])[len(mine) // 2]
-        if isinstance(cmd[0], list)
-        else _median(mine)
-        if beside is None
-        else (_median(mine), _median(other))
-        for (cmd, _, beside), (mine, other) in zip(variants, runs, strict=True)
-    ]
+    return [_result(cmd, beside, mine, other) for (cmd, _, beside), (mine, other) in zip(variants, runs, strict=True)]
+
+
+def _result(cmd: list, beside: list[str] | None, mine: list[dict], other: list[dict]):
+    if isinstance(cmd[0], list):  # (side by side: no sampled run)
+        return sorted(mine, key=lambda r: r["wall"])[len(mine) // 2]
+    return _median(mine) if beside is None else (_median(mine), _median(other))
 
 
 def _median(runs: list[dict]) -> dict:
