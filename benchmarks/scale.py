@@ -182,19 +182,12 @@ def once(cmd: list[str], sample: bool = False) -> dict:
 
 
 def side_by_side(cmds: list[list[str]]) -> dict:
-    """The commands run at once, each as once() runs one: the slowest one's wall seconds, their
-    CPU seconds together, the largest peak RSS (no PSS: not sampled)."""
+    """The commands run at once, each as once() runs one: the slowest one's wall seconds (all
+    that the speed-up table takes of a pair; no PSS: not sampled)."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(len(cmds)) as pool:
-        runs = list(pool.map(once, cmds))
-    return {
-        "wall": max(r["wall"] for r in runs),
-        "cpu": sum(r["cpu"] for r in runs),
-        "rss_mb": max(r["rss_mb"] for r in runs),
-        "pss_mb": None,
-        "load": os.getloadavg()[0],
-    }
+        return {"wall": max(r["wall"] for r in pool.map(once, cmds)), "pss_mb": None}
 
 
 def _waited(p: subprocess.Popen) -> None:
