@@ -266,7 +266,7 @@ def _send(result: socket.socket, frame: bytes, text: bytes, buffers: list) -> No
     take 0.04 s, and this process maps them, no copy."""
     fds = []
     try:
-        if any(memoryview(b).nbytes for b in buffers):
+        if buffers:
             fds.append(os.memfd_create("recurnorm-result", os.MFD_CLOEXEC))
             for b in buffers:
                 _write(fds[0], memoryview(b).cast("B"))
@@ -278,17 +278,12 @@ def _send(result: socket.socket, frame: bytes, text: bytes, buffers: list) -> No
 
 
 def _receive(result: socket.socket) -> tuple[bool, object]:
-    head, fds = b"", []
+    fds: list[int] = []
     try:
-        while len(head) < FRAME.size:  # (the memory file comes with the frame's first byte)
-            got, more, _, _ = socket.recv_fds(result, FRAME.size - len(head), 1)
-            if not got:
-                raise EOFError
-            head, fds = head + got, fds + more
-        ok, n = FRAME.unpack(head)
+        ok, n = FRAME.unpack(_recv(result, FRAME.size, fds))
         if not ok:
             return False, None
-        value, lengths = json.loads(_recv(result, n))
+        value, lengths = json.loads(_recv(result, n, fds))
         data = _mapped(fds, sum(lengths))
     finally:
         for fd in fds:
@@ -300,15 +295,17 @@ def _receive(result: socket.socket) -> tuple[bool, object]:
     return True, (value, buffers)
 
 
-def _recv(result: socket.socket, n: int) -> bytes:
-    out = bytearray(n)
-    got = 0
+def _recv(result: socket.socket, n: int, fds: list[int]) -> bytes:
+    """n bytes from a worker's socket; the memory file that comes with them goes into fds."""
+    parts, got = [], 0
     while got < n:
-        k = result.recv_into(memoryview(out)[got:])
-        if not k:
+        part, more, _, _ = socket.recv_fds(result, n - got, 1)
+        fds += more
+        if not part:
             raise EOFError
-        got += k
-    return bytes(out)
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 def _mapped(fds: list[int], n: int) -> memoryview:
