@@ -33,8 +33,9 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from . import heap
 
 FORK = sys.platform.startswith("linux")  # (tests set it False to run the thread path)
-# A result: ok and the JSON's length (with the memory file of its bytes), then the JSON [value, [lengths]]
-FRAME = struct.Struct("<BQ")
+# A result: ok, its item and the JSON's length (with the memory file of its bytes), then the JSON
+# [value, [lengths]]
+FRAME = struct.Struct("<BQQ")
 
 
 # Results that came back before their turn wait here up to this many bytes (their buffers):
@@ -44,6 +45,12 @@ FRAME = struct.Struct("<BQ")
 # 1.3 bytes a weight coded: at 128 MiB the other job sat idle while the embedding was coded
 # behind the head (two-job pack 13.6-14.8 s; 12.6-12.9 s at 256 MiB, 12.2-12.9 s at 384-512).
 HOLD_BYTES = 1 << 28
+
+# Items sent to the jobs beyond one each, waiting for the first job free: a job that finishes
+# starts the next at once, not once this process (hashing and writing earlier results) has taken
+# its result and sent it another. A 1.1B-weight model's two-job bf16 pack: each job had waited
+# ~0.5 s of its 7.5 s coding in 200 such round trips (~4 ms each; 6 ms after a norm's 2k weights).
+QUEUED = 1
 
 # A worker gives back the memory it freed after an item larger than this share of the sizes
 # allowed at work at once, before it takes a smaller one: else it keeps a large tensor's working
@@ -101,7 +108,7 @@ def _schedule(pool, fn, items: list, sizes: list[int], limit: int):
     held = 0  # bytes of the results in done
 
     def start(first: int) -> None:  # what may start beside the work at hand, first (the next due) first
-        while len(working) < pool.alive() and todo:
+        while len(working) < (1 + QUEUED) * pool.alive() and todo:
             at_work = sum(working.values())
             fits = (i for i in todo if at_work + sizes[i] <= limit and (i == first or held <= HOLD_BYTES))
             i = todo[0] if not working else next(fits, None)
@@ -147,93 +154,101 @@ def _nbytes(outcome: tuple[bool, object]) -> int:
 
 
 class _Forks:
-    """Worker processes forked from this one, each fed item numbers through a pipe, each sending
-    its results back through a socket."""
+    """Worker processes forked from this one, all taking item numbers from one pipe (whichever is
+    free takes the next: none waits behind a long item while another job is free), each sending
+    its results back through a socket of its own. A worker that dies (killed: out of memory?)
+    ends the pool: the others finish what the pipe holds and stop, and what did not come back
+    runs here in its turn."""
 
     def __init__(self, fn, items: list, jobs: int, large: set[int]) -> None:
-        self.workers: list[tuple[int, int, socket.socket]] = []  # (pid, task pipe, result socket)
-        self.busy: dict[int, int] = {}  # worker index -> item
-        self.free: list[int] = []
+        self.results: dict[socket.socket, int] = {}  # a live worker's socket -> its pid
+        self.out: set[int] = set()  # items sent to the pipe, their results not yet here
+        task_r, self.tasks = os.pipe()  # (self.tasks: None once closed)
         try:
             for _ in range(jobs):
-                self.workers.append(self._fork(fn, items, large))
-                self.free.append(len(self.workers) - 1)
+                self._fork(fn, items, task_r, large)
         except OSError:  # (EAGAIN: a ulimit on processes) the jobs the system gives
             pass
         except BaseException:  # (Ctrl-C between two forks)
             self.stop()
             raise
+        finally:
+            os.close(task_r)  # (the workers' now)
 
-    def _fork(self, fn, items, large):
-        task_r, task_w = os.pipe()
-        try:
-            result_r, result_w = socket.socketpair()
-        except OSError:
-            os.close(task_r)
-            os.close(task_w)
-            raise
+    def _fork(self, fn, items, task_r: int, large) -> None:
+        mine, theirs = socket.socketpair()
         try:
             with warnings.catch_warnings():  # (3.12+ warns of forking a process with threads: torch's
                 warnings.simplefilter("ignore", DeprecationWarning)  # pool idles; the child uses none)
                 pid = os.fork()
         except OSError:
-            for fd in (task_r, task_w):
-                os.close(fd)
-            result_r.close()
-            result_w.close()
+            mine.close()
+            theirs.close()
             raise
         if pid == 0:  # the worker: never returns (os._exit: no atexit, no flush of the parent's buffers)
             code = 1
             try:
-                for fd in (task_w, *(w for _, w, _ in self.workers)):
-                    os.close(fd)
-                for *_, result in [*self.workers, (None, None, result_r)]:
-                    result.close()
-                _serve(fn, items, task_r, result_w, large)
+                os.close(self.tasks)
+                for s in [mine, *self.results]:
+                    s.close()
+                _serve(fn, items, task_r, theirs, large)
                 code = 0
             finally:
                 os._exit(code)
-        os.close(task_r)
-        result_w.close()
-        return pid, task_w, result_r
+        theirs.close()
+        self.results[mine] = pid
 
     def alive(self) -> int:
-        return len(self.free) + len(self.busy)
+        return len(self.results)
 
     def start(self, item: int) -> None:
-        w = self.free.pop()
-        self.busy[w] = item
-        os.write(self.workers[w][1], item.to_bytes(8, "little"))
+        self.out.add(item)
+        os.write(self.tasks, item.to_bytes(8, "little"))  # (8 bytes: one write, one worker's read)
 
     def finished(self, block: bool) -> list[tuple[int, bool, object]]:
-        """(item, ok, result) of each worker that has finished (block: wait for one); a dead
-        worker's item comes back not ok."""
-        sockets = {self.workers[w][2]: w for w in self.busy}
-        ready, _, _ = select.select(list(sockets), [], [], None if block else 0) if sockets else ([], 0, 0)
-        return [self._take(sockets[s]) for s in ready]
+        """(item, ok, result) of what has come back (block: wait for one); an item whose worker
+        died comes back not ok."""
+        if not self.out:
+            return []
+        ready, _, _ = select.select(list(self.results), [], [], None if block else 0)
+        got = []
+        for s in ready:
+            try:
+                got.append(_receive(s))
+            except EOFError:
+                return got + self._drained()
+            self.out.discard(got[-1][0])
+        return got
 
-    def _take(self, w: int) -> tuple[int, bool, object]:
-        item = self.busy.pop(w)
-        try:
-            ok, value = _receive(self.workers[w][2])
-        except EOFError:  # killed (out of memory?): never given work again
-            pid, task_w, result = self.workers[w]
-            os.close(task_w)
-            result.close()
+    def _drained(self) -> list[tuple[int, bool, object]]:
+        """A worker died: the others finish what the pipe holds and exit; what they sent back, and
+        each item that did not come back, not ok."""
+        self._close_tasks()
+        got = []
+        for s, pid in self.results.items():
+            with contextlib.suppress(EOFError):
+                while True:
+                    got.append(_receive(s))
+            s.close()
             os.waitpid(pid, 0)
-            return item, False, None
-        self.free.append(w)
-        return item, ok, value
+        self.results = {}
+        lost = self.out - {item for item, _, _ in got}
+        self.out = set()
+        return got + [(item, False, None) for item in sorted(lost)]
 
     def stop(self) -> None:
         """Kill and reap every worker (a worker between items has nothing to lose)."""
-        for w, (pid, task_w, result) in enumerate(self.workers):
-            if w in self.free or w in self.busy:
-                os.close(task_w)
-                result.close()
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-        self.free, self.busy = [], {}
+        self._close_tasks()
+        for s, pid in self.results.items():
+            s.close()
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        self.results = {}
+
+    def _close_tasks(self) -> None:  # (a worker reading the pipe then sees its end)
+        if self.tasks is not None:
+            os.close(self.tasks)
+            self.tasks = None
 
 
 def _serve(fn, items: list, task_r: int, result: socket.socket, large: set[int]) -> None:
@@ -255,7 +270,7 @@ def _serve(fn, items: list, task_r: int, result: socket.socket, large: set[int])
                 text = json.dumps([value, lengths]).encode()
             except BaseException:  # the parent runs it again, and raises its error
                 buffers, text = [], b""
-            _send(result, FRAME.pack(bool(text), len(text)), text, buffers)
+            _send(result, FRAME.pack(bool(text), item, len(text)), text, buffers)
             value = buffers = None  # (the result sent: its memory freed too)
 
 
@@ -277,12 +292,13 @@ def _send(result: socket.socket, frame: bytes, text: bytes, buffers: list) -> No
             os.close(fd)
 
 
-def _receive(result: socket.socket) -> tuple[bool, object]:
+def _receive(result: socket.socket) -> tuple[int, bool, object]:
+    """(item, ok, (value, [bytes-like]) or None) of a worker's next result; EOFError: it died."""
     fds: list[int] = []
     try:
-        ok, n = FRAME.unpack(_recv(result, FRAME.size, fds))
+        ok, item, n = FRAME.unpack(_recv(result, FRAME.size, fds))
         if not ok:
-            return False, None
+            return item, False, None
         value, lengths = json.loads(_recv(result, n, fds))
         data = _mapped(fds, sum(lengths))
     finally:
@@ -292,7 +308,7 @@ def _receive(result: socket.socket) -> tuple[bool, object]:
     for n in lengths:
         buffers.append(data[at : at + n])
         at += n
-    return True, (value, buffers)
+    return item, True, (value, buffers)
 
 
 def _recv(result: socket.socket, n: int, fds: list[int]) -> bytes:

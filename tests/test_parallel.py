@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +35,13 @@ def _tagged(i):
     return [i, os.getpid()], [bytes([i % 256]) * i, b""]
 
 
+def _slow_tagged(i):
+    time.sleep(0.01)  # (the jobs take turns: one alone could take every item before the others start)
+    return _tagged(i)
+
+
 def test_jobs_run_in_worker_processes_and_come_back_in_order():
-    got = list(parallel.ordered(_tagged, list(range(40)), 3, [1] * 40, 10))
+    got = list(parallel.ordered(_slow_tagged, list(range(40)), 3, [1] * 40, 10))
     assert [v[0] for v, _ in got] == list(range(40))
     assert [bytes(b[0]) for _, b in got] == [bytes([i % 256]) * i for i in range(40)]
     pids = {v[1] for v, _ in got}
@@ -57,7 +63,7 @@ def test_jobs_go_on_with_the_processes_the_system_forks(monkeypatch):
             return fork()
 
         monkeypatch.setattr(os, "fork", limited)
-        got = list(parallel.ordered(_tagged, list(range(20)), 8, [1] * 20, 10))
+        got = list(parallel.ordered(_slow_tagged, list(range(20)), 8, [1] * 20, 10))
         assert [v[0] for v, _ in got] == list(range(20))
         assert len({v[1] for v, _ in got}) == allowed and (os.getpid() in {v[1] for v, _ in got}) == (allowed < 2)
 
@@ -330,7 +336,7 @@ def test_items_start_out_of_order_only_while_the_results_waiting_hold_little(mon
             first_done.set()
         return [item], [b"x" * 10]
 
-    got = list(parallel.ordered(code, list(range(4)), 2, [100, 5, 5, 5], 110))
+    got = list(parallel.ordered(code, list(range(4)), 2, [100, 5, 5, 5], 105))  # (item 0 beside one more)
     assert [v for v, _ in got] == [[0], [1], [2], [3]]
     assert events.index(("start", 2)) > events.index(("end", 0))
 
@@ -469,9 +475,41 @@ def test_jobs_done_while_the_caller_takes_a_result_start_their_next_item_first()
         def finished(self, block):
             return self.finishing.pop(0) if self.finishing else []
 
-    got = parallel._schedule(Pool(), None, [0, 1, 2, 3], [1] * 4, 10)
+    got = parallel._schedule(Pool(), None, list(range(8)), [1] * 8, 10)
     assert next(got) == "r0"
-    assert events == ["start 0", "start 1", "start 2", "start 3"]  # both jobs busy before "r0"
+    # both jobs busy, each with its next item waiting, before "r0"
+    assert events == [f"start {i}" for i in range(6)] and parallel.QUEUED == 1
+
+
+def _timed(item):
+    i, seconds = item
+    started = time.monotonic()
+    time.sleep(seconds)
+    return [i, started, time.monotonic()], []
+
+
+@pytest.mark.skipif(not parallel.FORK, reason="worker processes are Linux's")
+def test_a_job_that_finishes_starts_the_item_waiting_for_it_while_this_process_is_busy():
+    """Each job has its next item waiting: it starts it while the caller is busy with an earlier
+    result (items 4 and 5 start while the caller sleeps on item 1's), not when the caller next
+    asks for a result."""
+    got, woke = [], None
+    for value, _ in parallel.ordered(_timed, [(i, 0.2) for i in range(6)], 2, [1] * 6, 10):
+        got.append(value)
+        if value[0] == 1:
+            time.sleep(1.0)
+            woke = time.monotonic()
+    assert [v[0] for v in got] == list(range(6))
+    assert got[4][1] < woke and got[5][1] < woke
+
+
+@pytest.mark.skipif(not parallel.FORK, reason="worker processes are Linux's")
+def test_whichever_job_is_free_takes_the_next_item():
+    """The items waiting are not any one job's: the short ones never wait behind item 0's long one."""
+    items = [(0, 1.0)] + [(i, 0.1) for i in range(1, 8)]
+    got = [v for v, _ in parallel.ordered(_timed, items, 2, [1] * 8, 10)]
+    assert [v[0] for v in got] == list(range(8))
+    assert all(v[1] < got[0][2] for v in got[1:6])
 
 
 def test_the_order0_bound_is_of_narrow_words_only():
