@@ -2,14 +2,16 @@
 
 Jobs are forked processes on Linux: the coders' Python holds the interpreter, so threads
 gained only 1.06-1.29x on two cores (docs/SCALE.md). A forked worker inherits fn and items (a
-memory-mapped checkpoint or artifact, the policy): nothing is sent to it but an item's number. fn(item) returns (a JSON-able value, [bytes-like]), which is
-what comes back: the JSON through a socket, the bytes in a memory file sent with it, which this
-process maps (never pickle). Elsewhere jobs are threads
+memory-mapped checkpoint or artifact, the policy): nothing is sent to it but an item's number,
+through a pipe all workers read (whichever is free takes the next). fn(item) returns (a JSON-able
+value, [bytes-like]), which is what comes back: the JSON through a socket, the bytes in a memory
+file sent with it, which this process maps (never pickle). Elsewhere jobs are threads
 of this process, which share everything and send nothing: Windows has no fork, and macOS's
 system libraries (Accelerate's BLAS, the Objective-C runtime) are not safe in a forked child.
 
 An item that fails in a worker (an error, or the worker killed) is run again here when its turn
-comes: its error, with its traceback, reaches the caller as with one job; Ctrl-C (SIGINT, sent to
+comes: its error, with its traceback, reaches the caller as with one job (a killed worker ends
+the jobs: the rest run here too); Ctrl-C (SIGINT, sent to
 the whole process group) is this process's alone, and every worker is killed and reaped on any
 way out. fn must be pure (running an item twice gives the same result).
 """

@@ -72,6 +72,7 @@ def _dies_in_a_worker(parent):
     def fn(i):
         if i == 3 and os.getpid() != parent:
             os.kill(os.getpid(), signal.SIGKILL)  # (as the kernel's out-of-memory killer does)
+        time.sleep(0.05)  # (the other job is still at work when the death is seen)
         return [i, os.getpid()], []
 
     return fn
@@ -116,6 +117,8 @@ def test_an_item_whose_worker_died_is_run_here():
     got = list(parallel.ordered(_dies_in_a_worker(os.getpid()), list(range(12)), 2, [1] * 12, 10))
     assert [v[0] for v, _ in got] == list(range(12))
     assert got[3][0][1] == os.getpid()
+    # the jobs end with it: what was sent (4 at most) comes back, the rest run here
+    assert all(v[1] == os.getpid() for v, _ in got[8:])
 
 
 def _qtensors():
