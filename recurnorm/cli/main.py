@@ -7,8 +7,8 @@ argument parsing and printing; the work is done by library functions.
 
 from __future__ import annotations
 
+import gc
 import importlib
-import sys
 
 import click
 
@@ -97,5 +97,18 @@ def main() -> None:
     """
 
 
+def run() -> None:
+    """The `recurnorm` program: main, then the interpreter's exit without its collector walking
+    every object left (gc.freeze): with torch imported, that walk took 0.5-0.8 s of every command
+    (`python -c "import torch"` exits 0.64 s after its last line, 0.13 s frozen; a two-job int4
+    pack of a 109M-weight checkpoint took 6.0-7.2 s, 5.3-6.4 s frozen; three runs each).
+    Nothing is lost by it: outputs are closed and renamed before main returns, and the standard
+    streams are flushed at exit as ever. Not for main called in a long-lived process (tests)."""
+    try:
+        main()
+    finally:
+        gc.freeze()
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()
