@@ -72,7 +72,7 @@ def _dies_in_a_worker(parent):
     def fn(i):
         if i == 3 and os.getpid() != parent:
             os.kill(os.getpid(), signal.SIGKILL)  # (as the kernel's out-of-memory killer does)
-        time.sleep(0.05)  # (the other job is still at work when the death is seen)
+        time.sleep(0.1)  # (the other job is still at work when the death is seen)
         return [i, os.getpid()], []
 
     return fn
